@@ -1,0 +1,24 @@
+"""pycoll: fast, debuggable collective communication for Python.
+
+    import pycoll
+    pycoll.init()                      # rank/world size from the launcher's environment
+    pycoll.allreduce(array, op="sum")  # numpy arrays and torch CPU tensors, in place
+    pycoll.finalize()
+"""
+from .communicator import Communicator
+from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
+                     InvalidDtype, MessageSizeMismatch, PeerLost, PycollError, TransportError)
+from .reduction import OP_NAMES, ReduceOp
+from .work import Work
+from .world import (allreduce, barrier, finalize, get_rank, get_world_size, init, is_initialized,
+                    world)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",
+    "allreduce", "barrier",
+    "Communicator", "Work", "ReduceOp", "OP_NAMES",
+    "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
+    "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
+]

@@ -1,0 +1,146 @@
+"""The handful of primitives every algorithm is written with.
+
+An algorithm sees only ``Peers`` (rank, size, a channel per peer, a deadline, scratch memory)
+and calls ``send``, ``recv``, ``sendrecv`` and ``sendrecv_reduce``, the Python counterparts of
+NCCL's send / recv / recv-reduce-send primitives. The primitives do the chunking and
+pipelining: ``sendrecv_reduce`` cuts a chunk into segments and reduces segment k while segment
+k+1 is still arriving, so the wire and the reduction overlap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..transports.base import Channel, Request, wait_all
+
+Reduce = Callable[[np.ndarray, np.ndarray], None]
+
+
+@dataclass
+class ReduceSpec:
+    """How to combine (``reduce(dst, src)``) and finish (``finish(chunk)``, e.g. avg's divide)."""
+
+    reduce: Reduce
+    finish: Callable[[np.ndarray], None]
+
+
+@dataclass
+class Peers:
+    """What an algorithm may use: who we are, channels to the others, a deadline, scratch."""
+
+    rank: int
+    size: int
+    channels: dict[int, Channel]
+    deadline: float
+    segment_bytes: int          # 0: each transport's own choice
+    scratch_pool: "ScratchPool"
+    check: Callable[[], None] | None = None
+    _active: dict[int, Channel] = field(default_factory=dict)
+
+    def isend(self, peer: int, arr: np.ndarray, tag: int = 0) -> Request:
+        ch = self.channels[peer]
+        self._active[peer] = ch
+        return ch.isend(_bytes(arr), tag)
+
+    def irecv(self, peer: int, arr: np.ndarray, tag: int = 0) -> Request:
+        return self.channels[peer].irecv(_bytes(arr), tag)
+
+    def wait(self, requests: Sequence[Request]) -> None:
+        """Wait for ``requests`` while also progressing every channel we are sending on.
+
+        Without the latter, a ring could deadlock: each rank waiting for its left neighbour
+        while its own queued sends to the right never move.
+        """
+        wait_all(requests, self.deadline, self.check, extra=self._active.values())
+
+    def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
+        return self.scratch_pool.get(count * dtype.itemsize, slot).view(dtype)[:count]
+
+    def segment_count(self, peer: int, itemsize: int) -> int:
+        """Elements per pipelined segment on the channel to ``peer``.
+
+        Both ends of a channel use the same transport, hence the same segment size, so a
+        sender and its receiver always cut a chunk at the same places.
+        """
+        nbytes = self.segment_bytes or self.channels[peer].transport.capabilities.segment_bytes
+        return max(1, nbytes // itemsize)
+
+
+class ScratchPool:
+    """Reusable scratch buffers, a few segments in size: memory use does not grow with tensors."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, np.ndarray] = {}
+
+    def get(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        buf = self._buffers.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+            self._buffers[slot] = buf
+        return buf[:nbytes]
+
+
+def _bytes(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.view(np.uint8))
+
+
+def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` nearly equal contiguous (start, stop) ranges."""
+    base, extra = divmod(count, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def send(peers: Peers, dst: int, arr: np.ndarray, tag: int = 0) -> None:
+    peers.wait([peers.isend(dst, arr, tag)])
+
+
+def recv(peers: Peers, src: int, arr: np.ndarray, tag: int = 0) -> None:
+    peers.wait([peers.irecv(src, arr, tag)])
+
+
+def sendrecv(peers: Peers, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
+             tag: int = 0) -> None:
+    """Send to ``dst`` and receive from ``src`` at the same time (full duplex)."""
+    rreq = peers.irecv(src, recv_arr, tag)
+    sreq = peers.isend(dst, send_arr, tag)
+    peers.wait([rreq, sreq])
+
+
+def sendrecv_reduce(peers: Peers, dst: int, send_arr: np.ndarray, src: int, acc: np.ndarray,
+                    spec: ReduceSpec, tag: int = 0) -> None:
+    """Send ``send_arr`` to ``dst``; receive ``src``'s matching data and reduce it into ``acc``.
+
+    Both sides cut their buffers into the same segments (the segment size is a job-wide
+    setting), so every segment is one message. Two scratch segments alternate: while one is
+    being reduced the next is arriving.
+    """
+    out = peers.segment_count(dst, send_arr.itemsize)
+    sends = [peers.isend(dst, send_arr[i:i + out], tag) for i in range(0, send_arr.size, out)]
+    seg = peers.segment_count(src, acc.itemsize)
+    starts = list(range(0, acc.size, seg))
+    if starts:
+        buffers = [peers.scratch(min(seg, acc.size), acc.dtype, slot) for slot in (0, 1)]
+        pending: list[Request | None] = [None, None]
+
+        def post(k: int) -> None:
+            n = min(seg, acc.size - starts[k])
+            pending[k % 2] = peers.irecv(src, buffers[k % 2][:n], tag)
+
+        post(0)
+        if len(starts) > 1:
+            post(1)
+        for k, start in enumerate(starts):
+            req = pending[k % 2]
+            peers.wait([req])  # type: ignore[list-item]
+            n = min(seg, acc.size - start)
+            spec.reduce(acc[start:start + n], buffers[k % 2][:n])
+            if k + 2 < len(starts):
+                post(k + 2)
+    peers.wait(sends)

@@ -1,0 +1,62 @@
+"""One exception hierarchy for everything pycoll raises.
+
+Users of NCCL and Gloo mostly complain that a failure says "internal error" or nothing at all.
+Every error here therefore carries the context a person needs to act: this rank, the peer
+involved, the collective and its sequence number, how far it got, and a hint.
+"""
+from __future__ import annotations
+
+
+class PycollError(RuntimeError):
+    """Base class of every error pycoll raises on purpose."""
+
+
+class InvalidArgument(PycollError, ValueError):
+    """The caller passed something pycoll cannot work with; raised before any byte moves."""
+
+
+class InvalidDtype(InvalidArgument, TypeError):
+    """The buffer's dtype is not supported for this collective or reduction op."""
+
+
+class TransportError(PycollError):
+    """A transport failed to move bytes (connection error, protocol violation, size mismatch)."""
+
+    def __init__(self, message: str, *, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class PeerLost(TransportError):
+    """A peer process died or closed its connection while we depended on it."""
+
+
+class MessageSizeMismatch(TransportError):
+    """The peer sent a message of a different length than this rank posted to receive.
+
+    Almost always the sign of ranks calling different collectives or passing tensors of
+    different sizes.
+    """
+
+
+class CollectiveTimeout(PycollError, TimeoutError):
+    """A collective or point-to-point operation did not finish by its deadline."""
+
+
+class CollectiveMismatch(PycollError):
+    """Ranks called different collectives (or the same with different arguments)."""
+
+
+class Aborted(PycollError):
+    """Another rank failed and told everyone to stop (abort through the store)."""
+
+
+def describe(rank: int, collective: str, seq: int, *, peer: int | None = None,
+             done: int | None = None, total: int | None = None) -> str:
+    """The common prefix of error messages: who, what, which one, how far."""
+    parts = [f"rank {rank}: {collective} #{seq}"]
+    if peer is not None:
+        parts.append(f"peer rank {peer}")
+    if total is not None:
+        parts.append(f"{done or 0} of {total} bytes done")
+    return ", ".join(parts)

@@ -1,0 +1,134 @@
+"""Reduction ops and the kernels that apply them: ``dst = dst (op) src``, element-wise.
+
+Kernels stream through memory once (numpy ufuncs with ``out=``, no temporaries) because on one
+host the ceiling of a large allreduce is memory bandwidth. bfloat16 arrives as uint16 bits
+(numpy has no bfloat16); its kernel widens to float32, reduces, and rounds back to nearest-even.
+
+Averages follow NCCL: the sum is computed first and divided once at the end, by the world
+size; integer averages truncate toward zero, like C division.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import numpy as np
+
+from .errors import InvalidArgument, InvalidDtype
+
+_INTEGER = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})
+_FLOAT = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+# op name -> (ufunc, dtypes it accepts)
+_UFUNCS: dict[str, tuple[np.ufunc, frozenset]] = {
+    "sum": (np.add, _INTEGER | _FLOAT | {"bool"}),
+    "avg": (np.add, _INTEGER | _FLOAT),
+    "premul_sum": (np.add, _FLOAT),
+    "prod": (np.multiply, _INTEGER | _FLOAT | {"bool"}),
+    "min": (np.minimum, _INTEGER | _FLOAT | {"bool"}),
+    "max": (np.maximum, _INTEGER | _FLOAT | {"bool"}),
+    "band": (np.bitwise_and, _INTEGER | {"bool"}),
+    "bor": (np.bitwise_or, _INTEGER | {"bool"}),
+    "bxor": (np.bitwise_xor, _INTEGER | {"bool"}),
+}
+OP_NAMES = tuple(_UFUNCS)
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """A reduction: a name from OP_NAMES and, for ``premul_sum``, the scalar factor."""
+
+    name: str
+    factor: float | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.factor is None else f"{self.name}({self.factor})"
+
+
+OpLike = Union[str, ReduceOp]
+
+
+def parse_op(op: OpLike) -> ReduceOp:
+    """Accept "sum"/"SUM"/ReduceOp; reject anything else with the list of valid names."""
+    if isinstance(op, ReduceOp):
+        result = op
+    elif isinstance(op, str):
+        result = ReduceOp(op.lower())
+    else:
+        name = getattr(op, "name", None)  # an enum member such as torch's ReduceOp.SUM
+        if not isinstance(name, str):
+            raise InvalidArgument(f"op must be a string such as 'sum', not {op!r}")
+        result = ReduceOp(name.lower())
+    if result.name not in _UFUNCS:
+        raise InvalidArgument(f"unknown reduction op {result.name!r}; valid ops: "
+                              + ", ".join(OP_NAMES))
+    if result.name == "premul_sum" and result.factor is None:
+        raise InvalidArgument("premul_sum needs a factor: ReduceOp('premul_sum', factor)")
+    return result
+
+
+def check_op_dtype(op: ReduceOp, dtype: str) -> None:
+    """Raise InvalidDtype if ``op`` is not defined on ``dtype`` (before any communication)."""
+    allowed = _UFUNCS[op.name][1]
+    if dtype not in allowed:
+        raise InvalidDtype(f"op {op.name!r} is not supported for dtype {dtype}; it accepts "
+                           + ", ".join(sorted(allowed)))
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
+    """Round float32 to bfloat16 bits, nearest-even (NaNs stay NaN)."""
+    u = values.view(np.uint32)
+    rounding = ((u >> 16) & 1) + np.uint32(0x7FFF)
+    rounded = ((u + rounding) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    out[...] = rounded
+
+
+def reducer(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    """Return ``f(dst, src)`` that does ``dst = dst op src`` in place for this dtype."""
+    ufunc = _UFUNCS[op.name][0]
+    if dtype == "bfloat16":
+        def reduce_bf16(dst: np.ndarray, src: np.ndarray) -> None:
+            acc = _bf16_to_f32(dst)
+            ufunc(acc, _bf16_to_f32(src), out=acc)
+            _f32_to_bf16(acc, dst)
+        return reduce_bf16
+
+    def reduce_native(dst: np.ndarray, src: np.ndarray) -> None:
+        ufunc(dst, src, out=dst)
+    return reduce_native
+
+
+def prepare(op: ReduceOp, dtype: str, array: np.ndarray) -> None:
+    """In-place step before the reduction (premul_sum multiplies each input by its factor)."""
+    if op.name == "premul_sum":
+        _scale(array, dtype, op.factor)
+
+
+def finish(op: ReduceOp, dtype: str, array: np.ndarray, world_size: int) -> None:
+    """In-place step after the reduction (avg divides the sum by the world size)."""
+    if op.name != "avg" or world_size == 1:
+        return
+    if dtype in _INTEGER:
+        if dtype.startswith("u"):
+            np.floor_divide(array, world_size, out=array)
+        else:  # truncate toward zero, like C and NCCL
+            q = np.abs(array) // world_size
+            np.multiply(q, np.sign(array), out=array)
+    else:
+        _scale(array, dtype, 1.0 / world_size)
+
+
+def _scale(array: np.ndarray, dtype: str, factor: float) -> None:
+    if dtype == "bfloat16":
+        values = _bf16_to_f32(array)
+        values *= np.float32(factor)
+        _f32_to_bf16(values, array)
+    else:
+        np.multiply(array, array.dtype.type(factor), out=array)

@@ -1,0 +1,130 @@
+"""Work handles and the per-communicator executor that runs collectives in issue order.
+
+A synchronous call runs inline in the caller's thread when nothing is queued (a thread
+hand-off would cost more than a whole small allreduce); otherwise, and for every
+``async_op=True`` call, the collective is queued for the communicator's one worker thread.
+Either way collectives execute strictly in the order they were issued, which is what keeps
+ranks matched without any negotiation.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable
+
+from .errors import CollectiveTimeout, PycollError
+
+
+class Work:
+    """The handle of an asynchronous collective (like torch's ``Work``)."""
+
+    def __init__(self, collective: str, seq: int, rank: int) -> None:
+        self.collective = collective
+        self.seq = seq
+        self.rank = rank
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Work"], None]] = []
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+        for cb in self._callbacks:
+            cb(self)
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Call ``fn(work)`` once the collective finishes (immediately if it already has)."""
+        if self._done.is_set():
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; re-raise the collective's error. ``timeout`` bounds this wait only."""
+        if not self._done.wait(timeout):
+            raise CollectiveTimeout(
+                f"rank {self.rank}: {self.collective} #{self.seq} did not complete within the "
+                f"{timeout} s given to Work.wait(); it is still running under the communicator's "
+                "own deadline")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "pending"
+        return f"<pycoll.Work {self.collective} #{self.seq} {state}>"
+
+
+class Executor:
+    """Runs tasks in submission order: inline when idle, else on one worker thread."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: deque[tuple[Callable[[], None], Work]] = deque()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run_inline_if_idle(self) -> bool:
+        """Claim the executor for an inline run; the caller must call ``release`` after."""
+        with self._cv:
+            if self._closed:
+                raise PycollError(f"communicator {self._name} is finalized")
+            if self._busy or self._queue:
+                return False
+            self._busy = True
+            return True
+
+    def release(self) -> None:
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
+
+    def submit(self, task: Callable[[], None], work: Work) -> None:
+        with self._cv:
+            if self._closed:
+                raise PycollError(f"communicator {self._name} is finalized")
+            self._queue.append((task, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"pycoll-{self._name}")
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and (self._busy or not self._queue):
+                    self._cv.wait()
+                if self._closed and not self._queue:
+                    return
+                if self._busy:
+                    continue
+                task, work = self._queue.popleft()
+                self._busy = True
+            error: BaseException | None = None
+            try:
+                task()
+            except BaseException as e:  # delivered through the work handle
+                error = e
+            finally:
+                self.release()
+            work._finish(error)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

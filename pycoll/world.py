@@ -1,0 +1,95 @@
+"""The default communicator behind the module-level API (``pycoll.init``, ``pycoll.allreduce``).
+
+``init()`` reads its rank, world size and rendezvous address from arguments or from the
+environment of any common launcher (pycoll.run, torchrun, Open MPI, MPICH/Hydra, Slurm; see
+``pycoll.launch.environment``). Rank 0 embeds the rendezvous server unless the launcher
+already runs one.
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from .communicator import DEFAULT_TIMEOUT, Communicator
+from .errors import PycollError
+from .reduction import OpLike
+from .work import Work
+
+_world: Communicator | None = None
+
+
+def init(rank: int | None = None, world_size: int | None = None, *,
+         master_addr: str | None = None, master_port: int | None = None,
+         timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+    """Join the job and return the world communicator (also kept as the default).
+
+    With no arguments everything comes from the launcher's environment; a process started
+    without any launcher is a world of one.
+    """
+    global _world
+    if _world is not None:
+        raise PycollError("pycoll.init() was already called in this process; call "
+                          "pycoll.finalize() first to start over")
+    from .launch import resolve_launch
+
+    info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
+                          master_port=master_port)
+    store = None
+    owns_store = False
+    if info.world_size > 1:
+        from rendezvous import TCPStore
+
+        hosts_server = info.rank == 0 and not info.store_is_external
+        store = TCPStore(info.master_addr, info.master_port, is_server=hosts_server,
+                         token=info.token, timeout=timeout)
+        owns_store = True
+    try:
+        _world = Communicator.create(store, info.rank, info.world_size, timeout=timeout,
+                                     token=info.token, master_addr=info.master_addr,
+                                     owns_store=owns_store)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    return _world
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def world() -> Communicator:
+    """The default communicator; raises if ``init()`` has not run."""
+    if _world is None:
+        raise PycollError("pycoll is not initialized: call pycoll.init() first")
+    return _world
+
+
+def finalize() -> None:
+    """Tear down the default communicator (channels, shared memory, store)."""
+    global _world
+    if _world is not None:
+        comm, _world = _world, None
+        comm.finalize()
+
+
+atexit.register(finalize)
+
+
+def get_rank() -> int:
+    return world().rank
+
+
+def get_world_size() -> int:
+    return world().size
+
+
+def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+              timeout: float | None = None, async_op: bool = False) -> Work | None:
+    """Allreduce ``tensor`` in place on the default communicator."""
+    return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op)
+
+
+def barrier(*, timeout: float | None = None, async_op: bool = False) -> Work | None:
+    """Block until every rank of the default communicator has reached the barrier."""
+    return world().barrier(timeout=timeout, async_op=async_op)
