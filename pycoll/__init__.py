@@ -10,14 +10,16 @@ from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgu
                      InvalidDtype, MessageSizeMismatch, PeerLost, PycollError, TransportError)
 from .reduction import OP_NAMES, ReduceOp
 from .work import Work
-from .world import (allreduce, barrier, finalize, get_rank, get_world_size, init, is_initialized,
-                    world)
+from .world import (allgather, allreduce, allreduce_coalesced, alltoall, barrier, broadcast,
+                    finalize, gather, get_rank, get_world_size, init, is_initialized, new_group,
+                    recv, reduce, reduce_scatter, scatter, send, world)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",
-    "allreduce", "barrier",
+    "allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+    "gather", "scatter", "send", "recv", "allreduce_coalesced", "new_group",
     "Communicator", "Work", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",

@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import debug
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers, ReduceSpec, ScratchPool
-from .errors import (CollectiveTimeout, InvalidArgument, PeerLost, PycollError, TransportError,
-                     describe)
+from .errors import (CollectiveTimeout, InvalidArgument, InvalidDtype, PeerLost, PycollError,
+                     TransportError, describe)
 from .reduction import OpLike, check_op_dtype, finish, parse_op, prepare, reducer
 from .tensors import as_buffer
 from .topology import assign_transports, host_identity, transport_choice
@@ -61,7 +61,8 @@ class Communicator:
                  channels: dict[int, Channel] | None = None,
                  transports: list[Transport] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, owns_store: bool = False,
-                 peer_transport: dict[int, str] | None = None) -> None:
+                 peer_transport: dict[int, str] | None = None, hosts: list[str] | None = None,
+                 token: str | None = None, master_addr: str | None = None) -> None:
         self.rank = rank
         self.size = size
         self.name = name
@@ -79,6 +80,10 @@ class Communicator:
         self._failed: BaseException | None = None
         self._closed = False
         self._choice_cache: dict[tuple[str, int], str] = {}
+        self._hosts = list(hosts or [host_identity()] * size)
+        self._token = token
+        self._master_addr = master_addr
+        self._groups_made = 0
         self._reducers: dict[tuple[Any, str], ReduceSpec] = {}
 
     # -- construction ------------------------------------------------------------------------
@@ -91,7 +96,8 @@ class Communicator:
             raise InvalidArgument(f"rank {rank} is outside a world of size {size}")
         debug.configure(rank)
         if size == 1:
-            return cls(rank, 1, store=store, name=name, timeout=timeout, owns_store=owns_store)
+            return cls(rank, 1, store=store, name=name, timeout=timeout, owns_store=owns_store,
+                       token=token, master_addr=master_addr)
         from rendezvous import PrefixStore
 
         deadline = time.monotonic() + timeout
@@ -129,7 +135,52 @@ class Communicator:
         debug.logger.info("communicator %s: %d ranks; transports: %s", name, size,
                           ", ".join(f"rank {p}->{t}" for p, t in sorted(per_peer.items())))
         return cls(rank, size, store=store, name=name, channels=channels, transports=transports,
-                   timeout=timeout, owns_store=owns_store, peer_transport=per_peer)
+                   timeout=timeout, owns_store=owns_store, peer_transport=per_peer,
+                   hosts=[rec["host"] for rec in records], token=token, master_addr=master_addr)
+
+    # -- groups ------------------------------------------------------------------------------
+    def split(self, color: int | None, key: int = 0, *, name: str | None = None,
+              timeout: float | None = None) -> "Communicator | None":
+        """Collectively split into communicators of the ranks that passed the same ``color``.
+
+        Ranks are ordered by ``key`` (then by rank) in the new communicator; ``color=None``
+        (or negative) opts out and returns None. Like ``MPI_Comm_split``. Collectives on
+        different communicators never interfere: each has its own channels.
+        """
+        limit = self.timeout if timeout is None else float(timeout)
+        if name is None:
+            self._groups_made += 1
+            name = f"split{self._groups_made}"
+        if self.size == 1 or self._store is None:
+            members = [0]
+            records = [{"color": color, "key": key}]
+        else:
+            from rendezvous import PrefixStore
+            scoped = PrefixStore(f"pycoll/{self.name}/", self._store)
+            records = _exchange(scoped, f"group/{name}", self.rank, self.size,
+                                {"color": color, "key": key}, limit)
+        if color is None or color < 0:
+            return None
+        members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
+                         key=lambda r: (records[r]["key"], r))
+        return Communicator.create(self._store, members.index(self.rank), len(members),
+                                   name=f"{self.name}.{name}.{color}", timeout=limit,
+                                   token=self._token, master_addr=self._master_addr)
+
+    def new_group(self, ranks: Sequence[int], *, timeout: float | None = None) -> "Communicator | None":
+        """A communicator of ``ranks`` (this communicator's ranks, in that order).
+
+        Every rank of this communicator must call it (members and non-members alike), in
+        the same order as other group creations; non-members get None.
+        """
+        ranks = [int(r) for r in ranks]
+        for r in ranks:
+            self._check_rank(r, "ranks", "new_group")
+        if len(set(ranks)) != len(ranks):
+            raise InvalidArgument(f"rank {self.rank}: new_group: ranks {ranks} has duplicates")
+        member = self.rank in ranks
+        return self.split(0 if member else None, ranks.index(self.rank) if member else 0,
+                          timeout=timeout)
 
     # -- introspection -----------------------------------------------------------------------
     def get_rank(self) -> int:
@@ -253,14 +304,299 @@ class Communicator:
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
-        token = np.zeros(1, dtype=np.uint8)
+        fn = ALGORITHMS["barrier"][self.selected_algorithm("barrier", 0)]
 
         def body(peers: Peers) -> None:
             if self.size > 1:
-                ALGORITHMS["allreduce"]["recursive_doubling"](
-                    peers, token, self._reduce_spec(parse_op("max"), "uint8"))
+                fn(peers)
 
         return self._execute("barrier", 0, body, timeout, async_op)
+
+    def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+        buf = as_buffer(tensor)
+        self._check_rank(root, "root", "broadcast")
+        fn = ALGORITHMS["broadcast"][self.selected_algorithm("broadcast", buf.nbytes, algo)]
+        arr = buf.array
+
+        def body(peers: Peers) -> None:
+            if self.size > 1 and arr.size:
+                fn(peers, arr, root)
+
+        return self._execute("broadcast", buf.nbytes, body, timeout, async_op)
+
+    def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` into ``tensor`` on ``root``.
+
+        As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
+        partial results.
+        """
+        buf = as_buffer(tensor)
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        self._check_rank(root, "root", "reduce")
+        fn = ALGORITHMS["reduce"][self.selected_algorithm("reduce", buf.nbytes, algo)]
+        arr, spec = buf.array, self._reduce_spec(rop, buf.dtype)
+
+        def body(peers: Peers) -> None:
+            prepare(rop, buf.dtype, arr)
+            if self.size == 1 or arr.size == 0:
+                spec.finish(arr)
+            else:
+                fn(peers, arr, root, spec)
+
+        return self._execute("reduce", buf.nbytes, body, timeout, async_op)
+
+    def allgather(self, output: Any, input: Any, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Concatenate every rank's ``input`` into ``output`` (rank order).
+
+        ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
+        list of ``world_size`` tensors shaped like ``input``.
+        """
+        inp = as_buffer(input, name="input", writable=False)
+        outs = self._as_output_list(output, inp, "allgather")
+        out = outs[0] if len(outs) == 1 else None
+        fused = out.array if out is not None else np.empty(inp.count * self.size,
+                                                           dtype=inp.array.dtype)
+        bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
+        fn = ALGORITHMS["allgather"][self.selected_algorithm("allgather", fused.nbytes, algo)]
+
+        def body(peers: Peers) -> None:
+            a, b = bounds[self.rank]
+            fused[a:b] = inp.array
+            if self.size > 1 and inp.count:
+                fn(peers, fused, bounds)
+            if out is None:
+                for i, o in enumerate(outs):
+                    o.array[...] = fused[bounds[i][0]:bounds[i][1]]
+
+        return self._execute("allgather", fused.nbytes, body, timeout, async_op)
+
+    def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
+                       algo: str | None = None, timeout: float | None = None,
+                       async_op: bool = False) -> Work | None:
+        """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
+
+        ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
+        ``world_size`` tensors shaped like ``output``); it is left unchanged.
+        """
+        out = as_buffer(output, name="output")
+        rop = parse_op(op)
+        check_op_dtype(rop, out.dtype)
+        ins = self._as_output_list(input, out, "reduce_scatter", writable=False, name="input")
+        fn = ALGORITHMS["reduce_scatter"][
+            self.selected_algorithm("reduce_scatter", out.nbytes * self.size, algo)]
+        spec = self._reduce_spec(rop, out.dtype)
+        count = out.count
+
+        def body(peers: Peers) -> None:
+            work = (ins[0].array.copy() if len(ins) == 1
+                    else np.concatenate([b.array for b in ins]))
+            prepare(rop, out.dtype, work)
+            if self.size == 1 or count == 0:
+                spec.finish(work)
+            else:
+                fn(peers, work, spec)
+            out.array[...] = work[self.rank * count:(self.rank + 1) * count]
+
+        return self._execute("reduce_scatter", out.nbytes * self.size, body, timeout, async_op)
+
+    def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
+                 in_splits: Sequence[int] | None = None, *, algo: str | None = None,
+                 timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` to rank i; block j of ``output`` comes from rank j.
+
+        Blocks are cut along the first dimension: equal blocks by default, or
+        ``in_splits`` / ``out_splits`` rows per rank (as torch's ``all_to_all_single``).
+        """
+        out = as_buffer(output, name="output")
+        inp = as_buffer(input, name="input", writable=False)
+        self._check_same_dtype(out, inp, "alltoall")
+        out_bounds = self._split_bounds(output, out, out_splits, "out_splits")
+        in_bounds = self._split_bounds(input, inp, in_splits, "in_splits")
+        fn = ALGORITHMS["alltoall"][self.selected_algorithm("alltoall", inp.nbytes, algo)]
+
+        def body(peers: Peers) -> None:
+            if self.size == 1:
+                out.array[...] = inp.array
+            else:
+                fn(peers, out.array, inp.array, out_bounds, in_bounds)
+
+        return self._execute("alltoall", inp.nbytes, body, timeout, async_op)
+
+    def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Collect every rank's ``input`` into ``output`` on ``root`` (ignored elsewhere)."""
+        inp = as_buffer(input, name="input", writable=False)
+        self._check_rank(root, "root", "gather")
+        out = None
+        if self.rank == root:
+            outs = self._as_output_list(output, inp, "gather")
+            out = outs
+        fn = ALGORITHMS["gather"][self.selected_algorithm("gather", inp.nbytes * self.size, algo)]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if out is not None:
+                fused = (out[0].array if len(out) == 1
+                         else np.empty(inp.count * self.size, dtype=inp.array.dtype))
+            if self.size == 1:
+                fused[...] = inp.array  # type: ignore[index]
+            else:
+                fn(peers, inp.array, fused, root)
+            if out is not None and len(out) > 1:
+                for i, o in enumerate(out):
+                    o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
+
+        return self._execute("gather", inp.nbytes * self.size, body, timeout, async_op)
+
+    def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+                timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` on ``root`` (ignored elsewhere) to rank i's ``output``."""
+        out = as_buffer(output, name="output")
+        self._check_rank(root, "root", "scatter")
+        ins = None
+        if self.rank == root:
+            ins = self._as_output_list(input, out, "scatter", writable=False, name="input")
+        fn = ALGORITHMS["scatter"][self.selected_algorithm("scatter", out.nbytes * self.size, algo)]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if ins is not None:
+                fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
+            if self.size == 1:
+                out.array[...] = fused  # type: ignore[index]
+            else:
+                fn(peers, fused, out.array, root)
+
+        return self._execute("scatter", out.nbytes * self.size, body, timeout, async_op)
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
+             async_op: bool = False) -> Work | None:
+        """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag)."""
+        buf = as_buffer(tensor, writable=False)
+        self._check_peer(dst, "dst", "send", tag)
+        arr = buf.array
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(dst, arr, tag)])
+
+        return self._execute("send", buf.nbytes, body, timeout, async_op)
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None,
+             async_op: bool = False) -> Work | None:
+        """Receive into ``tensor`` the next message from rank ``src`` with ``tag``."""
+        buf = as_buffer(tensor)
+        self._check_peer(src, "src", "recv", tag)
+        arr = buf.array
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.irecv(src, arr, tag)])
+
+        return self._execute("recv", buf.nbytes, body, timeout, async_op)
+
+    def allreduce_coalesced(self, tensors: Sequence[Any], op: OpLike = "sum", *,
+                            algo: str | None = None, timeout: float | None = None,
+                            async_op: bool = False) -> Work | None:
+        """Allreduce many tensors through few transfers (Horovod's tensor fusion).
+
+        Tensors are grouped by dtype, packed into one buffer per group, reduced together and
+        unpacked: one collective's latency instead of one per tensor.
+        """
+        bufs = [as_buffer(t, name=f"tensors[{i}]") for i, t in enumerate(tensors)]
+        rop = parse_op(op)
+        groups: dict[str, list] = {}
+        for b in bufs:
+            check_op_dtype(rop, b.dtype)
+            groups.setdefault(b.dtype, []).append(b)
+        plans = []
+        for dtype, members in groups.items():
+            total = sum(b.nbytes for b in members)
+            name = self.selected_algorithm("allreduce", total, algo)
+            plans.append((dtype, members, ALGORITHMS["allreduce"][name],
+                          self._reduce_spec(rop, dtype)))
+
+        def body(peers: Peers) -> None:
+            for dtype, members, fn, spec in plans:
+                fused = np.concatenate([b.array for b in members])
+                prepare(rop, dtype, fused)
+                if self.size == 1 or fused.size == 0:
+                    spec.finish(fused)
+                else:
+                    fn(peers, fused, spec)
+                start = 0
+                for b in members:
+                    b.array[...] = fused[start:start + b.count]
+                    start += b.count
+
+        total = sum(b.nbytes for b in bufs)
+        return self._execute("allreduce_coalesced", total, body, timeout, async_op)
+
+    # -- argument checks (all run before any communication) ----------------------------------
+    def _check_rank(self, value: Any, what: str, collective: str) -> None:
+        if not isinstance(value, (int, np.integer)) or not 0 <= int(value) < self.size:
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {what}={value!r} is not a rank "
+                                  f"of this communicator (0..{self.size - 1})")
+
+    def _check_peer(self, peer: Any, what: str, op: str, tag: int) -> None:
+        self._check_rank(peer, what, op)
+        if int(peer) == self.rank:
+            raise InvalidArgument(f"rank {self.rank}: {op} to/from itself ({what}={peer})")
+        if not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise InvalidArgument(f"rank {self.rank}: {op}: tag must be an int >= 0, not {tag!r}")
+
+    def _check_same_dtype(self, a: Any, b: Any, collective: str) -> None:
+        if a.dtype != b.dtype:
+            raise InvalidDtype(f"rank {self.rank}: {collective}: output dtype {a.dtype} differs "
+                               f"from input dtype {b.dtype}")
+
+    def _as_output_list(self, obj: Any, like: Any, collective: str, *, writable: bool = True,
+                        name: str = "output") -> list:
+        """One tensor of ``size * like.count`` elements, or a list of ``size`` tensors."""
+        if isinstance(obj, (list, tuple)):
+            if len(obj) != self.size:
+                raise InvalidArgument(f"rank {self.rank}: {collective}: {name} list has "
+                                      f"{len(obj)} tensors, expected world size {self.size}")
+            bufs = [as_buffer(t, name=f"{name}[{i}]", writable=writable) for i, t in enumerate(obj)]
+            for b in bufs:
+                self._check_same_dtype(b, like, collective)
+                if b.count != like.count:
+                    raise InvalidArgument(
+                        f"rank {self.rank}: {collective}: {name} tensors must have {like.count} "
+                        f"elements each (like the other side), got {b.count}")
+            return bufs
+        buf = as_buffer(obj, name=name, writable=writable)
+        self._check_same_dtype(buf, like, collective)
+        if buf.count != like.count * self.size:
+            raise InvalidArgument(
+                f"rank {self.rank}: {collective}: {name} has {buf.count} elements; it needs "
+                f"world size x {like.count} = {like.count * self.size}")
+        return [buf]
+
+    def _split_bounds(self, obj: Any, buf: Any, splits: Sequence[int] | None,
+                      what: str) -> list[tuple[int, int]]:
+        shape = tuple(getattr(obj, "shape", (buf.count,))) or (1,)
+        rows = shape[0]
+        row = buf.count // rows if rows else 0
+        if splits is None:
+            if rows % self.size:
+                raise InvalidArgument(
+                    f"rank {self.rank}: alltoall: first dimension {rows} is not divisible by the "
+                    f"world size {self.size}; pass {what} to split it unevenly")
+            splits = [rows // self.size] * self.size
+        splits = [int(s) for s in splits]
+        if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise InvalidArgument(
+                f"rank {self.rank}: alltoall: {what}={splits} must be {self.size} non-negative "
+                f"row counts adding up to the first dimension ({rows})")
+        bounds, start = [], 0
+        for s in splits:
+            bounds.append((start * row, (start + s) * row))
+            start += s
+        return bounds
 
     # -- teardown ----------------------------------------------------------------------------
     def finalize(self, timeout: float = 30.0) -> None:

@@ -48,8 +48,15 @@ class ReduceOp:
 OpLike = Union[str, ReduceOp]
 
 
+_PARSED: dict[str, ReduceOp] = {}
+
+
 def parse_op(op: OpLike) -> ReduceOp:
     """Accept "sum"/"SUM"/ReduceOp; reject anything else with the list of valid names."""
+    if isinstance(op, str):
+        cached = _PARSED.get(op)
+        if cached is not None:
+            return cached
     if isinstance(op, ReduceOp):
         result = op
     elif isinstance(op, str):
@@ -64,6 +71,8 @@ def parse_op(op: OpLike) -> ReduceOp:
                               + ", ".join(OP_NAMES))
     if result.name == "premul_sum" and result.factor is None:
         raise InvalidArgument("premul_sum needs a factor: ReduceOp('premul_sum', factor)")
+    if isinstance(op, str):
+        _PARSED[op] = result
     return result
 
 

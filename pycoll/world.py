@@ -93,3 +93,54 @@ def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
 def barrier(*, timeout: float | None = None, async_op: bool = False) -> Work | None:
     """Block until every rank of the default communicator has reached the barrier."""
     return world().barrier(timeout=timeout, async_op=async_op)
+
+
+# The rest mirror Communicator's methods on the default communicator; keyword options
+# (algo=, timeout=, async_op=) are passed through unchanged.
+def broadcast(tensor: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().broadcast(tensor, root, **options)
+
+
+def reduce(tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any) -> Work | None:
+    return world().reduce(tensor, root, op, **options)
+
+
+def allgather(output: Any, input: Any, **options: Any) -> Work | None:
+    return world().allgather(output, input, **options)
+
+
+def reduce_scatter(output: Any, input: Any, op: OpLike = "sum", **options: Any) -> Work | None:
+    return world().reduce_scatter(output, input, op, **options)
+
+
+def alltoall(output: Any, input: Any, out_splits: Any = None, in_splits: Any = None,
+             **options: Any) -> Work | None:
+    return world().alltoall(output, input, out_splits, in_splits, **options)
+
+
+def gather(output: Any, input: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().gather(output, input, root, **options)
+
+
+def scatter(output: Any, input: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().scatter(output, input, root, **options)
+
+
+def send(tensor: Any, dst: int, tag: int = 0, **options: Any) -> Work | None:
+    return world().send(tensor, dst, tag, **options)
+
+
+def recv(tensor: Any, src: int, tag: int = 0, **options: Any) -> Work | None:
+    return world().recv(tensor, src, tag, **options)
+
+
+def allreduce_coalesced(tensors: Any, op: OpLike = "sum", **options: Any) -> Work | None:
+    return world().allreduce_coalesced(tensors, op, **options)
+
+
+def new_group(ranks: Any) -> Communicator | None:
+    """A communicator of ``ranks`` (world ranks); every world rank must call it, in order.
+
+    Returns None on ranks outside the group.
+    """
+    return world().new_group(ranks)

@@ -8,7 +8,7 @@ k+1 is still arriving, so the wire and the reduction overlap.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,6 +16,10 @@ import numpy as np
 from ..transports.base import Channel, Request, wait_all
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
+
+#: Tag of every message a collective sends; user point-to-point tags are >= 0, so the two
+#: can never be confused on a channel.
+COLLECTIVE_TAG = -1
 
 
 @dataclass
@@ -26,25 +30,30 @@ class ReduceSpec:
     finish: Callable[[np.ndarray], None]
 
 
-@dataclass
 class Peers:
     """What an algorithm may use: who we are, channels to the others, a deadline, scratch."""
 
-    rank: int
-    size: int
-    channels: dict[int, Channel]
-    deadline: float
-    segment_bytes: int          # 0: each transport's own choice
-    scratch_pool: "ScratchPool"
-    check: Callable[[], None] | None = None
-    _active: dict[int, Channel] = field(default_factory=dict)
+    __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "scratch_pool",
+                 "check", "_active")
 
-    def isend(self, peer: int, arr: np.ndarray, tag: int = 0) -> Request:
+    def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
+                 segment_bytes: int, scratch_pool: "ScratchPool",
+                 check: Callable[[], None] | None = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.channels = channels
+        self.deadline = deadline
+        self.segment_bytes = segment_bytes    # 0: each transport's own choice
+        self.scratch_pool = scratch_pool
+        self.check = check
+        self._active: dict[int, Channel] = {}
+
+    def isend(self, peer: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> Request:
         ch = self.channels[peer]
         self._active[peer] = ch
         return ch.isend(_bytes(arr), tag)
 
-    def irecv(self, peer: int, arr: np.ndarray, tag: int = 0) -> Request:
+    def irecv(self, peer: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> Request:
         return self.channels[peer].irecv(_bytes(arr), tag)
 
     def wait(self, requests: Sequence[Request]) -> None:
@@ -97,32 +106,34 @@ def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def send(peers: Peers, dst: int, arr: np.ndarray, tag: int = 0) -> None:
+def send(peers: Peers, dst: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
     peers.wait([peers.isend(dst, arr, tag)])
 
 
-def recv(peers: Peers, src: int, arr: np.ndarray, tag: int = 0) -> None:
+def recv(peers: Peers, src: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
     peers.wait([peers.irecv(src, arr, tag)])
 
 
 def sendrecv(peers: Peers, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
-             tag: int = 0) -> None:
+             tag: int = COLLECTIVE_TAG) -> None:
     """Send to ``dst`` and receive from ``src`` at the same time (full duplex)."""
     rreq = peers.irecv(src, recv_arr, tag)
     sreq = peers.isend(dst, send_arr, tag)
     peers.wait([rreq, sreq])
 
 
-def sendrecv_reduce(peers: Peers, dst: int, send_arr: np.ndarray, src: int, acc: np.ndarray,
-                    spec: ReduceSpec, tag: int = 0) -> None:
+def sendrecv_reduce(peers: Peers, dst: int | None, send_arr: np.ndarray | None, src: int,
+                    acc: np.ndarray, spec: ReduceSpec, tag: int = COLLECTIVE_TAG) -> None:
     """Send ``send_arr`` to ``dst``; receive ``src``'s matching data and reduce it into ``acc``.
 
-    Both sides cut their buffers into the same segments (the segment size is a job-wide
+    With ``dst=None`` it only receives and reduces (recv-reduce). Both sides cut their buffers into the same segments (the segment size is a job-wide
     setting), so every segment is one message. Two scratch segments alternate: while one is
     being reduced the next is arriving.
     """
-    out = peers.segment_count(dst, send_arr.itemsize)
-    sends = [peers.isend(dst, send_arr[i:i + out], tag) for i in range(0, send_arr.size, out)]
+    sends = []
+    if dst is not None and send_arr is not None:
+        out = peers.segment_count(dst, send_arr.itemsize)
+        sends = [peers.isend(dst, send_arr[i:i + out], tag) for i in range(0, send_arr.size, out)]
     seg = peers.segment_count(src, acc.itemsize)
     starts = list(range(0, acc.size, seg))
     if starts:
@@ -144,3 +155,15 @@ def sendrecv_reduce(peers: Peers, dst: int, send_arr: np.ndarray, src: int, acc:
             if k + 2 < len(starts):
                 post(k + 2)
     peers.wait(sends)
+
+
+def recv_reduce(peers: Peers, src: int, acc: np.ndarray, spec: ReduceSpec,
+                tag: int = COLLECTIVE_TAG) -> None:
+    """Receive ``src``'s data segment by segment and reduce it into ``acc``."""
+    sendrecv_reduce(peers, None, None, src, acc, spec, tag)
+
+
+def send_segmented(peers: Peers, dst: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
+    """Send ``arr`` cut the way ``recv_reduce`` on the other side expects it."""
+    seg = peers.segment_count(dst, arr.itemsize)
+    peers.wait([peers.isend(dst, arr[i:i + seg], tag) for i in range(0, arr.size, seg)])

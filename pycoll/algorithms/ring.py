@@ -15,29 +15,45 @@ import numpy as np
 from .primitives import Peers, ReduceSpec, chunk_bounds, sendrecv, sendrecv_reduce
 
 
-def reduce_scatter_ring(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> int:
-    """Reduce ``arr`` across ranks so this rank owns one reduced chunk; return its index."""
+def reduce_scatter_ring(peers: Peers, arr: np.ndarray, spec: ReduceSpec, shift: int = 0) -> int:
+    """Reduce ``arr`` across ranks so this rank owns chunk ``(rank + shift) % size``.
+
+    Returns the index of the owned chunk. ``shift=1`` lets the allgather phase of allreduce
+    start without a detour; reduce_scatter uses ``shift=0`` (rank r owns chunk r).
+    """
     n, r = peers.size, peers.rank
     chunks = [arr[a:b] for a, b in chunk_bounds(arr.size, n)]
     right, left = (r + 1) % n, (r - 1) % n
     for step in range(n - 1):
-        send_idx, recv_idx = (r - step) % n, (r - step - 1) % n
+        send_idx, recv_idx = (r + shift - 1 - step) % n, (r + shift - 2 - step) % n
         sendrecv_reduce(peers, right, chunks[send_idx], left, chunks[recv_idx], spec)
-    return (r + 1) % n
+    return (r + shift) % n
 
 
-def allgather_ring(peers: Peers, arr: np.ndarray, owned: int) -> None:
-    """Circulate each rank's chunk (``owned`` is this rank's) until every rank has all."""
+def allgather_ring(peers: Peers, arr: np.ndarray, owned: int | None = None,
+                   bounds: list[tuple[int, int]] | None = None) -> None:
+    """Circulate each rank's chunk (``owned`` is this rank's, default its rank) to every rank.
+
+    ``bounds`` gives each chunk's (start, stop); default: ``size`` nearly equal chunks.
+    """
     n, r = peers.size, peers.rank
-    chunks = [arr[a:b] for a, b in chunk_bounds(arr.size, n)]
+    owned = r if owned is None else owned
+    chunks = [arr[a:b] for a, b in (bounds or chunk_bounds(arr.size, n))]
     right, left = (r + 1) % n, (r - 1) % n
     for step in range(n - 1):
         send_idx, recv_idx = (owned - step) % n, (owned - step - 1) % n
         sendrecv(peers, right, chunks[send_idx], left, chunks[recv_idx])
 
 
+def reduce_scatter_ring_owned(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
+    """reduce_scatter registry entry: rank r ends with the reduced (and finished) chunk r."""
+    owned = reduce_scatter_ring(peers, arr, spec, shift=0)
+    a, b = chunk_bounds(arr.size, peers.size)[owned]
+    spec.finish(arr[a:b])
+
+
 def allreduce_ring(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
-    owned = reduce_scatter_ring(peers, arr, spec)
+    owned = reduce_scatter_ring(peers, arr, spec, shift=1)
     a, b = chunk_bounds(arr.size, peers.size)[owned]
     spec.finish(arr[a:b])
     allgather_ring(peers, arr, owned)

@@ -1,0 +1,38 @@
+"""Linear (flat) algorithms: the root talks to every rank directly.
+
+Right for gather and scatter at small world sizes and for anything where the root's link is
+not the bottleneck; they also serve as the simplest correct reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .primitives import Peers, chunk_bounds
+
+
+def gather_linear(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root: int) -> None:
+    """Rank i's ``inp`` lands in block i of ``out`` at ``root``."""
+    n, r = peers.size, peers.rank
+    if r != root:
+        peers.wait([peers.isend(root, inp)])
+        return
+    assert out is not None
+    bounds = chunk_bounds(out.size, n)
+    reqs = [peers.irecv(i, out[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
+    a, b = bounds[root]
+    out[a:b] = inp
+    peers.wait(reqs)
+
+
+def scatter_linear(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: int) -> None:
+    """Block i of ``inp`` at ``root`` lands in rank i's ``out``."""
+    n, r = peers.size, peers.rank
+    if r != root:
+        peers.wait([peers.irecv(root, out)])
+        return
+    assert inp is not None
+    bounds = chunk_bounds(inp.size, n)
+    reqs = [peers.isend(i, inp[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
+    a, b = bounds[root]
+    out[...] = inp[a:b]
+    peers.wait(reqs)

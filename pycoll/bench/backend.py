@@ -1,0 +1,186 @@
+"""Buffers (numpy or torch) and the pycoll adapter for the benchmark runner."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .collectives import REQUIRED_FUNCTIONS, compute_dtype
+from .runner import BenchError
+
+
+class NumpyBuffers:
+    """numpy arrays on the host (pycoll's native buffers; mpi4py)."""
+
+    def alloc(self, count: int, dtype: str):
+        if dtype == "bfloat16":
+            raise BenchError("bfloat16 needs torch tensors (use -d cuda or a torch backend)")
+        return np.empty(count, dtype=dtype)
+
+    def write(self, buf, arr):
+        np.copyto(buf, arr, casting="unsafe")
+
+    def read(self, buf):
+        return buf
+
+    def sync(self):
+        pass
+
+
+class TorchBuffers:
+    """torch tensors on ``device`` ('cpu' or 'cuda'); bfloat16 read back as float32."""
+
+    def __init__(self, device: str = "cpu"):
+        import torch
+        self.torch = torch
+        self.device = device
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise BenchError("-d cuda: torch reports no CUDA device")
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local % torch.cuda.device_count())
+
+    def alloc(self, count: int, dtype: str):
+        return self.torch.empty(count, dtype=getattr(self.torch, dtype), device=self.device)
+
+    def write(self, buf, arr):
+        buf.copy_(self.torch.from_numpy(np.ascontiguousarray(arr)))
+
+    def read(self, buf):
+        t = buf.detach()
+        if t.dtype == self.torch.bfloat16:
+            t = t.float()
+        return t.cpu().numpy()
+
+    def sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+
+class PycollBackend:
+    """Adapter from pycoll's module-level API to the runner's protocol."""
+
+    name = "pycoll"
+
+    def __init__(self, device: str = "cpu", dtypes=("float32",)):
+        import pycoll
+        self.pc = pycoll
+        self.version = getattr(pycoll, "__version__", "")
+        if device == "cuda" or "bfloat16" in dtypes:
+            self.bufs = TorchBuffers(device)
+        else:
+            self.bufs = NumpyBuffers()
+        init = getattr(pycoll, "init", None)
+        if init is None:
+            raise BenchError("pycoll.init is not available in this pycoll version")
+        self.comm = init()
+        self.rank = int(pycoll.get_rank())
+        self.world_size = int(pycoll.get_world_size())
+        self._stats_cache = {}
+        self._fns = {}
+
+    # -- buffers -----------------------------------------------------------
+    def alloc(self, count, dtype):
+        return self.bufs.alloc(count, dtype)
+
+    def write(self, buf, arr):
+        self.bufs.write(buf, arr)
+
+    def read(self, buf):
+        return self.bufs.read(buf)
+
+    def sync(self):
+        self.bufs.sync()
+
+    # -- availability --------------------------------------------------------
+    def require(self, collective: str) -> None:
+        missing = [f for f in REQUIRED_FUNCTIONS[collective] if not hasattr(self.pc, f)]
+        if missing:
+            raise BenchError(
+                f"{collective} is not available in this pycoll version "
+                f"({self.version or 'unknown'}): pycoll.{', pycoll.'.join(missing)} missing")
+
+    def check_algo(self, collective: str, algo: str | None) -> None:
+        """Reject an unknown --algo before any timing (the communicator names the choices)."""
+        f = getattr(self.comm, "selected_algorithm", None)
+        if not algo or f is None or collective in ("barrier", "latency", "bw"):
+            return
+        try:
+            f(collective, 8, algo)
+        except Exception as e:
+            raise BenchError(str(e)) from None
+
+    def _fn(self, name):
+        f = self._fns.get(name)
+        if f is None:
+            f = getattr(self.pc, name, None)
+            if f is None:
+                raise BenchError(f"{name} is not available in this pycoll version")
+            self._fns[name] = f
+        return f
+
+    # -- operations ----------------------------------------------------------
+    def barrier(self):
+        self._fn("barrier")()
+
+    def op(self, collective, bufs, op, root, algo):
+        kw = {} if algo is None else {"algo": algo}
+        f = self._fn(collective)
+        if collective == "allreduce":
+            f(bufs["buf"], op=op, **kw)
+        elif collective == "broadcast":
+            f(bufs["buf"], root, **kw)
+        elif collective == "reduce":
+            f(bufs["buf"], root, op=op, **kw)
+        elif collective == "allgather":
+            f(bufs["out"], bufs["inp"], **kw)
+        elif collective == "reduce_scatter":
+            f(bufs["out"], bufs["inp"], op=op, **kw)
+        elif collective == "alltoall":
+            f(bufs["out"], bufs["inp"], **kw)
+        elif collective in ("gather", "scatter"):
+            f(bufs["out"], bufs["inp"], root, **kw)
+        elif collective == "barrier":
+            f(**kw)
+        else:
+            raise BenchError(f"unknown collective {collective!r}")
+
+    def send(self, buf, dst):
+        self._fn("send")(buf, dst)
+
+    def recv(self, buf, src):
+        self._fn("recv")(buf, src)
+
+    def allgather_floats(self, values):
+        """Every rank's ``values`` as a (world_size, k) array, through a sum-allreduce."""
+        k = len(values)
+        a = np.zeros((self.world_size, k), dtype=np.float64)
+        a[self.rank, :] = values
+        self._fn("allreduce")(a.reshape(-1), op="sum")
+        return a
+
+    # -- description ---------------------------------------------------------
+    def selected_algorithm(self, collective, nbytes, algo=None):
+        if algo:
+            return algo
+        f = getattr(self.comm, "selected_algorithm", None)
+        if f is None:
+            return None
+        try:
+            return str(f(collective, int(nbytes)))
+        except Exception:   # selection may not know a collective (barrier, pt2pt)
+            return None
+
+    def transport(self):
+        f = getattr(self.comm, "transport_summary", None)
+        if f is None:
+            return os.environ.get("PYCOLL_TRANSPORT") or None
+        try:
+            return str(f())
+        except Exception as e:
+            return f"unknown ({e})"
+
+    def finalize(self):
+        f = getattr(self.pc, "finalize", None)
+        if f is not None:
+            f()

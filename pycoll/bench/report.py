@@ -1,0 +1,275 @@
+"""Output of ``python -m pycoll.bench``: OSU tables, nccl-tests tables, JSON lines, JSON, CSV,
+and parsers for the two table formats (used by the tests and handy for scripts).
+
+OSU layout (OMB 7.4 ``print_only_header``/``print_stats``, notes/anchors.md §6.3)::
+
+    # Size       Avg Latency(us)     [Min Latency(us)     Max Latency(us)  Iterations]
+    8                       1.52     ...
+
+``"%-10s%18s"`` header, ``"%-10d%18.2f"`` rows (FIELD_WIDTH 18), 18-wide min/max, 12-wide iterations; pycoll
+appends nccl-tests' ``algbw(GB/s)`` and ``busbw(GB/s)`` (14 wide) and, with ``-c``, OSU's
+18-wide ``Validation`` column last.  nccl-tests layout: notes/anchors.md §9.2.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+from .collectives import SPECS
+
+FIELD_WIDTH = 18          # OMB osu_util.h FIELD_WIDTH (header "# Size       Avg Latency(us)")
+BW_WIDTH = 14
+OSU_VERSION = "7.4"
+
+NCCL_TYPES = {"float32": "float", "float64": "double", "float16": "half",
+              "bfloat16": "bfloat16", "int8": "int8", "uint8": "uint8",
+              "int32": "int32", "int64": "int64"}
+
+
+# ---------------------------------------------------------------------------
+# OSU format
+# ---------------------------------------------------------------------------
+def osu_preamble(meta: dict) -> list[str]:
+    """Title and '#' description lines printed once before the first table."""
+    spec = SPECS[meta["collective"]]
+    lines = ["", f"# pycoll {spec.osu_title} (OSU Micro-Benchmarks {OSU_VERSION} format) "
+                 f"{meta.get('library', 'pycoll')} {meta.get('version', '')}".rstrip()]
+    lines += _meta_lines(meta)
+    return lines
+
+
+def _meta_lines(meta: dict) -> list[str]:
+    spec = SPECS[meta["collective"]]
+    timing = {"osu": "osu (each op timed, untimed barrier between ops)",
+              "nccl": "nccl (ops back to back, total / iterations)"}[meta.get("timing", "osu")]
+    parts = [f"Ranks: {meta['ranks']}", f"Device: {meta.get('device', 'cpu')}"]
+    if spec.rooted:
+        parts.append(f"Root: {meta.get('root', 0)}")
+    parts.append(f"Timing: {timing}")
+    lines = ["# " + "  ".join(parts)]
+    lines.append(f"# Transport: {meta.get('transport') or 'unknown'}")
+    if not spec.pt2pt:
+        lines.append(f"# Algorithm: {meta.get('algorithm') or 'default'}")
+    if meta["collective"] == "bw":
+        lines.append(f"# Window size: {meta.get('window', 64)}; Bandwidth in MB/s (1 MB = 1e6 B)")
+    else:
+        lines.append(f"# algbw = size / avg latency, busbw = algbw * {spec.factor_text}; "
+                     f"GB/s with 1 GB = 1e9 B (nccl-tests)")
+    if meta["collective"] == "barrier":
+        lines.append("# Size is 0 for barrier")
+    return lines
+
+
+def osu_block_header(collective: str, dtype: str, op: str | None, full: bool,
+                     validate: bool, show_op: bool = False) -> list[str]:
+    lines = [f"# Datatype: {dtype}."]
+    if show_op and op:
+        lines.append(f"# Op: {op}.")
+    return lines + [osu_column_header(collective, full, validate)]
+
+
+def osu_column_header(collective: str, full: bool, validate: bool) -> str:
+    if collective == "latency":
+        h = f"{'# Size':<10}{'Latency (us)':>{FIELD_WIDTH}}"
+    elif collective == "bw":
+        h = f"{'# Size':<10}{'Bandwidth (MB/s)':>{FIELD_WIDTH}}"
+    else:
+        h = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD_WIDTH}}"
+        if full:
+            h += f"{'Min Latency(us)':>{FIELD_WIDTH}}{'Max Latency(us)':>{FIELD_WIDTH}}"
+            h += f"{'Iterations':>12}"
+    if collective != "bw":
+        h += f"{'algbw(GB/s)':>{BW_WIDTH}}{'busbw(GB/s)':>{BW_WIDTH}}"
+    if validate:
+        h += f"{'Validation':>{FIELD_WIDTH}}"
+    return h
+
+
+def osu_row(row: dict, full: bool, validate: bool) -> str:
+    c = row["collective"]
+    if c == "bw":
+        s = f"{row['size']:<10d}{row['bandwidth_MBps']:>{FIELD_WIDTH}.2f}"
+    else:
+        s = f"{row['size']:<10d}{row['avg_us']:>{FIELD_WIDTH}.2f}"
+        if full and c != "latency":
+            s += f"{row['min_us']:>{FIELD_WIDTH}.2f}{row['max_us']:>{FIELD_WIDTH}.2f}"
+            s += f"{row['iterations']:>12d}"
+        s += f"{row['algbw_GBps']:>{BW_WIDTH}.4f}{row['busbw_GBps']:>{BW_WIDTH}.4f}"
+    if validate:
+        s += f"{row.get('validation') or 'N/A':>{FIELD_WIDTH}}"
+    return s
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """nccl-tests' closing lines (comments, so OSU parsers skip them)."""
+    wrong = sum(r["wrong"] or 0 for r in rows if r.get("wrong") is not None)
+    checked = any(r.get("wrong") is not None for r in rows)
+    avg_bus = sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0
+    return [f"# Out of bounds values : {wrong if checked else 0} "
+            f"{'OK' if wrong == 0 else 'FAILED'}",
+            f"# Avg bus bandwidth    : {avg_bus:g}"]
+
+
+# ---------------------------------------------------------------------------
+# nccl-tests format
+# ---------------------------------------------------------------------------
+def nccl_preamble(meta: dict, sizes: list[int]) -> list[str]:
+    spec = SPECS[meta["collective"]]
+    name = spec.nccl_name
+    lines = [f"# pycoll.bench in nccl-tests format: {meta.get('library', 'pycoll')} "
+             f"{meta.get('version', '')}".rstrip(),
+             f"# Collective test starting: {name}",
+             f"# nThread 1 nGpus 1 minBytes {min(sizes) if sizes else 0} "
+             f"maxBytes {max(sizes) if sizes else 0} step: 2(factor) "
+             f"warmup iters: {meta.get('warmup_text', 'osu')} iters: {meta.get('iters_text', 'osu')} "
+             f"agg iters: 1 validation: {1 if meta.get('validate') else 0} graph: 0",
+             "#"]
+    lines += _meta_lines(meta)
+    lines += ["#", "# Using devices"]
+    for r, (pid, host) in enumerate(meta.get("pids", [])):
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} device  0 "
+                     f"[{meta.get('device', 'cpu')}] {meta.get('device', 'cpu')}")
+    lines.append("#")
+    return lines
+
+
+def nccl_column_header() -> list[str]:
+    return [
+        "#" + " " * 61 + "in-place",
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s"
+        % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s"
+        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+    ]
+
+
+def _nccl_time(us: float) -> str:
+    if us >= 10000.0:
+        return "%7.0f" % us
+    if us >= 100.0:
+        return "%7.1f" % us
+    return "%7.2f" % us
+
+
+def nccl_row(row: dict) -> str:
+    root = row.get("root", -1)
+    root = 0 if root == "rotate" else int(root)
+    wrong = "N/A" if row.get("wrong") is None else str(row["wrong"])
+    return "%12d  %12d  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s" % (
+        row["size"], row["count"], NCCL_TYPES.get(row["dtype"], row["dtype"]),
+        row.get("op") or "none", root, _nccl_time(row["avg_us"]),
+        row["algbw_GBps"], row["busbw_GBps"], wrong)
+
+
+def nccl_epilogue(meta: dict, rows: list[dict]) -> list[str]:
+    return summary_lines(rows) + ["#", f"# Collective test concluded: "
+                                       f"{SPECS[meta['collective']].nccl_name}", ""]
+
+
+# ---------------------------------------------------------------------------
+# JSON / CSV
+# ---------------------------------------------------------------------------
+CSV_FIELDS = ["library", "collective", "ranks", "size", "requested_size", "count", "dtype",
+              "op", "root", "algorithm", "timing", "iterations", "warmup", "avg_us", "min_us",
+              "max_us", "p50_us", "p99_us", "iter_min_us", "iter_max_us", "algbw_GBps",
+              "busbw_GBps", "bandwidth_MBps", "validation", "wrong"]
+
+
+def jsonl_row(row: dict) -> str:
+    return json.dumps(row, sort_keys=True)
+
+
+def write_json(path: str, meta: dict, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": rows}, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+    return buf.getvalue()
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        f.write(csv_text(rows))
+
+
+# ---------------------------------------------------------------------------
+# parsers
+# ---------------------------------------------------------------------------
+def _num(tok: str):
+    try:
+        return int(tok)
+    except ValueError:
+        pass
+    try:
+        return float(tok)
+    except ValueError:
+        return tok
+
+
+def parse_osu(text: str) -> list[dict]:
+    """Parse OSU-style output into row dicts keyed by column names ('Size', 'Avg Latency(us)'...).
+
+    Works on real OMB output too: '#' lines are comments except the column header, which is
+    the one that starts with '# Size' (or '# Avg Latency' for osu_barrier).
+    """
+    cols = None
+    rows = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            body = s[1:].strip()
+            if body.startswith("Size") or body.startswith("Avg Latency"):
+                cols = re.split(r"\s{2,}", body)
+            continue
+        if cols is None:
+            continue
+        toks = s.split()
+        if len(toks) != len(cols):
+            raise ValueError(f"OSU row has {len(toks)} fields, header has {len(cols)}: {line!r}")
+        rows.append({c: _num(t) for c, t in zip(cols, toks)})
+    return rows
+
+
+NCCL_COLS = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"]
+
+
+def parse_nccl(text: str) -> dict:
+    """Parse nccl-tests output: {'rows': [...], 'avg_busbw': float, 'oob': int}.
+
+    Rows carry the out-of-place (or only) group as time/algbw/busbw/#wrong and, when present,
+    the in-place group as ip_time/ip_algbw/ip_busbw/ip_#wrong.
+    """
+    rows = []
+    avg = oob = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            m = re.match(r"#\s*Avg bus bandwidth\s*:\s*(\S+)", s)
+            if m:
+                avg = float(m.group(1))
+            m = re.match(r"#\s*Out of bounds values\s*:\s*(\d+)", s)
+            if m:
+                oob = int(m.group(1))
+            continue
+        toks = s.split()
+        if len(toks) not in (9, 13) or not toks[0].isdigit():
+            continue
+        row = {c: _num(t) for c, t in zip(NCCL_COLS, toks[:9])}
+        if len(toks) == 13:
+            for c, t in zip(NCCL_COLS[5:], toks[9:]):
+                row["ip_" + c] = _num(t)
+        rows.append(row)
+    return {"rows": rows, "avg_busbw": avg, "oob": oob}

@@ -1,0 +1,382 @@
+"""Launch-environment detection: who started this process, and as which rank?
+
+``detect_launch()`` reads the environment left by one of the launchers pycoll understands and
+returns a :class:`LaunchInfo`; ``resolve_launch()`` does the same but lets explicit arguments
+(those of ``pycoll.init``) override what the environment says, then validates the result.
+
+Sources, highest priority first (the first launcher whose marker variable is present wins):
+
+=========  ==================================  ==========================================
+launcher   marker / rank & size variables      local rank & local size
+=========  ==================================  ==========================================
+pycoll     PYCOLL_RANK, PYCOLL_WORLD_SIZE      PYCOLL_LOCAL_RANK, PYCOLL_LOCAL_WORLD_SIZE
+torchrun   RANK, WORLD_SIZE                    LOCAL_RANK, LOCAL_WORLD_SIZE
+openmpi    OMPI_COMM_WORLD_RANK / _SIZE        OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE
+mpich      PMI_RANK, PMI_SIZE                  MPI_LOCALRANKID, MPI_LOCALNRANKS
+slurm      SLURM_PROCID, SLURM_NTASKS          SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+none       (nothing set)                       world size 1, rank 0
+=========  ==================================  ==========================================
+
+Store address rules (the store is pycoll's rendezvous server, not torch's TCPStore):
+
+* ``PYCOLL_MASTER_ADDR`` / ``PYCOLL_MASTER_PORT`` always win over the launcher's variables.
+* pycoll (``python -m pycoll.run``): the launcher already runs the store at
+  PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT (``PYCOLL_STORE_EXTERNAL=1``).
+* torchrun: torch's own TCPStore already listens on MASTER_PORT, so pycoll's store (embedded in
+  rank 0) uses ``MASTER_PORT + 1`` unless PYCOLL_MASTER_PORT says otherwise.
+* Open MPI, MPICH, Slurm and explicit arguments: MASTER_ADDR / MASTER_PORT, port default 29500.
+  These launchers do not say where rank 0 runs; when every rank is on this host (local size ==
+  world size) the address defaults to 127.0.0.1, otherwise it must be given explicitly.
+* ``PYCOLL_STORE_EXTERNAL=1`` with any launcher means "a store is already running there (e.g.
+  ``python -m rendezvous serve``); rank 0 must not start one".
+
+This module imports nothing from pycoll and only the standard library, so it is cheap to import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+__all__ = [
+    "LaunchInfo",
+    "detect_launch",
+    "resolve_launch",
+    "DEFAULT_MASTER_PORT",
+    "LAUNCHERS",
+]
+
+#: Port of the store when a launcher gives none (MPI, Slurm, explicit rank/world size).
+DEFAULT_MASTER_PORT = 29500
+
+#: Every value ``LaunchInfo.launcher`` can take.
+LAUNCHERS = ("pycoll", "torchrun", "openmpi", "mpich", "slurm", "none")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, and where the job's rendezvous store is.
+
+    ``master_addr``/``master_port`` name pycoll's store (not torch's). ``store_is_external``
+    is True when something other than rank 0 runs that store (``python -m pycoll.run``, or
+    ``PYCOLL_STORE_EXTERNAL=1``); otherwise rank 0 embeds it. ``master_addr`` and
+    ``master_port`` may be None only when ``world_size == 1``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: Optional[int]
+    local_world_size: Optional[int]
+    master_addr: Optional[str]
+    master_port: Optional[int]
+    launcher: str
+    store_is_external: bool
+    token: Optional[str]
+
+    @property
+    def is_single_process(self) -> bool:
+        """True for a one-rank job, which needs no store at all."""
+        return self.world_size == 1
+
+
+# --------------------------------------------------------------------------------------------
+# raw detection: which launcher, and the (unparsed) strings it left us
+
+
+@dataclass
+class _Raw:
+    launcher: str
+    # each value is (source name, text) so errors can name the variable; None = absent
+    rank: Optional[tuple] = None
+    world_size: Optional[tuple] = None
+    local_rank: Optional[tuple] = None
+    local_world_size: Optional[tuple] = None
+
+
+def _get(env: Mapping[str, str], name: str) -> Optional[tuple]:
+    value = env.get(name)
+    if value is None:
+        return None
+    return (name, value)
+
+
+def _first(env: Mapping[str, str], *names: str) -> Optional[tuple]:
+    for name in names:
+        found = _get(env, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _slurm_local_world_size(env: Mapping[str, str]) -> Optional[tuple]:
+    """Tasks on this node: SLURM_NTASKS_PER_NODE if it is a plain number, else this node's
+    entry of SLURM_TASKS_PER_NODE (format ``2(x3),1``) picked by SLURM_NODEID."""
+    per_node = env.get("SLURM_NTASKS_PER_NODE")
+    if per_node is not None and per_node.strip().isdigit():
+        return ("SLURM_NTASKS_PER_NODE", per_node)
+    tasks = env.get("SLURM_TASKS_PER_NODE")
+    node = env.get("SLURM_NODEID")
+    if tasks is None or node is None or not node.strip().isdigit():
+        return None
+    counts = []
+    for part in tasks.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            return None
+        counts.extend([m.group(1)] * int(m.group(2) or 1))
+    node_id = int(node)
+    if node_id >= len(counts):
+        return None
+    return ("SLURM_TASKS_PER_NODE", counts[node_id])
+
+
+def _detect_raw(env: Mapping[str, str]) -> _Raw:
+    if "PYCOLL_RANK" in env or "PYCOLL_WORLD_SIZE" in env:
+        return _Raw(
+            "pycoll",
+            _get(env, "PYCOLL_RANK"),
+            _get(env, "PYCOLL_WORLD_SIZE"),
+            _get(env, "PYCOLL_LOCAL_RANK"),
+            _get(env, "PYCOLL_LOCAL_WORLD_SIZE"),
+        )
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return _Raw(
+            "torchrun",
+            _get(env, "RANK"),
+            _get(env, "WORLD_SIZE"),
+            _get(env, "LOCAL_RANK"),
+            _get(env, "LOCAL_WORLD_SIZE"),
+        )
+    if "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env:
+        return _Raw(
+            "openmpi",
+            _get(env, "OMPI_COMM_WORLD_RANK"),
+            _get(env, "OMPI_COMM_WORLD_SIZE"),
+            _get(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+            _get(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        )
+    if "PMI_RANK" in env or "PMI_SIZE" in env:
+        return _Raw(
+            "mpich",
+            _get(env, "PMI_RANK"),
+            _get(env, "PMI_SIZE"),
+            _get(env, "MPI_LOCALRANKID"),
+            _get(env, "MPI_LOCALNRANKS"),
+        )
+    if "SLURM_PROCID" in env:
+        return _Raw(
+            "slurm",
+            _get(env, "SLURM_PROCID"),
+            _first(env, "SLURM_NTASKS", "SLURM_NPROCS"),
+            _get(env, "SLURM_LOCALID"),
+            _slurm_local_world_size(env),
+        )
+    return _Raw("none")
+
+
+# --------------------------------------------------------------------------------------------
+# parsing and validation
+
+
+def _fail(what: str, launcher: str, problem: str) -> ValueError:
+    return ValueError(f"pycoll launch environment (launcher detected: {launcher}): {what} {problem}")
+
+
+def _describe(source: tuple) -> str:
+    name, value = source
+    if name.startswith("argument "):
+        return f"{name}={value!r}"
+    return f"environment variable {name}={value!r}"
+
+
+def _parse_int(source: Optional[tuple], launcher: str) -> Optional[int]:
+    if source is None:
+        return None
+    name, value = source
+    if isinstance(value, bool):
+        raise _fail(_describe(source), launcher, "is not an integer")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip(), 10)
+    except ValueError:
+        raise _fail(_describe(source), launcher, "is not an integer") from None
+
+
+def _parse_bool(env: Mapping[str, str], name: str, launcher: str) -> bool:
+    value = env.get(name)
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise _fail(f"environment variable {name}={value!r}", launcher, "is not a boolean (use 1 or 0)")
+
+
+def detect_launch(env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
+    """Describe this process's place in the job from the environment alone.
+
+    Raises ``ValueError`` (naming the variable and the launcher detected) when the environment
+    is incomplete or inconsistent. With nothing set: a single-process job (rank 0 of 1).
+    """
+    return resolve_launch(env=env)
+
+
+def resolve_launch(
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> LaunchInfo:
+    """Merge explicit arguments over the detected environment and validate the result.
+
+    Each argument that is not None replaces the corresponding value from the environment
+    (``master_port`` is pycoll's store port, used as given). Raises ``ValueError`` naming the
+    offending variable or argument and the launcher detected.
+    """
+    if env is None:
+        env = os.environ
+    raw = _detect_raw(env)
+    launcher = raw.launcher
+
+    rank_src = ("argument rank", rank) if rank is not None else raw.rank
+    world_src = ("argument world_size", world_size) if world_size is not None else raw.world_size
+
+    if launcher != "none" or rank_src is not None or world_src is not None:
+        if world_src is None:
+            if rank_src is not None and launcher == "none":
+                raise ValueError(
+                    "pycoll launch environment (launcher detected: none): argument rank was given "
+                    "but world_size was not (pass world_size, or launch with python -m pycoll.run, "
+                    "torchrun, mpirun or srun)"
+                )
+            missing = {
+                "pycoll": "PYCOLL_WORLD_SIZE",
+                "torchrun": "WORLD_SIZE",
+                "openmpi": "OMPI_COMM_WORLD_SIZE",
+                "mpich": "PMI_SIZE",
+                "slurm": "SLURM_NTASKS",
+            }.get(launcher, "world_size")
+            raise _fail(f"environment variable {missing}", launcher, "is not set (world size unknown)")
+        if rank_src is None:
+            if launcher == "none":
+                raise ValueError(
+                    "pycoll launch environment (launcher detected: none): argument world_size was "
+                    "given but rank was not"
+                )
+            missing = {
+                "pycoll": "PYCOLL_RANK",
+                "torchrun": "RANK",
+                "openmpi": "OMPI_COMM_WORLD_RANK",
+                "mpich": "PMI_RANK",
+                "slurm": "SLURM_PROCID",
+            }[launcher]
+            raise _fail(f"environment variable {missing}", launcher, "is not set (rank unknown)")
+
+    r = _parse_int(rank_src, launcher)
+    ws = _parse_int(world_src, launcher)
+    if ws is None:
+        r, ws = 0, 1
+    assert r is not None
+    if ws < 1:
+        raise _fail(_describe(world_src), launcher, "must be at least 1")
+    if not 0 <= r < ws:
+        raise _fail(_describe(rank_src), launcher, f"must be in [0, {ws}) (world size {ws})")
+
+    lr = _parse_int(raw.local_rank, launcher)
+    lws = _parse_int(raw.local_world_size, launcher)
+    if lws is not None and not 1 <= lws <= ws:
+        raise _fail(_describe(raw.local_world_size), launcher, f"must be in [1, {ws}] (world size {ws})")
+    if lr is not None:
+        bound = lws if lws is not None else ws
+        if not 0 <= lr < bound:
+            raise _fail(_describe(raw.local_rank), launcher, f"must be in [0, {bound})")
+    if launcher == "none" and lr is None and lws is None and ws == 1:
+        lr, lws = 0, 1
+
+    # ---- store address ----
+    if master_addr is not None:
+        addr_src: Optional[tuple] = ("argument master_addr", master_addr)
+    else:
+        addr_src = _first(env, "PYCOLL_MASTER_ADDR", "MASTER_ADDR")
+    addr = addr_src[1].strip() if addr_src is not None else None
+    if addr_src is not None and not addr:
+        raise _fail(_describe(addr_src), launcher, "is empty")
+
+    if master_port is not None:
+        port_src: Optional[tuple] = ("argument master_port", master_port)
+        port = _parse_int(port_src, launcher)
+    elif "PYCOLL_MASTER_PORT" in env:
+        port_src = _get(env, "PYCOLL_MASTER_PORT")
+        port = _parse_int(port_src, launcher)
+    elif launcher == "torchrun" and "MASTER_PORT" in env:
+        # torch's TCPStore already owns MASTER_PORT; pycoll's store takes the next one.
+        port_src = _get(env, "MASTER_PORT")
+        port = _parse_int(port_src, launcher)
+        assert port is not None
+        if not 1 <= port <= 65534:
+            raise _fail(
+                _describe(port_src), launcher,
+                "must be in [1, 65534] (pycoll's store uses MASTER_PORT+1 under torchrun; "
+                "set PYCOLL_MASTER_PORT to choose another)",
+            )
+        port += 1
+    elif "MASTER_PORT" in env:
+        port_src = _get(env, "MASTER_PORT")
+        port = _parse_int(port_src, launcher)
+    else:
+        port_src, port = None, None
+    if port is not None and not 0 <= port <= 65535:
+        raise _fail(_describe(port_src), launcher, "must be in [0, 65535]")
+
+    external = _parse_bool(env, "PYCOLL_STORE_EXTERNAL", launcher)
+
+    if ws > 1:
+        if addr is None:
+            if launcher in ("pycoll", "torchrun"):
+                var = "PYCOLL_MASTER_ADDR" if launcher == "pycoll" else "MASTER_ADDR"
+                raise _fail(f"environment variable {var}", launcher, "is not set (store address unknown)")
+            if lws is not None and lws == ws:
+                addr = "127.0.0.1"  # every rank is on this host
+            elif launcher == "none":
+                # explicit rank/world_size with no address: a single-host job, by convention
+                addr = "127.0.0.1"
+            else:
+                raise _fail(
+                    "the store address", launcher,
+                    "is not set: set MASTER_ADDR (or PYCOLL_MASTER_ADDR, or pass master_addr) to "
+                    f"the host of rank 0; {launcher} does not say where rank 0 runs",
+                )
+        if port is None:
+            if launcher == "pycoll":
+                raise _fail("environment variable PYCOLL_MASTER_PORT", launcher, "is not set (store port unknown)")
+            if launcher == "torchrun":
+                raise _fail("environment variable MASTER_PORT", launcher, "is not set (store port unknown)")
+            port = DEFAULT_MASTER_PORT
+        if port == 0:
+            raise _fail(
+                _describe(port_src) if port_src else "the store port", launcher,
+                "is 0; a multi-rank job needs a fixed store port that every rank knows",
+            )
+
+    token = env.get("PYCOLL_TOKEN") or None
+
+    return LaunchInfo(
+        rank=r,
+        world_size=ws,
+        local_rank=lr,
+        local_world_size=lws,
+        master_addr=addr,
+        master_port=port,
+        launcher=launcher,
+        store_is_external=external,
+        token=token,
+    )
