@@ -26,6 +26,7 @@ class LinkModel:
 
     alpha: float
     beta: float
+    segment_bytes: int = 1 << 20   # pipelining granularity (the largest in use)
 
     @classmethod
     def from_capabilities(cls, caps: Sequence[Capabilities]) -> "LinkModel":
@@ -33,25 +34,118 @@ class LinkModel:
             return cls(PYTHON_STEP_US * 1e-6, 0.0)
         latency = max(c.latency_us for c in caps)
         bandwidth = min(c.bandwidth_gbps for c in caps)
-        return cls((latency + PYTHON_STEP_US) * 1e-6, 1.0 / (bandwidth * 1e9))
+        segment = max(c.segment_bytes for c in caps)
+        return cls((latency + PYTHON_STEP_US) * 1e-6, 1.0 / (bandwidth * 1e9), segment)
 
 
 def _gamma() -> float:
     return 1.0 / (REDUCE_GBPS * 1e9)
 
 
+def _lg(p: int) -> int:
+    """ceil(log2 p): rounds of a binomial tree, dissemination or Bruck."""
+    return (p - 1).bit_length()
+
+
+def _pof2(p: int) -> int:
+    """The largest power of two <= p (the ranks left after folding)."""
+    return 1 << (p.bit_length() - 1)
+
+
+def _fold(nbytes: int, p: int, link: LinkModel, reduce: bool = True) -> float:
+    """Folding a non-power-of-two world: one full buffer in (reduced) and one out."""
+    if _pof2(p) == p:
+        return 0.0
+    return 2 * link.alpha + 2 * nbytes * link.beta + (nbytes * _gamma() if reduce else 0.0)
+
+
+# Each model returns seconds for one call: nbytes is the collective's size as the
+# communicator reports it (the whole buffer for allreduce/broadcast/reduce, the total over
+# ranks for allgather/reduce_scatter/gather/scatter, the send buffer for alltoall).
 def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     a, b, g = link.alpha, link.beta, _gamma()
     if algo == "ring":
         return 2 * (p - 1) * a + (p - 1) / p * nbytes * (2 * b + g)
     if algo == "recursive_doubling":
-        pof2 = 1 << (p.bit_length() - 1)
-        fold = 0.0 if pof2 == p else 2 * (a + nbytes * b)
-        return math.log2(pof2) * (a + nbytes * (b + g)) + fold
+        return _lg(_pof2(p)) * (a + nbytes * (b + g)) + _fold(nbytes, p, link)
+    if algo == "rabenseifner":
+        q = _pof2(p)
+        return 2 * _lg(q) * a + (q - 1) / q * nbytes * (2 * b + g) + _fold(nbytes, p, link)
     raise KeyError(algo)
 
 
-COST_MODELS = {"allreduce": cost_allreduce}
+def cost_broadcast(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    a, b = link.alpha, link.beta
+    if algo == "binomial":
+        return _lg(p) * (a + nbytes * b)
+    if algo == "pipeline":
+        k = max(1, math.ceil(nbytes / link.segment_bytes))
+        return (p - 2 + k) * (a + nbytes / k * b)
+    if algo == "scatter_allgather":
+        return (_lg(p) + p - 1) * a + 2 * (p - 1) / p * nbytes * b
+    raise KeyError(algo)
+
+
+def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    a, b, g = link.alpha, link.beta, _gamma()
+    if algo == "binomial":
+        return _lg(p) * (a + nbytes * (b + g))
+    if algo == "ring":  # ring reduce-scatter, then the root gathers p - 1 chunks
+        return p * a + (p - 1) / p * nbytes * (2 * b + g)
+    raise KeyError(algo)
+
+
+def cost_allgather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    a, b = link.alpha, link.beta
+    if algo == "ring":
+        return (p - 1) * a + (p - 1) / p * nbytes * b
+    if algo in ("recursive_doubling", "bruck"):
+        # Bruck's wrapping ranges cost a second message in some rounds
+        extra = 0 if (algo == "recursive_doubling" and _pof2(p) == p) else 0.5 * _lg(p)
+        return (_lg(p) + extra) * a + (p - 1) / p * nbytes * b
+    raise KeyError(algo)
+
+
+def cost_reduce_scatter(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    a, b, g = link.alpha, link.beta, _gamma()
+    if algo == "ring":
+        return (p - 1) * a + (p - 1) / p * nbytes * (b + g)
+    if algo == "recursive_halving":
+        q = _pof2(p)
+        unfold = 0.0 if q == p else nbytes / p * b
+        return (_lg(q) * a + (q - 1) / q * nbytes * (b + g)
+                + _fold(nbytes, p, link) / 2 + unfold)
+    raise KeyError(algo)
+
+
+def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    a, b = link.alpha, link.beta
+    if algo == "linear":
+        return (p - 1) * a + (p - 1) / p * nbytes * b
+    if algo == "binomial":
+        return _lg(p) * a + (p - 1) / p * nbytes * b
+    raise KeyError(algo)
+
+
+def cost_alltoall(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    return (p - 1) * (link.alpha + nbytes / p * link.beta)
+
+
+def cost_barrier(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
+    return _lg(p) * link.alpha
+
+
+COST_MODELS = {
+    "allreduce": cost_allreduce,
+    "broadcast": cost_broadcast,
+    "reduce": cost_reduce,
+    "allgather": cost_allgather,
+    "reduce_scatter": cost_reduce_scatter,
+    "gather": cost_gather,
+    "scatter": cost_gather,       # the mirror image: same messages, opposite direction
+    "alltoall": cost_alltoall,
+    "barrier": cost_barrier,
+}
 
 
 def parse_overrides(spec: str | None) -> dict[str, str]:

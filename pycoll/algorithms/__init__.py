@@ -19,28 +19,46 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .chain import broadcast_pipeline
+from .halving_doubling import (allgather_recursive_doubling, allreduce_rabenseifner,
+                               reduce_scatter_recursive_halving)
 from .linear import gather_linear, scatter_linear
-from .pairwise import alltoall_pairwise, barrier_dissemination
+from .pairwise import allgather_bruck, alltoall_pairwise, barrier_dissemination
 from .recursive_doubling import allreduce_recursive_doubling
-from .ring import allgather_ring, allreduce_ring, reduce_scatter_ring_owned
-from .tree import broadcast_binomial, reduce_binomial
+from .ring import allgather_ring, allreduce_ring, reduce_ring, reduce_scatter_ring_owned
+from .tree import (broadcast_binomial, broadcast_scatter_allgather, gather_binomial,
+                   reduce_binomial, scatter_binomial)
 
 
 def _allgather_ring(peers, out, bounds) -> None:  # registry signature
     allgather_ring(peers, out, bounds=bounds)
 
 
+#: Every algorithm here is correct for every world size and element count, so selection
+#: never has to ask whether one applies; the order is the tie-break order of the selector.
 ALGORITHMS: dict[str, dict[str, Callable]] = {
     "allreduce": {
         "ring": allreduce_ring,
         "recursive_doubling": allreduce_recursive_doubling,
+        "rabenseifner": allreduce_rabenseifner,
     },
-    "broadcast": {"binomial": broadcast_binomial},
-    "reduce": {"binomial": reduce_binomial},
-    "allgather": {"ring": _allgather_ring},
-    "reduce_scatter": {"ring": reduce_scatter_ring_owned},
+    "broadcast": {
+        "binomial": broadcast_binomial,
+        "pipeline": broadcast_pipeline,
+        "scatter_allgather": broadcast_scatter_allgather,
+    },
+    "reduce": {"binomial": reduce_binomial, "ring": reduce_ring},
+    "allgather": {
+        "ring": _allgather_ring,
+        "recursive_doubling": allgather_recursive_doubling,  # Bruck when p is not a power of 2
+        "bruck": allgather_bruck,
+    },
+    "reduce_scatter": {
+        "ring": reduce_scatter_ring_owned,
+        "recursive_halving": reduce_scatter_recursive_halving,
+    },
     "alltoall": {"pairwise": alltoall_pairwise},
-    "gather": {"linear": gather_linear},
-    "scatter": {"linear": scatter_linear},
+    "gather": {"linear": gather_linear, "binomial": gather_binomial},
+    "scatter": {"linear": scatter_linear, "binomial": scatter_binomial},
     "barrier": {"dissemination": barrier_dissemination},
 }

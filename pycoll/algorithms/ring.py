@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import Peers, ReduceSpec, chunk_bounds, sendrecv, sendrecv_reduce
+from .primitives import Peers, ReduceSpec, chunk_bounds, send, sendrecv, sendrecv_reduce
 
 
 def reduce_scatter_ring(peers: Peers, arr: np.ndarray, spec: ReduceSpec, shift: int = 0) -> int:
@@ -57,3 +57,22 @@ def allreduce_ring(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
     a, b = chunk_bounds(arr.size, peers.size)[owned]
     spec.finish(arr[a:b])
     allgather_ring(peers, arr, owned)
+
+
+def reduce_ring(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -> None:
+    """Reduce for large messages: ring reduce-scatter, then every rank sends its chunk to root.
+
+    Rabenseifner's reduce (reduce-scatter + gather), with the ring's reduce-scatter so any
+    world size works: (p - 1) / p of the buffer is reduced per rank instead of all of it
+    at each tree level. The root finishes the whole buffer once, after the gather; other
+    ranks' buffers are workspace.
+    """
+    n, r = peers.size, peers.rank
+    owned = reduce_scatter_ring(peers, arr, spec, shift=0)
+    bounds = chunk_bounds(arr.size, n)
+    if r != root:
+        a, b = bounds[owned]
+        send(peers, root, arr[a:b])
+        return
+    peers.wait([peers.irecv(i, arr[a:b]) for i, (a, b) in enumerate(bounds) if i != root])
+    spec.finish(arr)

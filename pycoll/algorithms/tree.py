@@ -1,15 +1,26 @@
-"""Binomial trees: broadcast and reduce in ceil(log2 p) rounds (latency-optimal).
+"""Binomial trees: broadcast, reduce, gather and scatter in ceil(log2 p) rounds.
 
-Ranks are renumbered relative to the root (``vrank = (rank - root) mod p``). In broadcast a
-rank first receives from the rank that differs in its lowest set bit, then sends to
-``vrank + mask`` for every smaller power of two; reduce runs the same tree upwards. Large
-reduces stream through ``recv_reduce`` segment by segment, so scratch stays a few segments.
+Ranks are renumbered relative to the root (``vrank = (rank - root) mod p``). Virtual rank v
+with lowest set bit m has parent v - m and owns the subtree v .. v + m - 1 (clipped to p);
+its children are v + m/2, v + m/4, ..., 1. In broadcast a rank first receives from its
+parent, then sends to its children; reduce runs the same tree upwards. Large reduces stream
+through ``recv_reduce`` segment by segment, so scratch stays a few segments.
+
+Gather and scatter move a subtree's blocks as one range in virtual-rank order. In the
+output (real rank order) that range may wrap past the last rank, so a range is sent as at
+most two messages, split where the real rank wraps to 0; both ends compute the same split.
+The root reads and writes the user's buffer directly; inner ranks stage their subtree's
+blocks in scratch. ``scatter_allgather`` (van de Geijn) broadcasts by a binomial scatter of
+p chunks followed by a ring allgather: 2 (p - 1) / p of the buffer per rank instead of
+log2 p whole buffers, at the price of p - 1 + log2 p latencies.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .primitives import Peers, ReduceSpec, recv, recv_reduce, send, send_segmented
+from .primitives import (Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send,
+                         send_segmented)
+from .ring import allgather_ring
 
 
 def broadcast_binomial(peers: Peers, arr: np.ndarray, root: int) -> None:
@@ -43,3 +54,97 @@ def reduce_binomial(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) 
             return
         mask <<= 1
     spec.finish(arr)
+
+
+def _subtree(vrank: int, n: int) -> tuple[int, list[tuple[int, int]]]:
+    """(parent mask m, children as (first, stop) virtual-rank ranges) of ``vrank``.
+
+    ``m`` is the lowest set bit of ``vrank`` (for the root: the power of two >= n), so the
+    subtree is ``vrank .. min(vrank + m, n) - 1``.
+    """
+    m = vrank & -vrank if vrank else 1 << (n - 1).bit_length()
+    children = []
+    mask = m >> 1
+    while mask:
+        if vrank + mask < n:
+            children.append((vrank + mask, min(vrank + 2 * mask, n)))
+        mask >>= 1
+    return m, children
+
+
+def _pieces(lo: int, hi: int, n: int, root: int) -> list[tuple[int, int]]:
+    """Virtual ranks lo .. hi-1 cut where their real ranks wrap from p-1 to 0."""
+    wrap = n - root
+    return [(a, b) for a, b in ((lo, min(hi, wrap)), (max(lo, wrap), hi)) if a < b]
+
+
+def gather_binomial(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root: int) -> None:
+    """Rank i's ``inp`` lands in block i of ``out`` at ``root`` (``out`` is None elsewhere)."""
+    n, r = peers.size, peers.rank
+    vrank, blk = (r - root) % n, inp.size
+    m, children = _subtree(vrank, n)
+    if vrank == 0:
+        assert out is not None
+        out[r * blk:(r + 1) * blk] = inp
+
+        def place(a: int, b: int) -> np.ndarray:
+            start = (a + root) % n
+            return out[start * blk:(start + b - a) * blk]  # type: ignore[index]
+    else:
+        stop = min(vrank + m, n)
+        stage = peers.scratch((stop - vrank) * blk, inp.dtype, slot=2) if children else inp
+        if children:
+            stage[:blk] = inp
+
+        def place(a: int, b: int) -> np.ndarray:
+            return stage[(a - vrank) * blk:(b - vrank) * blk]
+    peers.wait([peers.irecv((c + root) % n, place(a, b))
+                for c, c_stop in children for a, b in _pieces(c, c_stop, n, root)])
+    if vrank:
+        parent = (vrank - m + root) % n
+        peers.wait([peers.isend(parent, place(a, b))
+                    for a, b in _pieces(vrank, min(vrank + m, n), n, root)])
+
+
+def scatter_binomial(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: int) -> None:
+    """Block i of ``inp`` at ``root`` (None elsewhere) lands in rank i's ``out``."""
+    n, r = peers.size, peers.rank
+    vrank, blk = (r - root) % n, out.size
+    m, children = _subtree(vrank, n)
+    if vrank == 0:
+        assert inp is not None
+        out[...] = inp[r * blk:(r + 1) * blk]
+
+        def place(a: int, b: int) -> np.ndarray:
+            start = (a + root) % n
+            return inp[start * blk:(start + b - a) * blk]  # type: ignore[index]
+    else:
+        stop = min(vrank + m, n)
+        stage = peers.scratch((stop - vrank) * blk, out.dtype, slot=2) if children else out
+
+        def place(a: int, b: int) -> np.ndarray:
+            return stage[(a - vrank) * blk:(b - vrank) * blk]
+        parent = (vrank - m + root) % n
+        peers.wait([peers.irecv(parent, place(a, b)) for a, b in _pieces(vrank, stop, n, root)])
+        if children:
+            out[...] = stage[:blk]
+    peers.wait([peers.isend((c + root) % n, place(a, b))
+                for c, c_stop in children for a, b in _pieces(c, c_stop, n, root)])
+
+
+def broadcast_scatter_allgather(peers: Peers, arr: np.ndarray, root: int) -> None:
+    """van de Geijn broadcast: binomial scatter of p chunks, then ring allgather.
+
+    Chunk j (of ``chunk_bounds``) belongs to virtual rank j, so every subtree's chunks are
+    one contiguous range of ``arr`` and nothing is staged: ranks receive in place.
+    """
+    n = peers.size
+    vrank = (peers.rank - root) % n
+    bounds = chunk_bounds(arr.size, n)
+    m, children = _subtree(vrank, n)
+    if vrank:
+        stop = min(vrank + m, n)
+        recv(peers, (vrank - m + root) % n, arr[bounds[vrank][0]:bounds[stop - 1][1]])
+    peers.wait([peers.isend((c + root) % n, arr[bounds[c][0]:bounds[c_stop - 1][1]])
+                for c, c_stop in children])
+    allgather_ring(peers, arr, owned=vrank, bounds=bounds)

@@ -348,8 +348,14 @@ class ShmChannel(Channel):
     def check_alive(self) -> None:
         if self._broken is not None:
             raise self._broken
+        if not (self._sends or self._rndv_pending or self._posted or self._assembling):
+            return   # nothing expected from this peer: its exit is not our problem (yet)
         gone = None
         if self._in.ctrl[SENDER_CLOSED] or self._out.ctrl[RECEIVER_CLOSED]:
+            # The flag is written after the peer's last message: read it first, then look for
+            # unconsumed slots, which the next progress() will still deliver.
+            if self._tail < self._in.ctrl[HEAD]:
+                return
             gone = "it closed its communicator (finalize) while this rank still expected data"
         elif self._pidfd is not None:
             if select.select([self._pidfd], [], [], 0)[0]:
