@@ -25,9 +25,9 @@ from .errors import (CollectiveTimeout, InvalidArgument, InvalidDtype, PeerLost,
                      TransportError, describe)
 from .reduction import OpLike, check_op_dtype, finish, parse_op, prepare, reducer
 from .tensors import as_buffer
-from .topology import assign_transports, host_identity, transport_choice
+from .topology import assign_transports, host_identity, is_uniform, node_layout, transport_choice
 from .transports.base import Channel, Transport, WaitTimeout
-from .tuning import Selector
+from .tuning import Hierarchy, LinkModel, Selector
 from .work import Executor, Work
 
 DEFAULT_TIMEOUT = 300.0
@@ -72,7 +72,6 @@ class Communicator:
         self._channels = dict(channels or {})
         self._transports = list(transports or [])
         self._peer_transport = dict(peer_transport or {})
-        self._selector = Selector(ALGORITHMS, [t.capabilities for t in self._transports])
         self._segment_bytes = _segment_override()
         self._scratch = ScratchPool()
         self._executor = Executor(name)
@@ -84,14 +83,23 @@ class Communicator:
         self._token = token
         self._master_addr = master_addr
         self._groups_made = 0
+        self._layout = node_layout(self._hosts)
+        self._subgroups: dict[str, "Communicator | None"] = {}
+        self._selector = Selector(ALGORITHMS, [t.capabilities for t in self._transports],
+                                  hierarchy=self._hierarchy_model())
         self._reducers: dict[tuple[Any, str], ReduceSpec] = {}
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def create(cls, store: Any, rank: int, size: int, *, name: str = "world",
                timeout: float = DEFAULT_TIMEOUT, token: str | None = None,
-               master_addr: str | None = None, owns_store: bool = False) -> "Communicator":
-        """Connect ``size`` ranks that share ``store``; every rank calls this collectively."""
+               master_addr: str | None = None, owns_store: bool = False,
+               host: str | None = None) -> "Communicator":
+        """Connect ``size`` ranks that share ``store``; every rank calls this collectively.
+
+        ``host`` is this rank's node identity (default: detected); groups pass their
+        parent's, so a virtual node layout carries over to them.
+        """
         if size < 1 or not 0 <= rank < size:
             raise InvalidArgument(f"rank {rank} is outside a world of size {size}")
         debug.configure(rank)
@@ -103,7 +111,7 @@ class Communicator:
         deadline = time.monotonic() + timeout
         scoped = PrefixStore(f"pycoll/{name}/", store)
         choice = transport_choice()
-        hello = {"host": host_identity(), "pid": os.getpid(), "size": size}
+        hello = {"host": host or host_identity(rank), "pid": os.getpid(), "size": size}
         records = _exchange(scoped, "hello", rank, size, hello, timeout)
         sizes = {r: rec["size"] for r, rec in enumerate(records) if rec["size"] != size}
         if sizes:
@@ -165,7 +173,8 @@ class Communicator:
                          key=lambda r: (records[r]["key"], r))
         return Communicator.create(self._store, members.index(self.rank), len(members),
                                    name=f"{self.name}.{name}.{color}", timeout=limit,
-                                   token=self._token, master_addr=self._master_addr)
+                                   token=self._token, master_addr=self._master_addr,
+                                   host=self._hosts[self.rank])
 
     def new_group(self, ranks: Sequence[int], *, timeout: float | None = None) -> "Communicator | None":
         """A communicator of ``ranks`` (this communicator's ranks, in that order).
@@ -251,8 +260,10 @@ class Communicator:
 
     def _run(self, collective: str, seq: int, nbytes: int, body: Callable[[Peers], None],
              limit: float) -> None:
-        peers = Peers(self.rank, self.size, self._channels, time.monotonic() + limit,
-                      self._segment_bytes, self._scratch)
+        deadline = time.monotonic() + limit
+        peers = Peers(self.rank, self.size, self._channels, deadline, self._segment_bytes,
+                      self._scratch, layout=self._layout,
+                      subgroup=lambda kind: self._subgroup_peers(kind, deadline))
         try:
             body(peers)
         except WaitTimeout as e:
@@ -276,6 +287,47 @@ class Communicator:
             err = type(e)(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}", peer=e.peer)
             self._failed = err
             raise err from None
+
+    def _hierarchy_model(self) -> Hierarchy | None:
+        """The two-level cost model, when the layout is several equal nodes."""
+        if not is_uniform(self._layout):
+            return None
+        caps = {t.capabilities.name: t.capabilities for t in self._transports}
+        intra = caps.get("shm") or caps.get("tcp")
+        inter = caps.get("tcp")
+        if intra is None or inter is None:
+            return None
+        nodes = len({n for n, _ in self._layout})
+        return Hierarchy(nodes, self.size // nodes, LinkModel.from_capabilities([intra]),
+                         LinkModel.from_capabilities([inter]))
+
+    def _subgroup_peers(self, kind: str, deadline: float) -> Peers | None:
+        """Node-local or cross-node peers for hierarchical algorithms, created on first use.
+
+        Creation is itself collective; it happens inside the first hierarchical collective,
+        which every rank runs at the same point of its sequence.
+        """
+        if kind not in self._subgroups:
+            comm = None
+            if is_uniform(self._layout):
+                node, local = self._layout[self.rank]
+                color, key = (node, local) if kind == "node" else (local, node)
+                comm = self.split(color, key, name=kind,
+                                  timeout=max(1.0, deadline - time.monotonic()))
+            self._subgroups[kind] = comm
+        comm = self._subgroups[kind]
+        if comm is None:
+            return None
+        return Peers(comm.rank, comm.size, comm._channels, deadline, comm._segment_bytes,
+                     self._scratch)
+
+    def topology_summary(self) -> str:
+        """E.g. "2 nodes x 4 ranks" or "1 node"."""
+        nodes = {n for n, _ in self._layout}
+        if len(nodes) == 1:
+            return "1 node"
+        return (f"{len(nodes)} nodes x {self.size // len(nodes)} ranks" if is_uniform(self._layout)
+                else f"{len(nodes)} nodes (uneven)")
 
     # -- collectives -----------------------------------------------------------------------
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
@@ -605,6 +657,10 @@ class Communicator:
             return
         self._closed = True
         self._executor.close()
+        for sub in self._subgroups.values():
+            if sub is not None:
+                sub.finalize()
+        self._subgroups.clear()
         for t in self._transports:
             t.close()
         self._transports.clear()

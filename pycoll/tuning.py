@@ -166,9 +166,11 @@ class Selector:
     """Chooses an algorithm per call; remembers the job-wide overrides."""
 
     def __init__(self, registry: dict[str, dict], caps: Sequence[Capabilities],
-                 overrides: dict[str, str] | None = None) -> None:
+                 overrides: dict[str, str] | None = None,
+                 hierarchy: "Hierarchy | None" = None) -> None:
         self.registry = registry
         self.link = LinkModel.from_capabilities(caps)
+        self.hierarchy = hierarchy
         self.overrides = dict(overrides if overrides is not None
                               else parse_overrides(os.environ.get("PYCOLL_ALGO")))
         for coll, algo in self.overrides.items():
@@ -193,4 +195,38 @@ class Selector:
         model = COST_MODELS.get(collective)
         if model is None or len(candidates) == 1:
             return next(iter(candidates))
-        return min(candidates, key=lambda name: model(name, nbytes, world_size, self.link))
+        return min(candidates, key=lambda name: self.cost(collective, name, nbytes, world_size))
+
+    def cost(self, collective: str, algo: str, nbytes: int, world_size: int) -> float:
+        """Modelled seconds; infinite for an algorithm the layout cannot use well."""
+        if algo == "hierarchical":
+            h = self.hierarchy
+            return h.cost(collective, nbytes) if h is not None else math.inf
+        return COST_MODELS[collective](algo, nbytes, world_size, self.link)
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A uniform multi-node layout: ``nodes`` nodes of ``local`` ranks, and their links.
+
+    Hierarchical algorithms run the intra-node steps on ``intra`` (shm) and the
+    inter-node steps on ``inter`` (tcp), each with its own alpha and beta.
+    """
+
+    nodes: int
+    local: int
+    intra: LinkModel
+    inter: LinkModel
+
+    def cost(self, collective: str, nbytes: int) -> float:
+        if collective == "allreduce":
+            p, a, b, g = self.local, self.intra.alpha, self.intra.beta, _gamma()
+            inside = 2 * (p - 1) * a + (p - 1) / p * nbytes * (2 * b + g)
+            shard = nbytes / p
+            across = min(cost_allreduce(name, int(shard), self.nodes, self.inter)
+                         for name in ("ring", "recursive_doubling"))
+            return inside + across
+        if collective == "broadcast":
+            return (math.ceil(math.log2(self.nodes)) * (self.inter.alpha + nbytes * self.inter.beta)
+                    + math.ceil(math.log2(self.local)) * (self.intra.alpha + nbytes * self.intra.beta))
+        return math.inf

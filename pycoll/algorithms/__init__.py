@@ -22,6 +22,7 @@ from typing import Callable
 from .chain import broadcast_pipeline
 from .halving_doubling import (allgather_recursive_doubling, allreduce_rabenseifner,
                                reduce_scatter_recursive_halving)
+from .hierarchical import allreduce_hierarchical, broadcast_hierarchical
 from .linear import gather_linear, scatter_linear
 from .pairwise import allgather_bruck, alltoall_pairwise, barrier_dissemination
 from .recursive_doubling import allreduce_recursive_doubling
@@ -41,11 +42,13 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "ring": allreduce_ring,
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
+        "hierarchical": allreduce_hierarchical,   # flat ring unless the layout is multi-node
     },
     "broadcast": {
         "binomial": broadcast_binomial,
         "pipeline": broadcast_pipeline,
         "scatter_allgather": broadcast_scatter_allgather,
+        "hierarchical": broadcast_hierarchical,   # flat binomial unless multi-node
     },
     "reduce": {"binomial": reduce_binomial, "ring": reduce_ring},
     "allgather": {

@@ -34,11 +34,13 @@ class Peers:
     """What an algorithm may use: who we are, channels to the others, a deadline, scratch."""
 
     __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "scratch_pool",
-                 "check", "_active")
+                 "check", "_active", "layout", "_subgroup")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
                  segment_bytes: int, scratch_pool: "ScratchPool",
-                 check: Callable[[], None] | None = None) -> None:
+                 check: Callable[[], None] | None = None,
+                 layout: Sequence[tuple[int, int]] = (),
+                 subgroup: Callable[[str], "Peers | None"] | None = None) -> None:
         self.rank = rank
         self.size = size
         self.channels = channels
@@ -47,6 +49,14 @@ class Peers:
         self.scratch_pool = scratch_pool
         self.check = check
         self._active: dict[int, Channel] = {}
+        self.layout = layout          # (node index, local index) of every rank
+        self._subgroup = subgroup
+
+    def subgroup(self, kind: str) -> "Peers | None":
+        """The ranks of this one's node (``"node"``) or of the same local index on every
+        node (``"cross"``), for hierarchical algorithms; None unless the layout has several
+        nodes with equally many ranks each."""
+        return self._subgroup(kind) if self._subgroup is not None else None
 
     def isend(self, peer: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> Request:
         ch = self.channels[peer]

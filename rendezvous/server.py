@@ -1,0 +1,774 @@
+"""The rendezvous store server: one ``selectors`` event loop, no thread per client.
+
+Why an event loop: a job of N ranks keeps N connections open for its whole life and most of
+them sit idle in a blocking ``get``/``wait``. A thread per client (c10d's legacy backend) costs a
+stack and a scheduler slot each and fell over past ~1K ranks; one ``epoll`` loop holds thousands
+of idle sockets for the price of a dict entry each (anchors.md §5.1, libuv backend).
+
+Why waits are server-side: a ``get`` of a missing key parks a *waiter* on that key and the
+server answers the moment some client sets it, with no polling traffic. A ``multi_get`` of N
+keys parks on the first missing key only and, when woken, scans forward for the next missing
+one, so a waiter is woken at most once per key it actually waits for and the bootstrap pattern
+(everyone sets one key, then ``multi_get``s all of them) stays O(N) per client.
+
+Why it is paranoid: the port is reachable by anything on the network. Every connection must
+authenticate within a deadline before any command (when a token is set), frames are
+length-prefixed and bounded, every malformed input closes only that one connection (with a
+log line), and each connection processes one request at a time with bounded buffers, so a
+client that floods or never reads cannot grow server memory without bound.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import os
+import secrets
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from . import protocol as P
+from .protocol import Op, Status
+
+__all__ = ["StoreServer", "resolve_token"]
+
+log = logging.getLogger("rendezvous.server")
+
+_HANDSHAKE = 0
+_READY = 1
+
+_RECV_SIZE = 256 * 1024
+_ACCEPTS_PER_WAKEUP = 512
+
+
+def resolve_token(token: Optional[str | bytes]) -> Optional[bytes]:
+    """Token precedence shared by server and client: argument, else ``$PYCOLL_TOKEN``, else none.
+
+    An explicit empty string means "no authentication" even when the variable is set.
+    """
+    if token is None:
+        token = os.environ.get("PYCOLL_TOKEN")
+        if token is None:
+            return None
+    if isinstance(token, str):
+        token = token.encode("utf-8")
+    return bytes(token) or None
+
+
+def _fmt_addr(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(addr)
+
+
+class _Hostile(Exception):
+    """Input that breaks the protocol: log it and close that connection."""
+
+
+class _Reject(Exception):
+    """A well-formed but invalid request: answer ERROR and keep the connection."""
+
+
+class _Conn:
+    __slots__ = (
+        "sock", "peer", "inbuf", "outbuf", "state", "nonce", "waiter",
+        "closed", "writing", "close_after_flush",
+    )
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.state = _HANDSHAKE
+        self.nonce = secrets.token_bytes(P.NONCE_SIZE)
+        self.waiter: Optional[_Waiter] = None
+        self.closed = False
+        self.writing = False
+        self.close_after_flush = False
+
+
+class _Waiter:
+    """A parked GET / WAIT / MULTI_GET. ``pos`` indexes the key it is currently parked on."""
+
+    __slots__ = ("conn", "op", "keys", "pos", "active")
+
+    def __init__(self, conn: _Conn, op: int, keys: list[bytes], pos: int) -> None:
+        self.conn = conn
+        self.op = op
+        self.keys = keys
+        self.pos = pos
+        self.active = True
+
+
+_LISTENER = object()
+_WAKE = object()
+
+
+class StoreServer:
+    """A standalone rendezvous server.
+
+    The socket is bound and listening as soon as the object exists (so ``port`` is known and
+    early clients queue in the backlog); requests are served once :meth:`start` (background
+    daemon thread) or :meth:`serve_forever` (current thread) runs.
+
+    Args:
+        host: address to bind; explicit on purpose (``"127.0.0.1"``, ``"::1"``, ``"0.0.0.0"``).
+        port: port to bind; 0 picks a free one (read it back from :attr:`port`).
+        token: shared secret; ``None`` falls back to ``$PYCOLL_TOKEN``; ``""`` disables auth.
+        max_key_size / max_value_size: per-key / per-value byte limits (announced to clients).
+        max_frame_size: largest request accepted after authentication (bounds ``multi_set``).
+        handshake_timeout: seconds a new connection gets to authenticate before being dropped.
+        max_connections: connections beyond this are accepted and closed immediately.
+        backlog: listen backlog (default: the system maximum, so a connect storm of thousands
+            of ranks is queued rather than reset).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: Optional[str | bytes] = None,
+        *,
+        max_key_size: int = P.DEFAULT_MAX_KEY_SIZE,
+        max_value_size: int = P.DEFAULT_MAX_VALUE_SIZE,
+        max_frame_size: Optional[int] = None,
+        handshake_timeout: float = 10.0,
+        max_connections: int = 65536,
+        backlog: Optional[int] = None,
+    ) -> None:
+        if max_key_size <= 0 or max_value_size < 0:
+            raise ValueError("max_key_size must be > 0 and max_value_size >= 0")
+        self._token = resolve_token(token)
+        self.max_key_size = int(max_key_size)
+        self.max_value_size = int(max_value_size)
+        self.max_frame_size = int(
+            max_frame_size if max_frame_size is not None
+            else max_value_size + max_key_size + (1 << 20)
+        )
+        self.handshake_timeout = float(handshake_timeout)
+        self.max_connections = int(max_connections)
+
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        if not infos:  # pragma: no cover - getaddrinfo raises instead
+            raise OSError(f"cannot resolve {host!r}")
+        family, stype, proto, _, sockaddr = infos[0]
+        lsock = socket.socket(family, stype, proto)
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and sockaddr[0] in ("::", ""):
+                lsock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            lsock.bind(sockaddr)
+            lsock.listen(backlog if backlog is not None else socket.SOMAXCONN)
+            lsock.setblocking(False)
+        except BaseException:
+            lsock.close()
+            raise
+        self._lsock = lsock
+        self.host: str = host
+        self.port: int = lsock.getsockname()[1]
+
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(lsock, selectors.EVENT_READ, _LISTENER)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+
+        self._data: dict[bytes, bytes] = {}
+        self._watchers: dict[bytes, set[_Waiter]] = {}
+        self._conns: dict[int, _Conn] = {}
+        self._timers: list[tuple[float, int, object]] = []
+        self._seq = itertools.count()
+        self._resume: list[_Conn] = []
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._loop_done = threading.Event()
+        self._loop_started = False
+        self._cleaned = False
+        self._cleanup_lock = threading.Lock()
+        self._handlers: dict[int, Callable[[_Conn, int, list[bytes]], None]] = {
+            Op.PING: self._op_ping,
+            Op.SET: self._op_set,
+            Op.COMPARE_SET: self._op_compare_set,
+            Op.GET: lambda c, a, b: self._op_wait_like(c, Op.GET, a, b),
+            Op.ADD: self._op_add,
+            Op.CHECK: self._op_check,
+            Op.WAIT: lambda c, a, b: self._op_wait_like(c, Op.WAIT, a, b),
+            Op.NUM_KEYS: self._op_num_keys,
+            Op.DELETE: self._op_delete,
+            Op.APPEND: self._op_append,
+            Op.MULTI_GET: lambda c, a, b: self._op_wait_like(c, Op.MULTI_GET, a, b),
+            Op.MULTI_SET: self._op_multi_set,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def address(self) -> str:
+        """``host:port`` (IPv6 hosts in brackets), as printed by the CLI."""
+        return _fmt_addr((self.host, self.port))
+
+    @property
+    def num_connections(self) -> int:
+        """Number of open client connections (approximate when read from another thread)."""
+        return len(self._conns)
+
+    @property
+    def auth_required(self) -> bool:
+        return self._token is not None
+
+    def start(self) -> "StoreServer":
+        """Serve on a background daemon thread; returns ``self``."""
+        if self._thread is not None or self._loop_started:
+            raise RuntimeError("server already started")
+        self._thread = threading.Thread(
+            target=self.serve_forever, name=f"rendezvous-server-{self.port}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Run the event loop in the calling thread until :meth:`stop` / :meth:`close`."""
+        if self._loop_started:
+            raise RuntimeError("server already started")
+        self._loop_started = True
+        try:
+            while not self._stopping:
+                try:
+                    self._run_once()
+                except Exception:  # the server must survive anything one client does
+                    log.exception("rendezvous server: unexpected error in event loop (continuing)")
+        finally:
+            self._cleanup()
+            self._loop_done.set()
+
+    def stop(self) -> None:
+        """Ask the loop to exit; safe from any thread and from signal handlers."""
+        self._stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving, close every connection and the listening socket."""
+        self.stop()
+        if self._loop_started:
+            if threading.current_thread() is not self._thread:
+                self._loop_done.wait(timeout)
+        else:
+            self._cleanup()
+
+    def __enter__(self) -> "StoreServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _cleanup(self) -> None:
+        with self._cleanup_lock:
+            if self._cleaned:
+                return
+            self._cleaned = True
+        for conn in list(self._conns.values()):
+            self._close(conn, None)
+        for s in (self._lsock, self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
+        try:
+            self._sel.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ event loop
+
+    def _run_once(self) -> None:
+        timeout = None
+        if self._timers:
+            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+        for key, mask in self._sel.select(timeout):
+            data = key.data
+            if data is _LISTENER:
+                self._accept()
+            elif data is _WAKE:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            else:
+                conn: _Conn = data
+                if conn.closed:
+                    continue
+                try:
+                    if mask & selectors.EVENT_WRITE:
+                        self._on_writable(conn)
+                    if mask & selectors.EVENT_READ and not conn.closed:
+                        self._on_readable(conn)
+                except _Hostile as e:
+                    log.warning("rendezvous server: closing connection from %s: %s", conn.peer, e)
+                    self._close(conn, None)
+                except Exception:
+                    log.exception("rendezvous server: error on connection from %s; closing it", conn.peer)
+                    self._close(conn, None)
+            self._drain_resume()
+        self._run_timers()
+        self._drain_resume()
+
+    def _drain_resume(self) -> None:
+        # Connections whose parked request completed may have further requests buffered.
+        while self._resume:
+            conn = self._resume.pop()
+            if conn.closed:
+                continue
+            try:
+                self._process(conn)
+            except _Hostile as e:
+                log.warning("rendezvous server: closing connection from %s: %s", conn.peer, e)
+                self._close(conn, None)
+            except Exception:
+                log.exception("rendezvous server: error on connection from %s; closing it", conn.peer)
+                self._close(conn, None)
+
+    def _push_timer(self, deadline: float, obj: object) -> None:
+        heapq.heappush(self._timers, (deadline, next(self._seq), obj))
+
+    def _run_timers(self) -> None:
+        timers = self._timers
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            _, _, obj = heapq.heappop(timers)
+            if isinstance(obj, _Waiter):
+                if obj.active:
+                    self._expire_waiter(obj)
+            elif isinstance(obj, _Conn):
+                if not obj.closed and obj.state == _HANDSHAKE:
+                    log.warning(
+                        "rendezvous server: dropping connection from %s: no handshake within %.1fs",
+                        obj.peer, self.handshake_timeout,
+                    )
+                    self._close(obj, None)
+            elif obj is _LISTENER:
+                try:
+                    self._sel.register(self._lsock, selectors.EVENT_READ, _LISTENER)
+                except (KeyError, ValueError):
+                    pass
+        # Completed waiters leave their (long) deadlines in the heap; compact when they dominate.
+        if len(timers) > 4096:
+            live = [t for t in timers if self._timer_live(t[2])]
+            if len(live) * 2 < len(timers):
+                heapq.heapify(live)
+                self._timers = live
+
+    @staticmethod
+    def _timer_live(obj: object) -> bool:
+        if isinstance(obj, _Waiter):
+            return obj.active
+        if isinstance(obj, _Conn):
+            return not obj.closed and obj.state == _HANDSHAKE
+        return True
+
+    # ------------------------------------------------------------------ connections
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            try:
+                sock, addr = self._lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: stop accepting briefly instead of spinning on a
+                    # listener that stays readable.
+                    log.error("rendezvous server: accept failed (%s); pausing accepts for 100 ms", e)
+                    try:
+                        self._sel.unregister(self._lsock)
+                    except (KeyError, ValueError):
+                        pass
+                    self._push_timer(time.monotonic() + 0.1, _LISTENER)
+                else:
+                    log.warning("rendezvous server: accept failed: %s", e)
+                return
+            peer = _fmt_addr(addr)
+            if len(self._conns) >= self.max_connections:
+                log.warning(
+                    "rendezvous server: refusing connection from %s: %d connections open (max_connections)",
+                    peer, len(self._conns),
+                )
+                sock.close()
+                continue
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                sock.close()
+                continue
+            conn = _Conn(sock, peer)
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            flags = P.FLAG_AUTH_REQUIRED if self._token is not None else 0
+            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size, self.max_value_size, conn.nonce)
+            self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
+            self._push_timer(time.monotonic() + self.handshake_timeout, conn)
+
+    def _close(self, conn: _Conn, reason: Optional[str]) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if reason:
+            log.warning("rendezvous server: closing connection from %s: %s", conn.peer, reason)
+        w = conn.waiter
+        if w is not None:
+            self._deactivate(w)
+            conn.waiter = None
+        try:
+            fd = conn.sock.fileno()
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            fd = -1
+        self._conns.pop(fd, None)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        conn.inbuf = bytearray()
+        conn.outbuf = bytearray()
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        if conn.closed:
+            return
+        if conn.outbuf:
+            conn.outbuf += data
+            return
+        try:
+            sent = conn.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as e:
+            self._close(conn, None)
+            log.debug("rendezvous server: send to %s failed: %s", conn.peer, e)
+            return
+        if sent < len(data):
+            conn.outbuf += memoryview(data)[sent:]
+            if not conn.writing:
+                conn.writing = True
+                self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        elif conn.close_after_flush:
+            self._close(conn, None)
+
+    def _on_writable(self, conn: _Conn) -> None:
+        if conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(conn, None)
+                return
+            del conn.outbuf[:sent]
+        if not conn.outbuf:
+            if conn.close_after_flush:
+                self._close(conn, None)
+                return
+            conn.writing = False
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            self._process(conn)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(_RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.debug("rendezvous server: recv from %s failed: %s", conn.peer, e)
+            self._close(conn, None)
+            return
+        if not data:
+            if conn.state == _HANDSHAKE and conn.inbuf:
+                log.warning(
+                    "rendezvous server: connection from %s closed mid-handshake (truncated frame)", conn.peer
+                )
+            elif conn.inbuf:
+                log.warning(
+                    "rendezvous server: connection from %s closed with a truncated frame (%d bytes pending)",
+                    conn.peer, len(conn.inbuf),
+                )
+            self._close(conn, None)
+            return
+        conn.inbuf += data
+        limit = P.MAX_HANDSHAKE_FRAME if conn.state == _HANDSHAKE else self.max_frame_size
+        if len(conn.inbuf) > limit + P.FRAME_HEADER.size + _RECV_SIZE:
+            # Only possible when the client pipelines while a request is parked or a reply is
+            # unread; our client never does, so this is a flood.
+            raise _Hostile(f"{len(conn.inbuf)} unprocessed bytes buffered (flooding)")
+        self._process(conn)
+
+    def _process(self, conn: _Conn) -> None:
+        """Handle complete frames in order, one request at a time per connection."""
+        buf = conn.inbuf
+        hdr = P.FRAME_HEADER.size
+        while not conn.closed and conn.waiter is None and not conn.outbuf and len(buf) >= hdr:
+            (n,) = P.FRAME_HEADER.unpack_from(buf, 0)
+            if conn.state == _HANDSHAKE:
+                if n > P.MAX_HANDSHAKE_FRAME:
+                    raise _Hostile(f"oversized handshake frame ({n} bytes announced)")
+            elif n > self.max_frame_size:
+                raise _Hostile(f"oversized frame ({n} bytes announced, max_frame_size={self.max_frame_size})")
+            if len(buf) < hdr + n:
+                return
+            payload = bytes(buf[hdr:hdr + n])
+            del buf[:hdr + n]
+            if conn.state == _HANDSHAKE:
+                self._on_login(conn, payload)
+            else:
+                self._dispatch(conn, payload)
+
+    # ------------------------------------------------------------------ handshake
+
+    def _on_login(self, conn: _Conn, payload: bytes) -> None:
+        fixed = P.LOGIN_FIXED.size
+        if len(payload) < fixed:
+            raise _Hostile(f"malformed handshake ({len(payload)} bytes)")
+        magic, version, cnonce, maclen = P.LOGIN_FIXED.unpack_from(payload, 0)
+        if magic != P.MAGIC:
+            raise _Hostile("bad magic in handshake (not a rendezvous client)")
+        if len(payload) != fixed + maclen:
+            raise _Hostile("malformed handshake (length mismatch)")
+        if version != P.VERSION:
+            log.warning(
+                "rendezvous server: rejecting %s: protocol version %d, server speaks %d",
+                conn.peer, version, P.VERSION,
+            )
+            self._welcome(conn, P.WelcomeStatus.BAD_VERSION, b"", close=True)
+            return
+        mac = payload[fixed:]
+        if self._token is not None:
+            expected = P.client_mac(self._token, conn.nonce, cnonce)
+            if not mac or not secrets.compare_digest(mac, expected):
+                log.warning(
+                    "rendezvous server: authentication failed for %s (%s token)",
+                    conn.peer, "missing" if not mac else "wrong",
+                )
+                self._welcome(conn, P.WelcomeStatus.AUTH_FAILED, b"", close=True)
+                return
+            proof = P.server_mac(self._token, conn.nonce, cnonce)
+        else:
+            proof = b""
+        conn.state = _READY
+        self._welcome(conn, P.WelcomeStatus.OK, proof, close=False)
+
+    def _welcome(self, conn: _Conn, status: int, mac: bytes, close: bool) -> None:
+        body = P.WELCOME_FIXED.pack(status, len(mac)) + mac
+        if close:
+            conn.close_after_flush = True
+        self._send(conn, P.FRAME_HEADER.pack(len(body)) + body)
+
+    # ------------------------------------------------------------------ requests
+
+    def _dispatch(self, conn: _Conn, payload: bytes) -> None:
+        try:
+            op, arg, blobs = P.decode_message(payload)
+        except P.MalformedFrame as e:
+            raise _Hostile(f"malformed request: {e}") from None
+        handler = self._handlers.get(op)
+        if handler is None:
+            self._reply_error(conn, f"unknown command {op}")
+            raise _Hostile(f"unknown command {op}")
+        try:
+            handler(conn, arg, blobs)
+        except _Reject as e:
+            self._reply_error(conn, str(e))
+
+    def _reply(self, conn: _Conn, arg: int = 0, blobs: Sequence[bytes] = ()) -> None:
+        self._send(conn, P.encode_message(Status.OK, arg, blobs))
+
+    def _reply_error(self, conn: _Conn, message: str) -> None:
+        self._send(conn, P.encode_message(Status.ERROR, 0, [message.encode("utf-8", "replace")]))
+
+    def _check_key(self, key: bytes) -> None:
+        if len(key) > self.max_key_size:
+            raise _Reject(f"key of {len(key)} bytes exceeds max_key_size={self.max_key_size}")
+
+    def _check_value(self, value: bytes) -> None:
+        if len(value) > self.max_value_size:
+            raise _Reject(f"value of {len(value)} bytes exceeds max_value_size={self.max_value_size}")
+
+    @staticmethod
+    def _arity(blobs: list[bytes], n: int, name: str) -> None:
+        if len(blobs) != n:
+            raise _Hostile(f"{name} expects {n} fields, got {len(blobs)}")
+
+    def _store(self, key: bytes, value: bytes) -> None:
+        self._data[key] = value
+        if key in self._watchers:
+            self._notify(key)
+
+    def _op_ping(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._reply(conn, arg)
+
+    def _op_set(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._arity(blobs, 2, "SET")
+        key, value = blobs
+        self._check_key(key)
+        self._check_value(value)
+        self._store(key, value)
+        self._reply(conn)
+
+    def _op_compare_set(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._arity(blobs, 3, "COMPARE_SET")
+        key, expected, desired = blobs
+        self._check_key(key)
+        self._check_value(desired)
+        current = self._data.get(key)
+        # c10d semantics: a missing key is created only when ``expected`` is empty; the reply is
+        # the value now stored (``desired`` on success), or ``expected`` for a missing key.
+        if current is None:
+            if expected == b"":
+                self._store(key, desired)
+                self._reply(conn, 0, [desired])
+            else:
+                self._reply(conn, 0, [expected])
+        elif current == expected:
+            self._store(key, desired)
+            self._reply(conn, 0, [desired])
+        else:
+            self._reply(conn, 0, [current])
+
+    def _op_add(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._arity(blobs, 1, "ADD")
+        (key,) = blobs
+        self._check_key(key)
+        current = self._data.get(key, b"0")
+        try:
+            value = int(current) + arg
+        except ValueError:
+            raise _Reject(f"add: the value of key {key[:100]!r} is not an integer") from None
+        self._store(key, str(value).encode())
+        self._reply(conn, value)
+
+    def _op_check(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        data = self._data
+        self._reply(conn, int(all(k in data for k in blobs)))
+
+    def _op_num_keys(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._reply(conn, len(self._data))
+
+    def _op_delete(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._arity(blobs, 1, "DELETE")
+        self._reply(conn, int(self._data.pop(blobs[0], None) is not None))
+
+    def _op_append(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        self._arity(blobs, 2, "APPEND")
+        key, value = blobs
+        self._check_key(key)
+        new = self._data.get(key, b"") + value
+        self._check_value(new)
+        self._store(key, new)
+        self._reply(conn)
+
+    def _op_multi_set(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        if len(blobs) % 2:
+            raise _Hostile(f"MULTI_SET expects an even number of fields, got {len(blobs)}")
+        half = len(blobs) // 2
+        keys, values = blobs[:half], blobs[half:]
+        for k in keys:
+            self._check_key(k)
+        for v in values:
+            self._check_value(v)
+        for k, v in zip(keys, values):
+            self._store(k, v)
+        self._reply(conn)
+
+    # ------------------------------------------------------------------ server-side waits
+
+    def _op_wait_like(self, conn: _Conn, op: int, arg: int, blobs: list[bytes]) -> None:
+        if op == Op.GET:
+            self._arity(blobs, 1, "GET")
+        if blobs and max(map(len, blobs)) > self.max_key_size:
+            raise _Reject(f"a key exceeds max_key_size={self.max_key_size}")
+        if all(map(self._data.__contains__, blobs)):  # fast path, C-level loop
+            self._complete(conn, op, blobs)
+            return
+        pos = self._first_missing(blobs, 0)
+        if arg == 0:
+            self._reply_timeout(conn, blobs)
+            return
+        w = _Waiter(conn, op, blobs, pos)
+        conn.waiter = w
+        self._watchers.setdefault(blobs[pos], set()).add(w)
+        if arg > 0:  # negative: no server-side deadline
+            self._push_timer(time.monotonic() + arg / 1000.0, w)
+
+    def _first_missing(self, keys: list[bytes], start: int) -> int:
+        """Index of the first key at or after ``start`` not in the store (``len(keys)`` if none)."""
+        contains = self._data.__contains__
+        n = len(keys)
+        # Chunks keep the per-key work in C without over-scanning far past the first miss
+        # (a waiter is re-scanned from its position every time its key arrives).
+        for i in range(start, n, 32):
+            present = list(map(contains, keys[i:i + 32]))
+            try:
+                return i + present.index(False)
+            except ValueError:
+                continue
+        return n
+
+    def _notify(self, key: bytes) -> None:
+        waiters = self._watchers.pop(key, None)
+        if not waiters:
+            return
+        for w in waiters:
+            if not w.active:
+                continue
+            pos = self._first_missing(w.keys, w.pos)
+            if pos == len(w.keys):
+                # Keys before ``pos`` were present when passed but could have been deleted
+                # since; verify once before answering.
+                pos = self._first_missing(w.keys, 0)
+            if pos < len(w.keys):
+                w.pos = pos
+                self._watchers.setdefault(w.keys[pos], set()).add(w)
+                continue
+            w.active = False
+            conn = w.conn
+            conn.waiter = None
+            self._complete(conn, w.op, w.keys)
+            self._resume.append(conn)
+
+    def _complete(self, conn: _Conn, op: int, keys: list[bytes]) -> None:
+        if op == Op.WAIT:
+            self._reply(conn)
+        else:
+            data = self._data
+            self._reply(conn, 0, [data[k] for k in keys])
+
+    def _deactivate(self, w: _Waiter) -> None:
+        w.active = False
+        if w.pos < len(w.keys):
+            key = w.keys[w.pos]
+            ws = self._watchers.get(key)
+            if ws is not None:
+                ws.discard(w)
+                if not ws:
+                    del self._watchers[key]
+
+    def _expire_waiter(self, w: _Waiter) -> None:
+        self._deactivate(w)
+        conn = w.conn
+        conn.waiter = None
+        self._reply_timeout(conn, w.keys)
+        self._resume.append(conn)
+
+    def _reply_timeout(self, conn: _Conn, keys: list[bytes]) -> None:
+        data = self._data
+        missing = [k for k in keys if k not in data]
+        self._send(conn, P.encode_message(Status.TIMEOUT, 0, missing))
