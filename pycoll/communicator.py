@@ -11,26 +11,36 @@ Failures are re-raised with rank, collective, sequence number, peer and progress
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import debug
+from .abort import AbortSignal, AbortWatch, describe_record, lost_rank
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers, ReduceSpec, ScratchPool
-from .errors import (CollectiveTimeout, InvalidArgument, InvalidDtype, PeerLost, PycollError,
+from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
+                     InvalidDtype, PeerLost, PycollError,
                      TransportError, describe)
 from .reduction import OpLike, check_op_dtype, finish, parse_op, prepare, reducer
 from .tensors import as_buffer
 from .topology import assign_transports, host_identity, is_uniform, node_layout, transport_choice
 from .transports.base import Channel, Transport, WaitTimeout
+from .flight_recorder import FlightRecorder, capacity_from_env
 from .tuning import Hierarchy, LinkModel, Selector
 from .work import Executor, Work
 
 DEFAULT_TIMEOUT = 300.0
+
+# Point-to-point operations: only two ranks take part, so DETAIL fingerprints skip them.
+_P2P = frozenset({"send", "recv", "batch_p2p"})
+# What a DETAIL fingerprint compares across ranks (besides the collective's own sequence).
+_FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op")
 
 
 def _segment_override() -> int:
@@ -79,6 +89,7 @@ class Communicator:
         self._failed: BaseException | None = None
         self._closed = False
         self._choice_cache: dict[tuple[str, int], str] = {}
+        self._detail = debug.detail_enabled()
         self._hosts = list(hosts or [host_identity()] * size)
         self._token = token
         self._master_addr = master_addr
@@ -88,6 +99,7 @@ class Communicator:
         self._selector = Selector(ALGORITHMS, [t.capabilities for t in self._transports],
                                   hierarchy=self._hierarchy_model())
         self._reducers: dict[tuple[Any, str], ReduceSpec] = {}
+        self._init_fault_handling()
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -241,9 +253,13 @@ class Communicator:
         self._seq += 1
         seq = self._seq
         limit = self.timeout if timeout is None else float(timeout)
+        fr = self._flight
+        rec = fr.open(seq, collective, nbytes, body) if fr is not None else None
+        fp = (self._fingerprint(collective, nbytes, sys._getframe(1))
+              if self._detail and collective not in _P2P else None)
 
         def task() -> None:
-            self._run(collective, seq, nbytes, body, limit)
+            self._run(collective, seq, nbytes, body, limit, rec, fp)
 
         if not async_op and self._executor.run_inline_if_idle():
             try:
@@ -252,6 +268,8 @@ class Communicator:
                 self._executor.release()
             return None
         work = Work(collective, seq, self.rank)
+        if rec is not None:
+            rec[4] = time.monotonic()   # scheduled (queued behind other collectives)
         self._executor.submit(task, work)
         if not async_op:
             work.wait()
@@ -259,34 +277,223 @@ class Communicator:
         return work
 
     def _run(self, collective: str, seq: int, nbytes: int, body: Callable[[Peers], None],
-             limit: float) -> None:
-        deadline = time.monotonic() + limit
+             limit: float, rec: list | None = None, fp: dict | None = None) -> None:
+        start = time.monotonic()
+        deadline = start + limit
+        if rec is not None:
+            rec[5] = start
+            rec[3] = 1          # started
         peers = Peers(self.rank, self.size, self._channels, deadline, self._segment_bytes,
-                      self._scratch, layout=self._layout,
+                      self._scratch, check=self._check, layout=self._layout,
                       subgroup=lambda kind: self._subgroup_peers(kind, deadline))
         try:
+            if fp is not None:
+                self._compare_fingerprints(collective, seq, fp, deadline, rec)
             body(peers)
-        except WaitTimeout as e:
-            waiting = sorted({r.channel.peer for r in e.pending})
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
+            err = self._collective_failed(collective, seq, limit, e, rec)
+            if err is e:
+                raise
+            raise err from None
+        if rec is not None:
+            rec[6] = time.monotonic()
+            rec[3] = 2          # completed
+            rec[7] = None       # drop the closure: never keep a user's tensor alive
+
+    # -- failure handling: abort record, flight recorder, DETAIL fingerprints -----------------
+    def _init_fault_handling(self) -> None:
+        capacity = capacity_from_env()
+        self._flight = FlightRecorder(capacity, ALGORITHMS) if capacity else None
+        multi = self._store is not None and self.size > 1
+        self._abort = AbortWatch(self._store, self.name, self.rank) if multi else None
+        self._check = self._abort.poll if self._abort is not None else None
+        self._detail = multi and debug.detail_enabled()
+        self._fp_seq = 0
+        self._exit_error: BaseException | None = None
+        self._job: str | None = None
+
+    def _collective_failed(self, collective: str, seq: int, limit: float, e: BaseException,
+                           rec: list | None) -> BaseException:
+        """Turn a failure inside a collective into the error to raise; tell the other ranks.
+
+        Marks the communicator failed, posts the abort record (first failure wins), attributes
+        a lost peer that merely left after failing to the rank that really failed, and dumps
+        the flight recorder, naming the file in the message.
+        """
+        where = describe(self.rank, collective, seq)
+        pending: list[int] | None = None
+        post = True
+        core = f"{type(e).__name__}: {e}"
+        lost: int | None = None
+        err: BaseException
+        if isinstance(e, AbortSignal):
+            err = self._aborted(where, e.record)
+            post = False
+        elif isinstance(e, WaitTimeout):
+            pending = sorted({r.channel.peer for r in e.pending})
             done = sum(r.bytes_done for r in e.pending)
             total = sum(r.nbytes for r in e.pending)
+            core = (f"CollectiveTimeout: timed out after {limit:g} s waiting for peer rank(s) "
+                    f"{pending}")
             err = CollectiveTimeout(
-                f"{describe(self.rank, collective, seq)}: timed out after {limit:g} s waiting for "
-                f"peer rank(s) {waiting} ({done} of {total} bytes of the pending messages done). "
+                f"{where}: timed out after {limit:g} s waiting for "
+                f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done). "
                 "Hint: a peer is stuck, slow, or called a different collective; raise the "
                 "timeout only if the peers are merely busy.")
-            self._failed = err
-            raise err from None
-        except PeerLost as e:
+        elif isinstance(e, PeerLost):
+            pending, lost = [e.peer] if e.peer is not None else None, e.peer
             err = PeerLost(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}. Hint: "
                            "look at that rank's output for the first error; the job cannot "
                            "continue without it.", peer=e.peer)
-            self._failed = err
-            raise err from None
-        except TransportError as e:
+        elif isinstance(e, TransportError):
+            pending = [e.peer] if e.peer is not None else None
             err = type(e)(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}", peer=e.peer)
-            self._failed = err
-            raise err from None
+        else:
+            err = e     # CollectiveMismatch, a bug, KeyboardInterrupt...: raised unchanged
+        self._failed = err
+        if post and self._abort is not None:
+            winner = self._abort.post({"collective": collective, "seq": seq,
+                                       "kind": type(err).__name__, "error": core[:2000],
+                                       "lost": lost})
+            if winner is not None and winner.get("rank") not in (None, self.rank):
+                if (isinstance(err, TransportError) and err.peer is not None
+                        and err.peer == winner.get("rank")):
+                    # Our peer vanished because it had failed first (and left): say why.
+                    err = self._aborted(where, winner)
+                elif isinstance(err, PycollError):
+                    err.args = (f"{err.args[0]}\n(The first failure reported to the store: "
+                                f"{describe_record(winner)})",) + err.args[1:]
+        self._failed = err
+        if rec is not None:
+            FlightRecorder.fail(rec, pending, err)
+        path = self._dump_flight_recorder(f"{type(err).__name__}: {err}", err)
+        if path is not None:
+            note = (f"Flight recorder: {path} (merge every rank's dump with: python -m "
+                    f"pycoll.trace {path.replace(f'rank{self.rank}.json', 'rank*.json')})")
+            if isinstance(err, PycollError):
+                err.args = (f"{err.args[0]}\n{note}",) + err.args[1:]
+            else:
+                err.add_note(note)
+        return err
+
+    def _aborted(self, where: str, record: dict) -> Aborted:
+        lost = lost_rank(record)
+        failed = record.get("rank")
+        text = f"{where}: aborted: {describe_record(record)}"
+        if lost is not None:
+            text += f". Rank {lost} is gone (lost by rank {failed})"
+        text += (". Hint: the first failure is on rank "
+                 f"{failed if lost is None else lost}; look at its output for the cause."
+                 if failed is not None else "")
+        return Aborted(text, failed_rank=failed if isinstance(failed, int) else None,
+                       lost_rank=lost, record=record)
+
+    def _job_id(self) -> str | None:
+        """A short, non-secret name for this job, the same on every rank (for dump names)."""
+        if self._job is None:
+            store = self._store
+            host, port = getattr(store, "host", None), getattr(store, "port", None)
+            if host is None:
+                return None
+            seed = f"{host}:{port}:{self._token or ''}".encode()
+            self._job = hashlib.sha256(seed).hexdigest()[:10]
+        return self._job
+
+    def _dump_flight_recorder(self, reason: str, err: BaseException | None) -> str | None:
+        fr = self._flight
+        if fr is None:
+            return None
+        try:
+            return fr.dump(rank=self.rank, world_size=self.size, communicator=self.name,
+                           reason=reason, error_type=type(err).__name__ if err else None,
+                           job=self._job_id(),
+                           extra={"transport": self.transport_summary(), "last_seq": self._seq,
+                                  "abort_record": self._abort.record if self._abort else None})
+        except (OSError, ValueError, TypeError) as e:
+            debug.logger.warning("could not write the flight recorder dump: %s", e)
+            return None
+
+    def _fingerprint(self, collective: str, nbytes: int, frame: Any) -> dict:
+        """What this rank is about to run, read from the collective's arguments (DETAIL only)."""
+        for _ in range(4):   # the collective method's frame: the one named after it
+            if frame is None or frame.f_code.co_name == collective:
+                break
+            frame = frame.f_back
+        env = frame.f_locals if frame is not None else {}
+        fp: dict[str, Any] = {"collective": collective, "nbytes": nbytes}
+        for key in ("buf", "inp", "out"):
+            b = env.get(key)
+            if b is not None and isinstance(getattr(b, "dtype", None), str):
+                fp["dtype"], fp["count"] = b.dtype, int(b.count)
+                break
+        bufs = env.get("bufs")
+        if "dtype" not in fp and isinstance(bufs, list) and bufs:
+            fp["dtype"] = ",".join(sorted({b.dtype for b in bufs}))
+            fp["count"] = [int(b.count) for b in bufs]
+        if collective == "alltoall":
+            fp.pop("count", None)         # uneven splits legitimately differ per rank
+            fp.pop("nbytes", None)
+        if env.get("rop") is not None:
+            fp["op"] = str(env["rop"])
+        if "root" in env and isinstance(env["root"], (int, np.integer)):
+            fp["root"] = int(env["root"])
+        return fp
+
+    def _compare_fingerprints(self, collective: str, seq: int, fp: dict, deadline: float,
+                              rec: list | None) -> None:
+        """PYCOLL_DEBUG=DETAIL: check that every rank runs the same call (through the store)."""
+        from rendezvous import StoreTimeout
+
+        assert self._abort is not None
+        self._fp_seq += 1
+        k = self._fp_seq
+        mine = dict(fp, call=k, seq=seq)
+        if rec is not None:
+            rec[8] = {"fingerprint": mine}
+        client = self._abort.client()
+        prefix = f"pycoll/{self.name}/fingerprint"
+        client.set(f"{prefix}/{k}/{self.rank}", json.dumps(mine))
+        if k > 2:   # every rank has read call k-2's keys once anyone posts call k
+            client.delete(f"{prefix}/{k - 2}/{self.rank}")
+        keys = [f"{prefix}/{k}/{r}" for r in range(self.size)]
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                raw = client.multi_get(keys, timeout=max(0.001, min(0.5, remaining)))
+                break
+            except StoreTimeout:
+                self._abort.poll()
+                if time.monotonic() >= deadline:
+                    missing = [r for r in range(self.size) if not client.check([keys[r]])]
+                    if missing:
+                        raise CollectiveTimeout(
+                            f"{describe(self.rank, collective, seq)}: PYCOLL_DEBUG=DETAIL: "
+                            f"rank(s) {missing} never reached collective call {k} (this rank's "
+                            f"{collective}); they are stuck, slow, or running other calls"
+                        ) from None
+        prints = [json.loads(v) for v in raw]
+        shape = [tuple((f, str(p.get(f))) for f in _FINGERPRINT_FIELDS) for p in prints]
+        if len(set(shape)) == 1:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for r, sig in enumerate(shape):
+            groups.setdefault(sig, []).append(r)
+
+        def call(p: dict) -> str:
+            args = ", ".join(f"{f}={p[f]}" for f in _FINGERPRINT_FIELDS[1:] if f in p)
+            return f"{p['collective']}({args}) [op #{p.get('seq')}]"
+
+        said = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} called "
+                         f"{call(prints[rs[0]])}" for rs in groups.values())
+        diffs = []
+        for f in _FINGERPRINT_FIELDS:
+            values = {str(p.get(f, "-")) for p in prints}
+            if len(values) > 1:
+                diffs.append(f"{f} ({' vs '.join(sorted(values))})")
+        raise CollectiveMismatch(
+            f"{describe(self.rank, collective, seq)}: collective mismatch at collective call {k} "
+            f"(PYCOLL_DEBUG=DETAIL): {said}. They differ in: {', '.join(diffs)}. Hint: every "
+            "rank must call the same collectives in the same order with matching tensors.")
 
     def _hierarchy_model(self) -> Hierarchy | None:
         """The two-level cost model, when the layout is several equal nodes."""
@@ -319,7 +526,7 @@ class Communicator:
         if comm is None:
             return None
         return Peers(comm.rank, comm.size, comm._channels, deadline, comm._segment_bytes,
-                     self._scratch)
+                     self._scratch, check=self._check)
 
     def topology_summary(self) -> str:
         """E.g. "2 nodes x 4 ranks" or "1 node"."""
@@ -341,7 +548,7 @@ class Communicator:
         arr = buf.array
         spec = self._reduce_spec(rop, buf.dtype)
         size = self.size
-        if debug.detail_enabled():
+        if self._detail:
             debug.logger.debug("allreduce #%d: %d bytes %s op=%s algo=%s", self._seq + 1,
                                buf.nbytes, buf.dtype, rop, name)
 
@@ -550,6 +757,31 @@ class Communicator:
 
         return self._execute("recv", buf.nbytes, body, timeout, async_op)
 
+    def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Post several sends and receives together, then wait for all of them.
+
+        ``ops`` are ``("send" | "recv", tensor, peer, tag)`` tuples (like torch's
+        ``batch_isend_irecv``): the order of sends against receives does not matter, so a
+        batch ``[send to 1, recv from 1]`` on both ranks cannot deadlock, whatever the size.
+        """
+        plan = []
+        total = 0
+        for i, (kind, tensor, peer, tag) in enumerate(ops):
+            if kind not in ("send", "recv"):
+                raise InvalidArgument(f"rank {self.rank}: batch_p2p: ops[{i}] kind {kind!r} "
+                                      "is not 'send' or 'recv'")
+            buf = as_buffer(tensor, name=f"ops[{i}]", writable=kind == "recv")
+            self._check_peer(peer, "peer", f"batch_p2p {kind}", tag)
+            plan.append((kind == "send", buf.array, int(peer), int(tag)))
+            total += buf.nbytes
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(p, a, t) if is_send else peers.irecv(p, a, t)
+                        for is_send, a, p, t in plan])
+
+        return self._execute("batch_p2p", total, body, timeout, async_op)
+
     def allreduce_coalesced(self, tensors: Sequence[Any], op: OpLike = "sum", *,
                             algo: str | None = None, timeout: float | None = None,
                             async_op: bool = False) -> Work | None:
@@ -657,6 +889,7 @@ class Communicator:
             return
         self._closed = True
         self._executor.close()
+        self._announce_exit()
         for sub in self._subgroups.values():
             if sub is not None:
                 sub.finalize()
@@ -678,8 +911,22 @@ class Communicator:
                         time.sleep(0.01)
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
+        if self._abort is not None:
+            self._abort.close()
         if self._owns_store and store is not None:
             store.close()
+
+    def _announce_exit(self) -> None:
+        """Leaving with an uncaught exception: post it, so ranks still waiting abort at once."""
+        from .abort import exiting_with
+
+        err = self._exit_error or exiting_with()
+        if err is None or self._failed is not None or self._abort is None:
+            return
+        last = f" (after {self._seq} operations)" if self._seq else ""
+        self._abort.post({"collective": None, "seq": self._seq, "kind": type(err).__name__,
+                          "error": f"left the communicator with an uncaught "
+                                   f"{type(err).__name__}: {err}{last}"[:2000]})
 
     close = finalize
 
@@ -687,6 +934,8 @@ class Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if isinstance(exc[1], BaseException):
+            self._exit_error = exc[1]
         self.finalize()
 
     def __repr__(self) -> str:

@@ -48,7 +48,19 @@ class CollectiveMismatch(PycollError):
 
 
 class Aborted(PycollError):
-    """Another rank failed and told everyone to stop (abort through the store)."""
+    """Another rank failed and told everyone to stop (abort through the store).
+
+    ``failed_rank`` is the rank that posted the abort record (the first to fail),
+    ``lost_rank`` the rank that died or vanished when that was the cause (else None), and
+    ``record`` the abort record itself (rank, collective, seq, error, ...).
+    """
+
+    def __init__(self, message: str, *, failed_rank: int | None = None,
+                 lost_rank: int | None = None, record: dict | None = None) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.lost_rank = lost_rank
+        self.record = record
 
 
 def describe(rank: int, collective: str, seq: int, *, peer: int | None = None,

@@ -8,8 +8,7 @@ look at the logical name to do the arithmetic right.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,9 +25,12 @@ SUPPORTED_DTYPES = frozenset({
 _DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED_DTYPES if name != "bfloat16"}
 
 
-@dataclass(frozen=True)
-class Buffer:
-    """A user tensor seen as a flat numpy array that shares its memory."""
+class Buffer(NamedTuple):
+    """A user tensor seen as a flat numpy array that shares its memory.
+
+    A NamedTuple rather than a dataclass: one is built per collective call, and this is the
+    cheapest immutable record Python has.
+    """
 
     array: np.ndarray        # 1-D, contiguous, aliases the user's memory
     dtype: str               # logical dtype name ("bfloat16" travels as uint16 bits)

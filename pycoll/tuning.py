@@ -16,17 +16,28 @@ from typing import Sequence
 from .errors import InvalidArgument
 from .transports.base import Capabilities
 
-PYTHON_STEP_US = 8.0        # measured cost of one primitive step in pycoll itself
-REDUCE_GBPS = 6.0           # numpy in-place add, large buffers, this class of machine
+# Calibrated with bench/algorithms_sweep.py (2 ranks, 2-core VM, medians; see
+# docs/algorithms.md): one exchange step of 8 bytes costs ~12 us end to end over shm, of
+# which the transport declares 1 us; a large float32 sum streams at ~10 GB/s.
+PYTHON_STEP_US = 11.0       # pycoll's own cost of one primitive step (Python, waiting)
+REDUCE_GBPS = 10.0          # numpy in-place add, large buffers, this class of machine
 
 
 @dataclass(frozen=True)
 class LinkModel:
-    """The slowest link a collective crosses: alpha in seconds, beta in seconds per byte."""
+    """The slowest link a collective crosses: alpha in seconds, beta in seconds per byte.
+
+    ``cores`` is the host's CPU count when the whole job runs on this one host (every
+    channel is same-host), else 0 (not modelled). Every rank then sees the same value, so
+    every rank picks the same algorithm -- a must, or the ranks would run different
+    message patterns and deadlock. On a crowded host (more ranks than cores) the CPU, not the
+    link, is the bottleneck, and the total work of an algorithm decides (``_bound``).
+    """
 
     alpha: float
     beta: float
     segment_bytes: int = 1 << 20   # pipelining granularity (the largest in use)
+    cores: int = 0
 
     @classmethod
     def from_capabilities(cls, caps: Sequence[Capabilities]) -> "LinkModel":
@@ -35,7 +46,8 @@ class LinkModel:
         latency = max(c.latency_us for c in caps)
         bandwidth = min(c.bandwidth_gbps for c in caps)
         segment = max(c.segment_bytes for c in caps)
-        return cls((latency + PYTHON_STEP_US) * 1e-6, 1.0 / (bandwidth * 1e9), segment)
+        cores = (os.cpu_count() or 0) if all(c.same_host_only for c in caps) else 0
+        return cls((latency + PYTHON_STEP_US) * 1e-6, 1.0 / (bandwidth * 1e9), segment, cores)
 
 
 def _gamma() -> float:
@@ -52,87 +64,135 @@ def _pof2(p: int) -> int:
     return 1 << (p.bit_length() - 1)
 
 
+def _oversub(p: int, link: LinkModel) -> float:
+    """Ranks per core when the whole job shares one host (1.0 when unknown or not crowded)."""
+    return max(1.0, p / link.cores) if link.cores else 1.0
+
+
+def _alpha(p: int, link: LinkModel, everyone: bool) -> float:
+    """Latency of one step. With more ranks than cores a step waits for a descheduled peer:
+    measured here, a step in which every rank is busy (ring, exchanges) costs about
+    oversub**2.5 times as much, a step of a tree (few ranks active) about oversub times."""
+    o = _oversub(p, link)
+    return link.alpha * (o ** 2.5 if everyone else o)
+
+
+def _bound(critical: float, work: float, p: int, link: LinkModel,
+           everyone: bool = True) -> float:
+    """The time is the critical path, unless the CPUs cannot supply the total work (summed
+    over ranks, in seconds) that fast: with p ranks on fewer cores, time >= work / cores.
+    When every rank is busy at once the crowded cores also thrash (switches, caches): the
+    sweep shows such algorithms' work costing about ``oversub`` times more."""
+    if not link.cores:
+        return critical
+    bound = work * (_oversub(p, link) if everyone else 1.0) / min(p, link.cores)
+    # among CPU-bound algorithms, prefer the shorter critical path (fewer, larger steps)
+    return max(critical, bound) + 0.01 * critical
+
+
 def _fold(nbytes: int, p: int, link: LinkModel, reduce: bool = True) -> float:
     """Folding a non-power-of-two world: one full buffer in (reduced) and one out."""
     if _pof2(p) == p:
         return 0.0
-    return 2 * link.alpha + 2 * nbytes * link.beta + (nbytes * _gamma() if reduce else 0.0)
+    return (2 * _alpha(p, link, False) + 2 * nbytes * link.beta
+            + (nbytes * _gamma() if reduce else 0.0))
 
 
 # Each model returns seconds for one call: nbytes is the collective's size as the
 # communicator reports it (the whole buffer for allreduce/broadcast/reduce, the total over
-# ranks for allgather/reduce_scatter/gather/scatter, the send buffer for alltoall).
+# ranks for allgather/reduce_scatter/gather/scatter, the send buffer for alltoall). Formulas
+# are Thakur, Rabenseifner and Gropp (2005); "work" is the bytes every rank copies and
+# reduces, summed, which bounds the time when ranks outnumber cores.
 def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b, g = link.alpha, link.beta, _gamma()
+    a, b, g = _alpha(p, link, True), link.beta, _gamma()
+    q = _pof2(p)
     if algo == "ring":
-        return 2 * (p - 1) * a + (p - 1) / p * nbytes * (2 * b + g)
+        per_rank = (p - 1) / p * nbytes * (2 * b + g)
+        return _bound(2 * (p - 1) * a + per_rank, p * per_rank, p, link)
     if algo == "recursive_doubling":
-        return _lg(_pof2(p)) * (a + nbytes * (b + g)) + _fold(nbytes, p, link)
+        fold = _fold(nbytes, p, link)
+        per_rank = _lg(q) * nbytes * (b + g)
+        return _bound(_lg(q) * a + per_rank + fold, q * per_rank + fold, p, link)
     if algo == "rabenseifner":
-        q = _pof2(p)
-        return 2 * _lg(q) * a + (q - 1) / q * nbytes * (2 * b + g) + _fold(nbytes, p, link)
+        fold = _fold(nbytes, p, link)
+        per_rank = (q - 1) / q * nbytes * (2 * b + g)
+        return _bound(2 * _lg(q) * a + per_rank + fold, q * per_rank + fold, p, link)
     raise KeyError(algo)
 
 
 def cost_broadcast(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b = link.alpha, link.beta
+    b = link.beta
     if algo == "binomial":
-        return _lg(p) * (a + nbytes * b)
+        a = _alpha(p, link, False)
+        return _bound(_lg(p) * (a + nbytes * b), (p - 1) * nbytes * b, p, link, False)
     if algo == "pipeline":
+        a = _alpha(p, link, True)
         k = max(1, math.ceil(nbytes / link.segment_bytes))
-        return (p - 2 + k) * (a + nbytes / k * b)
+        return _bound((p - 2 + k) * (a + nbytes / k * b), (p - 1) * nbytes * b, p, link)
     if algo == "scatter_allgather":
-        return (_lg(p) + p - 1) * a + 2 * (p - 1) / p * nbytes * b
+        a = _alpha(p, link, True)
+        critical = (_lg(p) + p - 1) * a + 2 * (p - 1) / p * nbytes * b
+        return _bound(critical, (p - 1 + _lg(p) / 2) * nbytes * b, p, link)
     raise KeyError(algo)
 
 
 def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b, g = link.alpha, link.beta, _gamma()
+    b, g = link.beta, _gamma()
     if algo == "binomial":
-        return _lg(p) * (a + nbytes * (b + g))
+        a = _alpha(p, link, False)
+        return _bound(_lg(p) * (a + nbytes * (b + g)), (p - 1) * nbytes * (b + g), p, link,
+                      False)
     if algo == "ring":  # ring reduce-scatter, then the root gathers p - 1 chunks
-        return p * a + (p - 1) / p * nbytes * (2 * b + g)
+        a = _alpha(p, link, True)
+        critical = p * a + (p - 1) / p * nbytes * (2 * b + g)
+        return _bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p, link)
     raise KeyError(algo)
 
 
 def cost_allgather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b = link.alpha, link.beta
+    a, b = _alpha(p, link, True), link.beta
+    work = (p - 1) * nbytes * b
     if algo == "ring":
-        return (p - 1) * a + (p - 1) / p * nbytes * b
+        return _bound((p - 1) * a + (p - 1) / p * nbytes * b, work, p, link)
     if algo in ("recursive_doubling", "bruck"):
-        # Bruck's wrapping ranges cost a second message in some rounds
+        # Bruck's ranges wrap in some rounds, which costs a second message there
         extra = 0 if (algo == "recursive_doubling" and _pof2(p) == p) else 0.5 * _lg(p)
-        return (_lg(p) + extra) * a + (p - 1) / p * nbytes * b
+        return _bound((_lg(p) + extra) * a + (p - 1) / p * nbytes * b, work, p, link)
     raise KeyError(algo)
 
 
 def cost_reduce_scatter(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b, g = link.alpha, link.beta, _gamma()
+    a, b, g = _alpha(p, link, True), link.beta, _gamma()
     if algo == "ring":
-        return (p - 1) * a + (p - 1) / p * nbytes * (b + g)
+        per_rank = (p - 1) / p * nbytes * (b + g)
+        return _bound((p - 1) * a + per_rank, p * per_rank, p, link)
     if algo == "recursive_halving":
         q = _pof2(p)
-        unfold = 0.0 if q == p else nbytes / p * b
-        return (_lg(q) * a + (q - 1) / q * nbytes * (b + g)
-                + _fold(nbytes, p, link) / 2 + unfold)
+        fold = 0.0 if q == p else _fold(nbytes, p, link) / 2 + nbytes / p * b
+        per_rank = (q - 1) / q * nbytes * (b + g)
+        return _bound(_lg(q) * a + per_rank + fold, q * per_rank + fold, p, link)
     raise KeyError(algo)
 
 
 def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    a, b = link.alpha, link.beta
+    """Gather and scatter (its mirror image: the same messages, the other way)."""
+    a, b = _alpha(p, link, False), link.beta
     if algo == "linear":
-        return (p - 1) * a + (p - 1) / p * nbytes * b
+        return _bound((p - 1) * a + (p - 1) / p * nbytes * b, (p - 1) / p * nbytes * b, p, link,
+                      False)
     if algo == "binomial":
-        return _lg(p) * a + (p - 1) / p * nbytes * b
+        # blocks are forwarded once per tree level below the root: lg(p)/2 times on average
+        work = (p - 1) / p * nbytes * b * max(1.0, _lg(p) / 2)
+        return _bound(_lg(p) * a + (p - 1) / p * nbytes * b, work, p, link, False)
     raise KeyError(algo)
 
 
 def cost_alltoall(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    return (p - 1) * (link.alpha + nbytes / p * link.beta)
+    return (p - 1) * (_alpha(p, link, True) + nbytes / p * link.beta)
 
 
 def cost_barrier(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    return _lg(p) * link.alpha
+    return _lg(p) * _alpha(p, link, True)
 
 
 COST_MODELS = {
@@ -142,7 +202,7 @@ COST_MODELS = {
     "allgather": cost_allgather,
     "reduce_scatter": cost_reduce_scatter,
     "gather": cost_gather,
-    "scatter": cost_gather,       # the mirror image: same messages, opposite direction
+    "scatter": cost_gather,
     "alltoall": cost_alltoall,
     "barrier": cost_barrier,
 }

@@ -397,7 +397,7 @@ class ShmTransport(Transport):
     """Shared-memory transport for the peers on this host."""
 
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=256 * 1024)
+                                one_sided=True, segment_bytes=1 << 20)
 
     def __init__(self, rank: int, peers: list[int]) -> None:
         self.rank = rank

@@ -202,7 +202,8 @@ def _mismatched_sizes(comm):
 def test_mismatched_sizes_raise_instead_of_hanging():
     outcomes = run_ranks(_mismatched_sizes, 2, expect_failure=True, collective_timeout=20)
     kinds = {kind for kind, _ in outcomes}
-    assert kinds <= {"MessageSizeMismatch", "PeerLost"}, outcomes
+    # The peer of the rank that saw the mismatch may learn of it through the abort record.
+    assert kinds <= {"MessageSizeMismatch", "PeerLost", "Aborted"}, outcomes
     assert "MessageSizeMismatch" in kinds
     text = " ".join(tb for _, tb in outcomes)
     assert "allreduce #1" in text

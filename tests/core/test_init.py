@@ -123,9 +123,9 @@ def test_no_shared_memory_left_after_killed_rank(tmp_path):
     script.write_text(textwrap.dedent("""
         import os, signal, numpy as np, pycoll
         comm = pycoll.init(timeout=20)
+        print("PIDFILE", os.getpid(), flush=True)   # before the allreduce every rank must join
         a = np.ones(1 << 22, dtype=np.float32)
         pycoll.allreduce(a)
-        print("PIDFILE", os.getpid(), flush=True)
         if comm.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         pycoll.allreduce(a)

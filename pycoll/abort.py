@@ -1,0 +1,238 @@
+"""Abort through the store: a rank that fails tells every other rank, so nobody waits forever.
+
+NCCL leaves this to the application (``ncclCommGetAsyncError`` + ``ncclCommAbort``); users of
+torch.distributed mostly see the consequence, a hang that ends at a 30-minute timeout naming
+nobody. pycoll does it for every communicator:
+
+* **post**: when a collective fails on a rank (timeout, lost peer, size mismatch, a bug or a
+  ``KeyboardInterrupt`` inside the collective), or the process exits with an uncaught
+  exception, that rank writes one record to the rendezvous store under
+  ``pycoll/<communicator name>/abort``::
+
+      {"rank": 2, "collective": "allreduce", "seq": 17, "error": "PeerLost: ...",
+       "kind": "PeerLost", "lost": 3, "host": "...", "pid": 1234, "time": 1712345678.9}
+
+  The write is a ``compare_set`` against "missing", so the first failure wins and later ones
+  only read it back: the record always names the *root* failure, not its echoes.
+* **poll**: every rank's wait loop (``transports.base.wait_all``, through ``Peers.check``)
+  calls :meth:`AbortWatch.poll` when it is idle; the poll reads the store at most every
+  ``PYCOLL_ABORT_POLL_MS`` (default 100 ms) through a store client of its own (created on first
+  use: the shared client serialises calls with a lock, and another thread may hold it in a
+  long blocking ``get``). A record from another rank raises :class:`AbortSignal`, which the
+  communicator turns into :class:`pycoll.Aborted` with this rank's collective and sequence
+  number.
+
+The hot path never touches the store: a collective that completes without idling never
+polls, and an idle one polls at most ten times a second (one localhost round trip each).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from . import debug
+
+POLL_INTERVAL = float(os.environ.get("PYCOLL_ABORT_POLL_MS", "100")) / 1000.0
+#: consecutive failed polls of an unreachable store before the job is declared dead
+STORE_FAILURES_FATAL = 3
+
+
+class AbortSignal(Exception):
+    """Raised inside the wait loop when another rank's abort record shows up.
+
+    Internal: the communicator converts it into :class:`pycoll.Aborted`, which carries the
+    collective and sequence number this rank was in.
+    """
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(record.get("error", "aborted"))
+        self.record = record
+
+
+def abort_key(name: str) -> str:
+    return f"pycoll/{name}/abort"
+
+
+def _clone_client(store: Any, timeout: float) -> Any:
+    """A second connection to the same store server, or the store itself if it cannot clone."""
+    try:
+        from rendezvous import PrefixStore, TCPStore
+    except ImportError:  # pragma: no cover
+        return store
+    if isinstance(store, TCPStore):
+        token = store._token  # noqa: SLF001 - same project; bytes or None
+        return TCPStore(store.host, store.port, token=token if token is not None else "",
+                        timeout=timeout)
+    if isinstance(store, PrefixStore):
+        return PrefixStore(store.prefix, _clone_client(store.underlying_store, timeout))
+    return store
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from rendezvous import StoreError
+        return (StoreError, OSError)
+    except ImportError:  # pragma: no cover
+        return (OSError,)
+
+
+class AbortWatch:
+    """Posts and polls one communicator's abort record."""
+
+    def __init__(self, store: Any, name: str, rank: int, timeout: float = 5.0) -> None:
+        self.store = store
+        self.name = name
+        self.rank = rank
+        self.key = abort_key(name)
+        self.timeout = timeout
+        self.interval = POLL_INTERVAL
+        self._client: Any = None
+        self._owns_client = False
+        self._next_poll = 0.0
+        self._store_failures = 0
+        self.record: dict[str, Any] | None = None   # the record seen or posted, once known
+        _register_exit_marker()
+
+    # -- the dedicated client ----------------------------------------------------------------
+    def client(self) -> Any:
+        if self._client is None:
+            client = _clone_client(self.store, self.timeout)
+            self._owns_client = client is not self.store
+            self._client = client
+        return self._client
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            try:
+                inner = getattr(client, "underlying_store", client)
+                inner.close()
+            except Exception:  # noqa: BLE001 - closing must not fail
+                pass
+
+    # -- polling (called from the wait loop while idle) --------------------------------------
+    def poll(self) -> None:
+        """Raise :class:`AbortSignal` if another rank posted an abort record.
+
+        Rate-limited: at most one store round trip per ``interval``.
+        """
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + self.interval
+        record = self.fetch()
+        if record is not None and record.get("rank") != self.rank:
+            raise AbortSignal(record)
+
+    def fetch(self) -> dict[str, Any] | None:
+        """The abort record, or None; raises AbortSignal if the store stays unreachable."""
+        if self.record is not None:
+            return self.record
+        try:
+            client = self.client()
+            if not client.check([self.key]):
+                self._store_failures = 0
+                return None
+            raw = client.get(self.key, timeout=self.timeout)
+        except _store_errors() as e:
+            self._store_failures += 1
+            debug.logger.info("abort poll: store unreachable (%s)", e)
+            if self._store_failures >= STORE_FAILURES_FATAL:
+                raise AbortSignal({
+                    "rank": None, "collective": None, "seq": None, "kind": "StoreUnreachable",
+                    "error": f"the rendezvous store at {getattr(self.store, 'address', '?')} is "
+                             f"unreachable ({e}); the process that hosts it (rank 0, unless a "
+                             "launcher runs the store) has probably died"}) from None
+            return None
+        self._store_failures = 0
+        self.record = _parse(raw)
+        return self.record
+
+    # -- posting ----------------------------------------------------------------------------
+    def post(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Publish ``record`` unless another rank already did; return the record that won.
+
+        Returns None when the store cannot be reached (the failure is still raised locally).
+        """
+        record = dict(record)
+        record.setdefault("rank", self.rank)
+        record.setdefault("host", socket.gethostname())
+        record.setdefault("pid", os.getpid())
+        record.setdefault("time", time.time())
+        mine = json.dumps(record, default=str)
+        try:
+            stored = self.client().compare_set(self.key, "", mine)
+        except _store_errors() as e:
+            debug.logger.info("abort: could not post the abort record (%s)", e)
+            return None
+        self.record = _parse(stored)
+        return self.record
+
+
+def _parse(raw: bytes | str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+        if isinstance(value, dict):
+            return value
+    except ValueError:
+        pass
+    return {"rank": None, "error": repr(raw)[:200]}
+
+
+def describe_record(record: dict[str, Any]) -> str:
+    """One sentence: who failed, in what, and why ("rank 2 failed in allreduce #17: ...")."""
+    who = record.get("rank")
+    what = record.get("collective")
+    seq = record.get("seq")
+    where = f" in {what} #{seq}" if what else ""
+    if who is None:
+        return str(record.get("error"))
+    host = record.get("host")
+    at = f" (host {host}, pid {record.get('pid')})" if host else ""
+    return f"rank {who}{at} failed{where}: {record.get('error')}"
+
+
+def lost_rank(record: dict[str, Any]) -> int | None:
+    """The rank whose death caused the abort, if that was the cause."""
+    lost = record.get("lost")
+    return int(lost) if isinstance(lost, int) else None
+
+
+# -- leaving with an uncaught exception ----------------------------------------------------
+_exiting = False
+
+
+def _mark_exiting() -> None:
+    global _exiting
+    _exiting = True
+
+
+def exiting_with() -> BaseException | None:
+    """The uncaught exception the interpreter is exiting with, when called from atexit.
+
+    ``sys.last_value`` is set once Python has printed an uncaught exception's traceback, and
+    atexit handlers (``pycoll.finalize`` among them) run after that. Outside interpreter exit
+    the value may be stale (an interactive session), so it only counts while exiting.
+    """
+    import sys
+
+    if not _exiting:
+        return None
+    return getattr(sys, "last_value", None)
+
+
+_registered = False
+
+
+def _register_exit_marker() -> None:
+    # atexit runs handlers last-registered-first: registering when the first communicator is
+    # created (after pycoll.world registered its finalize) marks "exiting" before it runs.
+    global _registered
+    if not _registered:
+        import atexit
+
+        atexit.register(_mark_exiting)
+        _registered = True

@@ -1,0 +1,17 @@
+"""The PyTorch distributed backend "pycoll".
+
+    import pycoll.torch                      # registers the backend
+    import torch.distributed as dist
+    dist.init_process_group("pycoll")        # under torchrun or python -m pycoll.run
+
+Every ``torch.distributed`` collective runs on a ``pycoll.Communicator`` bootstrapped over
+torch's own store; DistributedDataParallel works unchanged. See docs/torch.md.
+"""
+from .process_group import BACKEND_NAME, ProcessGroupPycoll, create_process_group, register
+from .store import TorchStoreAdapter
+from .work import PycollWork
+
+register()
+
+__all__ = ["BACKEND_NAME", "ProcessGroupPycoll", "PycollWork", "TorchStoreAdapter",
+           "create_process_group", "register"]

@@ -1,0 +1,587 @@
+"""``ProcessGroupPycoll``: a torch.distributed process group whose collectives run on pycoll.
+
+Each torch call maps to one or a few calls on a ``pycoll.Communicator``. Ordering: every
+collective (sync or async) goes through the communicator's executor, which runs them in
+issue order on one thread per group; that is what keeps ranks matched. Tensors that pycoll
+cannot touch in place (CUDA, non-contiguous) are staged through host memory and copied back
+before the work completes.
+
+Sends and receives are *deferred*: ``isend``/``irecv`` collect into a batch that is posted as
+one pycoll ``batch_p2p`` (all requests in flight together, so ``[send to 1, recv from 1]`` on
+both ranks cannot deadlock, as ``batch_isend_irecv`` promises) when any work of the batch is
+waited on or queried, or when the next collective is issued on the group.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+from ..communicator import Communicator
+from ..errors import InvalidArgument, PycollError
+from ..reduction import ReduceOp as PycollReduceOp
+from .store import TorchStoreAdapter
+from .work import PycollWork, _disable_compile, _seconds
+
+BACKEND_NAME = "pycoll"
+
+_RedOpType = dist.ReduceOp.RedOpType
+_OPS = {
+    _RedOpType.SUM: "sum", _RedOpType.AVG: "avg", _RedOpType.PRODUCT: "prod",
+    _RedOpType.MIN: "min", _RedOpType.MAX: "max", _RedOpType.BAND: "band",
+    _RedOpType.BOR: "bor", _RedOpType.BXOR: "bxor",
+}
+
+
+def _reduce_op(op: Any) -> Any:
+    """torch ReduceOp (or RedOpType) -> pycoll op name / ReduceOp("premul_sum", factor)."""
+    kind = op if isinstance(op, _RedOpType) else getattr(op, "op", op)
+    if kind == _RedOpType.PREMUL_SUM:
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            raise InvalidArgument("PREMUL_SUM without a factor: build it with "
+                                  "torch.distributed._make_nccl_premul_sum(factor)")
+        if isinstance(factor, torch.Tensor):
+            if factor.numel() != 1:
+                raise InvalidArgument(f"PREMUL_SUM factor must be a scalar, got shape "
+                                      f"{tuple(factor.shape)}")
+            factor = factor.reshape(-1)[0].item()
+        return PycollReduceOp("premul_sum", float(factor))
+    name = _OPS.get(kind)
+    if name is None:
+        raise InvalidArgument(f"reduce op {op!r} is not supported by the pycoll backend")
+    return name
+
+
+def _op_timeout(opts: Any) -> float | None:
+    return _seconds(getattr(opts, "timeout", None))
+
+
+def _tensor_list(tensors: Any) -> list:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
+    tensors = _tensor_list(tensors)
+    if len(tensors) != 1:
+        raise InvalidArgument(f"pycoll backend: {what} takes exactly one tensor per process, "
+                              f"got {len(tensors)}")
+    return tensors[0]
+
+
+class _Stage:
+    """Host stand-ins for tensors pycoll cannot use in place; copies them back at the end.
+
+    CPU contiguous tensors are used as they are (zero copy). CUDA tensors are copied to
+    (pinned) host memory on the caller's current stream, which waits for the producing
+    kernels; results are copied back on that same stream, which is then synchronised.
+    """
+
+    __slots__ = ("copies", "stream")
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.stream: Any = None
+
+    @staticmethod
+    def _direct(t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.is_contiguous()
+
+    def _host(self, t: torch.Tensor, fill: bool) -> torch.Tensor:
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        if self._direct(t):
+            return t
+        if t.device.type == "cuda":
+            if self.stream is None:
+                self.stream = torch.cuda.current_stream(t.device)
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            if fill:
+                host.copy_(t)        # blocking: waits for the kernels that produced ``t``
+            return host
+        if t.device.type != "cpu":
+            raise InvalidArgument(f"pycoll backend: tensors on {t.device} are not supported "
+                                  "(cpu and cuda are)")
+        return t.contiguous() if fill else torch.empty(t.shape, dtype=t.dtype)
+
+    def inp(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor only read by the collective."""
+        return self._host(t, True)
+
+    def out(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor only written by the collective."""
+        host = self._host(t, False)
+        if host is not t and not (t.is_complex() and self._direct(torch.view_as_real(t))):
+            self.copies.append((t, host))
+        return host
+
+    def io(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor read and written (in-place collectives)."""
+        host = self._host(t, True)
+        if host is not t and not (t.is_complex() and self._direct(torch.view_as_real(t))):
+            self.copies.append((t, host))
+        return host
+
+    def finish(self) -> None:
+        if not self.copies:
+            return
+        pairs = [(torch.view_as_real(d) if d.is_complex() else d, s) for d, s in self.copies]
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                for dst, src in pairs:
+                    dst.copy_(src, non_blocking=True)
+            self.stream.synchronize()
+        else:
+            for dst, src in pairs:
+                dst.copy_(src)
+
+
+def _worker_thread() -> bool:
+    return threading.current_thread().name.startswith("pycoll-")
+
+
+class ProcessGroupPycoll(dist.ProcessGroup):
+    """A torch process group backed by a ``pycoll.Communicator``."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        if seconds <= 0:
+            seconds = 1800.0
+        self._timeout = seconds
+        adapter = TorchStoreAdapter(store, seconds)
+        token = None
+        if size > 1:  # authenticates tcp peers; the store is the trust root, as in pycoll.run
+            token = adapter.compare_set("pycoll/token", "", secrets.token_hex(16)).decode()
+        self._adapter = adapter
+        self.comm = Communicator.create(adapter, rank, size, timeout=seconds, name="torch",
+                                        token=token, master_addr=os.environ.get("MASTER_ADDR"))
+        self._rank = rank
+        self._size = size
+        self._group_name = ""
+        self._group_desc = ""
+        self._p2p: list[tuple[str, torch.Tensor, int, int, PycollWork, _Stage]] = []
+        self._p2p_lock = threading.Lock()
+        self._shut = False
+
+    # -- identity -----------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroupPycoll {self._group_name or '?'} rank {self._rank}/{self._size} "
+                f"{self.comm.transport_summary()}>")
+
+    # -- the one way every collective is issued ----------------------------------------------
+    def _issue(self, op: str, calls: Sequence[Callable[[bool], Any]], outputs: Any,
+               stage: _Stage | None, async_op: bool,
+               post: Callable[[], None] | None = None) -> PycollWork:
+        """Run ``calls`` (each ``f(async_op) -> pycoll Work | None``) in order, then
+        ``post`` and the stage's copy-back; return a torch Work for the whole."""
+        self._flush_p2p()
+        work = PycollWork(op, outputs, self._rank)
+
+        def finish(error: BaseException | None) -> None:
+            if error is None:
+                try:
+                    if post is not None:
+                        post()
+                    if stage is not None:
+                        stage.finish()
+                except BaseException as e:  # delivered through the work
+                    error = e
+            work._complete(error)
+
+        if not async_op and not _worker_thread():
+            # dist.* with async_op=False waits right away: run inline (no thread hand-off).
+            for call in calls:
+                call(False)
+            finish(None)
+            if work._error is not None:
+                raise work._error
+            return work
+        if not calls:
+            finish(None)
+            return work
+        pending = [len(calls)]
+        first_error: list[BaseException] = []
+        lock = threading.Lock()
+
+        def one_done(pw: Any) -> None:
+            with lock:
+                pending[0] -= 1
+                e = pw.exception()
+                if e is not None and not first_error:
+                    first_error.append(e)
+                last = pending[0] == 0
+            if last:
+                finish(first_error[0] if first_error else None)
+
+        issued = 0
+        try:
+            for call in calls:
+                pw = call(True)
+                issued += 1
+                pw.add_done_callback(one_done)
+        except BaseException as e:
+            if issued == 0:
+                raise
+            # later parts were refused: fail the work once the issued parts are done
+            with lock:
+                first_error.append(e)
+                pending[0] -= len(calls) - issued
+                last = pending[0] == 0
+            if last:
+                finish(first_error[0])
+        return work
+
+    # -- collectives --------------------------------------------------------------------------
+    def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllreduceOptions()
+        t = _one(tensors, "allreduce")
+        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        st = _Stage()
+        h = st.io(t)
+        return self._issue("allreduce", [
+            lambda a: self.comm.allreduce(h, op, timeout=timeout, async_op=a)],
+            _tensor_list(tensors), st, opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
+        tensors = _tensor_list(tensors)
+        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        st = _Stage()
+        hs = [st.io(t) for t in tensors]
+        return self._issue("allreduce_coalesced", [
+            lambda a: self.comm.allreduce_coalesced(hs, op, timeout=timeout, async_op=a)],
+            tensors, st, opts.asyncOp)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.BroadcastOptions()
+        t = _one(tensors, "broadcast")
+        root, timeout = opts.rootRank, _op_timeout(opts)
+        st = _Stage()
+        h = st.io(t)
+        return self._issue("broadcast", [
+            lambda a: self.comm.broadcast(h, root, timeout=timeout, async_op=a)],
+            _tensor_list(tensors), st, opts.asyncOp)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.ReduceOptions()
+        t = _one(tensors, "reduce")
+        root, timeout = opts.rootRank, _op_timeout(opts)
+        op = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        # pycoll uses non-root buffers as workspace; torch users expect them unchanged.
+        h = st.io(t) if self._rank == root else st.inp(t).clone()
+        return self._issue("reduce", [
+            lambda a: self.comm.reduce(h, root, op, timeout=timeout, async_op=a)],
+            _tensor_list(tensors), st, opts.asyncOp)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        inp = _one(input_tensors, "allgather")
+        outs = list(output_tensors[0]) if output_tensors and isinstance(
+            output_tensors[0], (list, tuple)) else list(output_tensors)
+        timeout = _op_timeout(opts)
+        st = _Stage()
+        hi = st.inp(inp)
+        hos = [st.out(o) for o in outs]
+        return self._issue("allgather", [
+            lambda a: self.comm.allgather(hos, hi, timeout=timeout, async_op=a)],
+            [outs], st, opts.asyncOp)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        timeout = _op_timeout(opts)
+        st = _Stage()
+        hi, ho = st.inp(input), st.out(output)
+        return self._issue("all_gather_into_tensor", [
+            lambda a: self.comm.allgather(ho, hi, timeout=timeout, async_op=a)],
+            [output], st, opts.asyncOp)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor],
+                                        inputs: Sequence[torch.Tensor],
+                                        opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        timeout = _op_timeout(opts)
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outputs)} outputs "
+                                  f"for {len(inputs)} inputs")
+        st = _Stage()
+        pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
+        calls = [(lambda a, ho=ho, hi=hi:
+                  self.comm.allgather(ho, hi, timeout=timeout, async_op=a)) for ho, hi in pairs]
+        return self._issue("allgather_into_tensor_coalesced", calls, outputs, st, opts.asyncOp)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather_coalesced(self, output_lists: Sequence[Sequence[torch.Tensor]],
+                            input_list: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        timeout = _op_timeout(opts)
+        st = _Stage()
+        pairs = [([st.out(o) for o in outs], st.inp(i))
+                 for outs, i in zip(output_lists, input_list)]
+        calls = [(lambda a, hos=hos, hi=hi:
+                  self.comm.allgather(hos, hi, timeout=timeout, async_op=a)) for hos, hi in pairs]
+        return self._issue("allgather_coalesced", calls, [list(o) for o in output_lists], st,
+                           opts.asyncOp)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
+                       opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        out = _one(output_tensors, "reduce_scatter")
+        ins = list(input_tensors[0]) if input_tensors and isinstance(
+            input_tensors[0], (list, tuple)) else list(input_tensors)
+        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        st = _Stage()
+        ho = st.out(out)
+        his = [st.inp(i) for i in ins]
+        return self._issue("reduce_scatter", [
+            lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a)],
+            [out], st, opts.asyncOp)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        st = _Stage()
+        ho, hi = st.out(output), st.inp(input)
+        return self._issue("reduce_scatter_tensor", [
+            lambda a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a)],
+            [output], st, opts.asyncOp)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Sequence[torch.Tensor],
+                                        inputs: Sequence[torch.Tensor],
+                                        opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs "
+                                  f"for {len(inputs)} inputs")
+        st = _Stage()
+        pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
+        calls = [(lambda a, ho=ho, hi=hi:
+                  self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a))
+                 for ho, hi in pairs]
+        return self._issue("reduce_scatter_tensor_coalesced", calls, outputs, st, opts.asyncOp)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                      opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllToAllOptions()
+        timeout = _op_timeout(opts)
+        out_splits = list(output_split_sizes) or None
+        in_splits = list(input_split_sizes) or None
+        st = _Stage()
+        ho, hi = st.out(output), st.inp(input)
+        if ho.dim() == 0:
+            ho, hi = ho.reshape(1), hi.reshape(1)
+        return self._issue("all_to_all_single", [
+            lambda a: self.comm.alltoall(ho, hi, out_splits, in_splits, timeout=timeout,
+                                         async_op=a)],
+            [output], st, opts.asyncOp)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: Sequence[torch.Tensor],
+                 input_tensors: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.AllToAllOptions()
+        timeout = _op_timeout(opts)
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != self._size or len(ins) != self._size:
+            raise InvalidArgument(f"all_to_all: needs {self._size} input and output tensors, "
+                                  f"got {len(ins)} and {len(outs)}")
+        dtypes = {t.dtype for t in outs + ins}
+        if len(dtypes) != 1:
+            raise InvalidArgument(f"all_to_all: tensors must share one dtype, got {dtypes}")
+        st = _Stage()
+        hos = [st.out(o) for o in outs]
+        flat_in = torch.cat([st.inp(i).reshape(-1) for i in ins])
+        flat_out = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+        in_splits = [i.numel() for i in ins]
+        out_splits = [o.numel() for o in outs]
+
+        def post() -> None:
+            for h, piece in zip(hos, torch.split(flat_out, out_splits)):
+                h.copy_(piece.view(h.shape))
+
+        return self._issue("all_to_all", [
+            lambda a: self.comm.alltoall(flat_out, flat_in, out_splits, in_splits,
+                                         timeout=timeout, async_op=a)],
+            outs, st, opts.asyncOp, post)
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.GatherOptions()
+        inp = _one(input_tensors, "gather")
+        root, timeout = opts.rootRank, _op_timeout(opts)
+        st = _Stage()
+        hi = st.inp(inp)
+        outs: list = []
+        hos = None
+        if self._rank == root:
+            outs = list(output_tensors[0]) if output_tensors and isinstance(
+                output_tensors[0], (list, tuple)) else list(output_tensors)
+            hos = [st.out(o) for o in outs]
+        return self._issue("gather", [
+            lambda a: self.comm.gather(hos, hi, root, timeout=timeout, async_op=a)],
+            [outs], st, opts.asyncOp)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.ScatterOptions()
+        out = _one(output_tensors, "scatter")
+        root, timeout = opts.rootRank, _op_timeout(opts)
+        st = _Stage()
+        ho = st.out(out)
+        his = None
+        if self._rank == root:
+            ins = list(input_tensors[0]) if input_tensors and isinstance(
+                input_tensors[0], (list, tuple)) else list(input_tensors)
+            his = [st.inp(i) for i in ins]
+        return self._issue("scatter", [
+            lambda a: self.comm.scatter(ho, his, root, timeout=timeout, async_op=a)],
+            [out], st, opts.asyncOp)
+
+    def barrier(self, opts: Any = None) -> PycollWork:
+        opts = opts if opts is not None else _c10d.BarrierOptions()
+        timeout = _op_timeout(opts)
+        return self._issue("barrier", [
+            lambda a: self.comm.barrier(timeout=timeout, async_op=a)], [], None,
+            getattr(opts, "asyncOp", True))
+
+    # -- point to point (deferred into batches, see the module docstring) ---------------------
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> PycollWork:
+        return self._defer("send", _one(tensors, "send"), dstRank, tag)
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> PycollWork:
+        return self._defer("recv", _one(tensors, "recv"), srcRank, tag)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> PycollWork:
+        if self._size != 2:
+            raise InvalidArgument(
+                "pycoll backend: recv without src (any source) works only in groups of 2 "
+                "ranks; pass src=")
+        return self._defer("recv", _one(tensors, "recv"), 1 - self._rank, tag)
+
+    recvAnysource = recv_anysource
+
+    def _defer(self, kind: str, t: torch.Tensor, peer: int, tag: int) -> PycollWork:
+        if self._shut:
+            raise PycollError(f"rank {self._rank}: {kind} on a process group that was shut down")
+        peer, tag = int(peer), int(tag)
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise InvalidArgument(f"rank {self._rank}: {kind}: peer {peer} is not another rank "
+                                  f"of this group (0..{self._size - 1})")
+        if tag < 0:
+            raise InvalidArgument(f"rank {self._rank}: {kind}: tag must be >= 0, not {tag}")
+        st = _Stage()
+        h = st.inp(t) if kind == "send" else st.out(t)
+        work = PycollWork(kind, [t], self._rank, flush=self._flush_p2p)
+        work._source = peer
+        with self._p2p_lock:
+            self._p2p.append((kind, h, peer, tag, work, st))
+        return work
+
+    def _flush_p2p(self) -> None:
+        with self._p2p_lock:
+            batch, self._p2p = self._p2p, []
+        if not batch:
+            return
+        try:
+            pw = self.comm.batch_p2p([(k, h, p, t) for k, h, p, t, _, _ in batch], async_op=True)
+        except BaseException as e:
+            for *_, work, _st in batch:
+                work._complete(e)
+            return
+
+        def done(w: Any) -> None:
+            error = w.exception()
+            for *_, work, st in batch:
+                e = error
+                if e is None:
+                    try:
+                        st.finish()
+                    except BaseException as x:
+                        e = x
+                work._complete(e)
+
+        pw.add_done_callback(done)
+
+    # -- teardown -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Release threads, sockets and shared memory (called by destroy_process_group)."""
+        if self._shut:
+            return
+        self._shut = True
+        with self._p2p_lock:
+            batch, self._p2p = self._p2p, []
+        for *_, work, _st in batch:
+            work._complete(PycollError(f"rank {self._rank}: process group shut down before "
+                                       "this send/recv was waited on"))
+        self._adapter.close()
+        self.comm.finalize()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def _abort(self) -> None:
+        self.shutdown()
+
+
+_disable_compile(ProcessGroupPycoll, [
+    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "_allgather_base",
+    "all_gather_single", "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
+    "allgather_coalesced", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced", "alltoall_base",
+    "all_to_all_single", "alltoall", "gather", "scatter", "barrier", "send", "recv",
+    "recv_anysource", "recvAnysource", "shutdown", "abort", "getBackendName", "getGroupName",
+    "setGroupName", "getGroupDesc", "setGroupDesc", "getRank", "getSize"])
+
+
+def create_process_group(store: Any, group_rank: int, group_size: int,
+                         timeout: timedelta) -> ProcessGroupPycoll:
+    """The creator torch calls for ``init_process_group(backend="pycoll")`` / ``new_group``."""
+    return ProcessGroupPycoll(store, group_rank, group_size, timeout)
+
+
+def register() -> None:
+    """Register the "pycoll" backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend,
+                                                                           "PYCOLL"):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=False,
+                                  devices=["cpu", "cuda"])

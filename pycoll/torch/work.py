@@ -1,0 +1,157 @@
+"""torch ``Work`` objects for pycoll collectives.
+
+Facts this relies on (see ../shared/notes/torch-backend.md, measured on torch 2.13):
+
+* C++ callers (the DDP reducer, functional collectives) reach only ``wait(timeout)`` and
+  ``get_future()``; ``timeout=timedelta(0)`` means "no limit". DDP never calls ``wait``: it
+  waits on the future with no limit, so the collective's own deadline is what bounds it.
+* ``Future.set_exception`` is not seen as an error by C++. So the raw future is always
+  completed with ``set_result`` (the output tensors, or a ``_Failure`` marker) and callers get
+  ``raw.then(_unwrap)``, which raises on the marker: C++ then sees a failed future, and
+  ``loss.backward()``, ``work.wait()`` and ``get_future().wait()`` all raise RuntimeError.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CollectiveTimeout
+
+
+class _Failure:
+    """The value a failed collective's raw future carries."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _unwrap(fut: "torch.futures.Future") -> Any:
+    value = fut.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
+def _seconds(timeout: Any) -> float | None:
+    """None for "no limit" (None, timedelta(0) from C++, negative), else seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    timeout = float(timeout)
+    return timeout if timeout > 0 else None
+
+
+class PycollWork(dist._Work):
+    """One torch-level operation: one or more pycoll collectives plus the copy-back after."""
+
+    def __init__(self, op: str, outputs: Any, rank: int,
+                 flush: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._op = op
+        self._outputs = outputs
+        self._rank = rank
+        self._flush = flush            # p2p: post the deferred batch this op belongs to
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._raw: "torch.futures.Future | None" = None
+        self._future: "torch.futures.Future | None" = None
+        self._source = -1
+
+    # -- completion (pycoll's worker thread, or the caller for inline ops) --------------------
+    def _complete(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._error = error
+            self._done.set()
+            raw = self._raw
+        if raw is not None:
+            raw.set_result(self._outputs if error is None else _Failure(error))
+
+    def _post(self) -> None:
+        if self._flush is not None:
+            flush, self._flush = self._flush, None
+            flush()
+
+    # -- the torch Work API -------------------------------------------------------------------
+    def wait(self, timeout: Any = None) -> bool:
+        self._post()
+        limit = _seconds(timeout)
+        if not self._done.wait(limit):
+            raise CollectiveTimeout(
+                f"rank {self._rank}: {self._op} did not complete within the {limit:g} s given to "
+                "Work.wait(); it keeps running under the process group's timeout")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> "torch.futures.Future":
+        self._post()
+        with self._lock:
+            if self._future is None:
+                raw = torch.futures.Future()
+                self._future = raw.then(_unwrap)
+                if self._done.is_set():
+                    done_now = True
+                else:
+                    self._raw = raw
+                    done_now = False
+            else:
+                return self._future
+        if done_now:
+            raw.set_result(self._outputs if self._error is None else _Failure(self._error))
+        return self._future
+
+    def is_completed(self) -> bool:
+        self._post()
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> Any:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def __repr__(self) -> str:
+        state = ("failed" if self._error is not None else "done") if self._done.is_set() \
+            else "pending"
+        return f"<pycoll.torch.PycollWork {self._op} {state}>"
+
+
+def _disable_compile(cls: type, names: list[str]) -> None:
+    """Keep Dynamo out of our Python when C++ calls back into it (UnsafeScriptObjectError)."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        return
+    for name in names:
+        fn = cls.__dict__.get(name)
+        if fn is not None:
+            setattr(cls, name, disable(fn))
+
+
+_disable_compile(PycollWork, ["wait", "get_future", "is_completed", "is_success", "exception",
+                              "result", "source_rank", "_source_rank", "synchronize",
+                              "block_current_stream"])
