@@ -348,14 +348,10 @@ class ShmChannel(Channel):
     def check_alive(self) -> None:
         if self._broken is not None:
             raise self._broken
-        if not (self._sends or self._rndv_pending or self._posted or self._assembling):
+        if not self._pending():
             return   # nothing expected from this peer: its exit is not our problem (yet)
         gone = None
         if self._in.ctrl[SENDER_CLOSED] or self._out.ctrl[RECEIVER_CLOSED]:
-            # The flag is written after the peer's last message: read it first, then look for
-            # unconsumed slots, which the next progress() will still deliver.
-            if self._tail < self._in.ctrl[HEAD]:
-                return
             gone = "it closed its communicator (finalize) while this rank still expected data"
         elif self._pidfd is not None:
             if select.select([self._pidfd], [], [], 0)[0]:
@@ -365,9 +361,17 @@ class ShmChannel(Channel):
                 os.kill(self._peer_pid, 0)
             except ProcessLookupError:
                 gone = f"process {self._peer_pid} exited"
-        if gone is not None:
+        if gone is None:
+            return
+        # Whatever the peer wrote before closing or exiting is visible now: deliver it first,
+        # and blame the peer only for what is still missing after that.
+        self.progress()
+        if self._pending():
             self._break(peer_lost(self.peer, gone))
             raise self._broken  # type: ignore[misc]
+
+    def _pending(self) -> bool:
+        return bool(self._sends or self._rndv_pending or self._posted or self._assembling)
 
     def _break(self, error: BaseException) -> None:
         if self._broken is None:
