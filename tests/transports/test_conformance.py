@@ -33,6 +33,7 @@ TRANSPORTS = {
                  "PYCOLL_SHM_SLOT_BYTES": "96", "PYCOLL_SHM_SLOTS": "2"},
     "tcp": {"PYCOLL_TRANSPORT": "tcp"},
     "tcp-ipv6": {"PYCOLL_TRANSPORT": "tcp", "PYCOLL_SOCKET_FAMILY": "ipv6"},
+    "tcp-ifname": {"PYCOLL_TRANSPORT": "tcp", "PYCOLL_SOCKET_IFNAME": "lo"},
 }
 
 
