@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     a = np.full(5, comm.rank + 1, dtype=np.int64)
     pycoll.allreduce(a)
     os.write(1, (f"RESULT rank={pycoll.get_rank()} size={pycoll.get_world_size()} "
-                 f"sum={int(a[0])} transport={comm.transport_summary()}\n").encode())
+                 f"sum={int(a[0])} transport={comm.transport_summary()}\\n").encode())
     pycoll.finalize()
 """)
 
@@ -123,7 +123,7 @@ def test_no_shared_memory_left_after_killed_rank(tmp_path):
     script.write_text(textwrap.dedent("""
         import os, signal, numpy as np, pycoll
         comm = pycoll.init(timeout=20)
-        os.write(1, f"PIDFILE {os.getpid()}\n".encode())  # one write: lines of ranks never mix
+        os.write(1, f"PIDFILE {os.getpid()}\\n".encode())  # one write: lines of ranks never mix
         a = np.ones(1 << 22, dtype=np.float32)
         pycoll.allreduce(a)
         if comm.rank == 1:
