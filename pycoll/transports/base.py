@@ -22,10 +22,11 @@ import os
 import select
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from ..errors import PeerLost, TransportError
+from ..errors import MessageSizeMismatch, PeerLost, TransportError
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,24 @@ def _raise_errors(requests: Iterable[Request]) -> None:
     for r in requests:
         if r.error is not None:
             raise r.error
+
+
+def take_posted(posted: "deque[Request]", tag: int) -> Request | None:
+    """Remove and return the oldest posted receive with ``tag`` (usually the first)."""
+    if posted and posted[0].tag == tag:
+        return posted.popleft()
+    for i, req in enumerate(posted):
+        if req.tag == tag:
+            del posted[i]
+            return req
+    return None
+
+
+def size_mismatch(peer: int, tag: int, sent: int, posted: int) -> MessageSizeMismatch:
+    return MessageSizeMismatch(
+        f"peer rank {peer} sent {sent} bytes (tag {tag}) but this rank posted a receive of "
+        f"{posted} bytes: the ranks disagree on the tensor size or on which collective runs",
+        peer=peer)
 
 
 def peer_lost(peer: int, why: str) -> PeerLost:

@@ -33,8 +33,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import MessageSizeMismatch, TransportError
-from .base import Capabilities, Channel, Request, Transport, peer_lost
+from ..errors import TransportError
+from .base import (Capabilities, Channel, Request, Transport, peer_lost, size_mismatch,
+                   take_posted)
 
 PAGE = 4096
 # Control words (uint64 indices into the control page). Writers: S = sender, R = receiver.
@@ -260,11 +261,7 @@ class ShmChannel(Channel):
     def _size_ok(self, req: Request, nbytes: int) -> bool:
         if nbytes == req.nbytes:
             return True
-        err = MessageSizeMismatch(
-            f"peer rank {self.peer} sent {nbytes} bytes (tag {req.tag}) but this rank posted a "
-            f"receive of {req.nbytes} bytes: the ranks disagree on the tensor size or on which "
-            "collective runs", peer=self.peer)
-        self._break(err)
+        self._break(size_mismatch(self.peer, req.tag, nbytes, req.nbytes))
         return False
 
     def _rndv_read(self, req: Request, pid: int, address: int, seq: int) -> None:
@@ -300,7 +297,7 @@ class ShmChannel(Channel):
                     if isinstance(target, Request):
                         target.bytes_done = start
             else:
-                req = self._match(tag)
+                req = take_posted(self._posted, tag)
                 if req is not None and not self._size_ok(req, total):
                     return True
                 if kind == EAGER:
@@ -325,16 +322,6 @@ class ShmChannel(Channel):
             seg.ctrl[TAIL] = self._tail
             moved = True
         return moved
-
-    def _match(self, tag: int) -> Request | None:
-        posted = self._posted
-        if posted and posted[0].tag == tag:
-            return posted.popleft()
-        for i, req in enumerate(posted):
-            if req.tag == tag:
-                del posted[i]
-                return req
-        return None
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:

@@ -26,8 +26,9 @@ import time
 from collections import deque
 from typing import Any
 
-from ..errors import MessageSizeMismatch, TransportError
-from .base import Capabilities, Channel, Request, Transport, peer_lost
+from ..errors import TransportError
+from .base import (Capabilities, Channel, Request, Transport, peer_lost, size_mismatch,
+                   take_posted)
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 HELLO = struct.Struct("<8sI32s")         # magic, rank, proof
@@ -183,10 +184,7 @@ class TcpChannel(Channel):
     def _size_ok(self, req: Request, nbytes: int) -> bool:
         if nbytes == req.nbytes:
             return True
-        self._break(MessageSizeMismatch(
-            f"peer rank {self.peer} sent {nbytes} bytes (tag {req.tag}) but this rank posted a "
-            f"receive of {req.nbytes} bytes: the ranks disagree on the tensor size or on which "
-            "collective runs", peer=self.peer))
+        self._break(size_mismatch(self.peer, req.tag, nbytes, req.nbytes))
         return False
 
     def _recv_into(self, view: memoryview) -> int:
@@ -207,7 +205,7 @@ class TcpChannel(Channel):
                         return moved
                     self._header_got = 0
                     tag, nbytes = HEADER.unpack(self._header)
-                    req = self._match(tag)
+                    req = take_posted(self._posted, tag)
                     if req is None:   # for another tag: set it aside
                         body = bytearray(nbytes)
                         self._current = (body, tag, memoryview(body))
@@ -236,16 +234,6 @@ class TcpChannel(Channel):
             self._break(peer_lost(self.peer, f"connection failed while receiving: {e}"))
             return True
         return moved
-
-    def _match(self, tag: int) -> Request | None:
-        posted = self._posted
-        if posted and posted[0].tag == tag:
-            return posted.popleft()
-        for i, req in enumerate(posted):
-            if req.tag == tag:
-                del posted[i]
-                return req
-        return None
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
