@@ -254,7 +254,12 @@ class Communicator:
         seq = self._seq
         limit = self.timeout if timeout is None else float(timeout)
         fr = self._flight
-        rec = fr.open(seq, collective, nbytes, body) if fr is not None else None
+        rec = None
+        if fr is not None:   # flight recorder, inlined: a few stores (see flight_recorder.py)
+            rec = [seq, collective, nbytes, 0, 0.0, 0.0, 0.0, body, None]
+            i = fr.count
+            fr.count = i + 1
+            fr.ring[i % fr.capacity] = rec
         fp = (self._fingerprint(collective, nbytes, sys._getframe(1))
               if self._detail and collective not in _P2P else None)
 
@@ -281,8 +286,7 @@ class Communicator:
         start = time.monotonic()
         deadline = start + limit
         if rec is not None:
-            rec[5] = start
-            rec[3] = 1          # started
+            rec[5] = start      # started
         peers = Peers(self.rank, self.size, self._channels, deadline, self._segment_bytes,
                       self._scratch, check=self._check, layout=self._layout,
                       subgroup=lambda kind: self._subgroup_peers(kind, deadline))
@@ -296,8 +300,7 @@ class Communicator:
                 raise
             raise err from None
         if rec is not None:
-            rec[6] = time.monotonic()
-            rec[3] = 2          # completed
+            rec[6] = time.monotonic()   # completed
             rec[7] = None       # drop the closure: never keep a user's tensor alive
 
     # -- failure handling: abort record, flight recorder, DETAIL fingerprints -----------------
@@ -356,11 +359,12 @@ class Communicator:
                                        "kind": type(err).__name__, "error": core[:2000],
                                        "lost": lost})
             if winner is not None and winner.get("rank") not in (None, self.rank):
-                if (isinstance(err, TransportError) and err.peer is not None
-                        and err.peer == winner.get("rank")):
-                    # Our peer vanished because it had failed first (and left): say why.
-                    err = self._aborted(where, winner)
-                elif isinstance(err, PycollError):
+                if (isinstance(err, PeerLost) and err.peer is not None
+                        and err.peer != lost_rank(winner)):
+                    # Another rank failed first; our peer most likely left because of that
+                    # failure (it failed or was aborted, then closed its channels): say why.
+                    err = self._aborted(where, winner, also=f"{type(e).__name__}: {e}")
+                elif isinstance(err, PycollError) and not isinstance(err, CollectiveMismatch):
                     err.args = (f"{err.args[0]}\n(The first failure reported to the store: "
                                 f"{describe_record(winner)})",) + err.args[1:]
         self._failed = err
@@ -376,12 +380,14 @@ class Communicator:
                 err.add_note(note)
         return err
 
-    def _aborted(self, where: str, record: dict) -> Aborted:
+    def _aborted(self, where: str, record: dict, also: str | None = None) -> Aborted:
         lost = lost_rank(record)
         failed = record.get("rank")
         text = f"{where}: aborted: {describe_record(record)}"
         if lost is not None:
             text += f". Rank {lost} is gone (lost by rank {failed})"
+        if also:
+            text += f". Then this rank saw: {also}"
         text += (". Hint: the first failure is on rank "
                  f"{failed if lost is None else lost}; look at its output for the cause."
                  if failed is not None else "")

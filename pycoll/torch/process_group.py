@@ -142,10 +142,6 @@ class _Stage:
                 dst.copy_(src)
 
 
-def _worker_thread() -> bool:
-    return threading.current_thread().name.startswith("pycoll-")
-
-
 class ProcessGroupPycoll(dist.ProcessGroup):
     """A torch process group backed by a ``pycoll.Communicator``."""
 
@@ -202,8 +198,20 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                post: Callable[[], None] | None = None) -> PycollWork:
         """Run ``calls`` (each ``f(async_op) -> pycoll Work | None``) in order, then
         ``post`` and the stage's copy-back; return a torch Work for the whole."""
-        self._flush_p2p()
+        if self._p2p:
+            self._flush_p2p()
         work = PycollWork(op, outputs, self._rank)
+        if not async_op and not self._on_worker():
+            # dist.* with async_op=False waits right away: run inline (no thread hand-off).
+            # An error raises from here, before torch ever sees the work.
+            for call in calls:
+                call(False)
+            if post is not None:
+                post()
+            if stage is not None and stage.copies:
+                stage.finish()
+            work._complete(None)
+            return work
 
         def finish(error: BaseException | None) -> None:
             if error is None:
@@ -216,14 +224,6 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                     error = e
             work._complete(error)
 
-        if not async_op and not _worker_thread():
-            # dist.* with async_op=False waits right away: run inline (no thread hand-off).
-            for call in calls:
-                call(False)
-            finish(None)
-            if work._error is not None:
-                raise work._error
-            return work
         if not calls:
             finish(None)
             return work
@@ -258,6 +258,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             if last:
                 finish(first_error[0])
         return work
+
+    def _on_worker(self) -> bool:
+        """True on this group's own pycoll worker thread (completion callbacks run there):
+        blocking there on a queued collective would deadlock, so such calls go async."""
+        thread = getattr(getattr(self.comm, "_executor", None), "_thread", None)
+        if thread is None:
+            return False
+        return thread.ident == threading.get_ident()
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:

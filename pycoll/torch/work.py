@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout
+from ..errors import CollectiveTimeout, PycollError
 
 
 class _Failure:
@@ -48,6 +48,39 @@ def _seconds(timeout: Any) -> float | None:
     return timeout if timeout > 0 else None
 
 
+class _Done:
+    """A one-shot event whose threading.Event is made only if someone has to block on it
+    (most synchronous ops complete before anybody waits)."""
+
+    __slots__ = ("_set", "_event", "_lock")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+
 class PycollWork(dist._Work):
     """One torch-level operation: one or more pycoll collectives plus the copy-back after."""
 
@@ -59,7 +92,7 @@ class PycollWork(dist._Work):
         self._rank = rank
         self._flush = flush            # p2p: post the deferred batch this op belongs to
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._done = _Done()
         self._error: BaseException | None = None
         self._raw: "torch.futures.Future | None" = None
         self._future: "torch.futures.Future | None" = None
@@ -85,6 +118,12 @@ class PycollWork(dist._Work):
     def wait(self, timeout: Any = None) -> bool:
         self._post()
         limit = _seconds(timeout)
+        if not self._done.is_set() and threading.current_thread().name.startswith("pycoll-"):
+            raise PycollError(
+                f"rank {self._rank}: waiting on {self._op} from inside a pycoll completion "
+                "callback (e.g. a Future.then callback) would deadlock: the callback runs on "
+                "the thread that executes the collectives. Chain with .then() instead of "
+                "waiting there.")
         if not self._done.wait(limit):
             raise CollectiveTimeout(
                 f"rank {self._rank}: {self._op} did not complete within the {limit:g} s given to "

@@ -1,0 +1,145 @@
+"""The "pycoll" torch.distributed backend, on real rank processes, checked against Gloo.
+
+Each test starts N fresh Python processes (tests/torch/worker.py, env:// variables as torchrun
+sets them) that use the pycoll backend and a Gloo group side by side in the same processes.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
+
+from torch_harness import ROOT, describe, run_scenario  # noqa: E402
+
+
+def _ok(results: list[dict], ranks=None) -> None:
+    for r in (ranks if ranks is not None else range(len(results))):
+        res = results[r]
+        assert res.get("status") == "ok" and res.get("exit") == 0, describe(results)
+        assert not res.get("failures"), describe(results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_op_matches_gloo(world_size):
+    """all_reduce (all ops incl. AVG/PREMUL_SUM, all dtypes), broadcast, reduce, all_gather(_into_tensor),
+    reduce_scatter(_tensor), all_to_all(_single, even/uneven), gather, scatter, p2p,
+    batch_isend_irecv, object collectives, new_group, barrier, coalesced and functional
+    collectives, sync and async; then destroy_process_group releases everything."""
+    results = run_scenario("ops", world_size, timeout=100)
+    _ok(results)
+    assert all(res["checked"] > 250 for res in results), describe(results)
+
+
+def test_ddp_parity_with_gloo():
+    """Identical parameters after DDP training on pycoll and on Gloo: default and small
+    buckets, allreduce_hook, fp16_compress_hook, no_sync, find_unused_parameters, float64."""
+    results = run_scenario("ddp", 2, timeout=100)
+    _ok(results)
+    assert all(res["checked"] >= 50 for res in results), describe(results)
+
+
+def test_peer_death_mid_training_raises_from_backward():
+    """The last rank dies in step 3; the survivor's loss.backward() raises RuntimeError
+    (PeerLost), later collectives are refused at once, and teardown leaves nothing behind."""
+    results = run_scenario("peer_failure", 2, timeout=60)
+    survivor, dead = results
+    assert dead["exit"] == 17, describe(results)
+    assert survivor.get("status") == "ok" and survivor["exit"] == 0, describe(results)
+    assert survivor.get("steps") == 3, describe(results)
+    assert survivor.get("error_type") == "RuntimeError", describe(results)
+    assert "PeerLost" in survivor["error"] and "peer rank 1" in survivor["error"], \
+        describe(results)
+    assert "refused" in survivor["after"], describe(results)
+    assert survivor["future_after"] != "no error", describe(results)
+    assert survivor["leftovers"] == {}, describe(results)
+
+
+def test_timeouts_are_enforced():
+    """init_process_group(timeout=3 s) bounds a collective a peer never joins (raised from
+    get_future().wait() and wait()); barrier(timeout=1 s) on a group with the default 1800 s."""
+    results = run_scenario("timeout", 2, timeout=60)
+    _ok(results)
+    r0 = results[0]
+    assert r0["barrier"] == "CollectiveTimeout", describe(results)
+    assert r0["future"] == "RuntimeError" and "timed out" in r0["future_msg"], describe(results)
+    assert r0["wait"] != "no error", describe(results)
+    assert r0["leftovers"] == {} and results[1]["leftovers"] == {}, describe(results)
+
+
+def test_example_under_pycoll_run():
+    """examples/ddp_train.py under the launcher; same checksum as Gloo's run."""
+    sums = {}
+    for backend in ("pycoll", "gloo"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "100",
+             str(ROOT / "examples" / "ddp_train.py"), "--backend", backend, "--steps", "3",
+             "--warmup", "1", "--width", "128", "--depth", "2"],
+            cwd=str(ROOT), capture_output=True, text=True, timeout=110,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        line = [ln for ln in proc.stdout.splitlines() if "step time median" in ln]
+        assert line and f"backend={backend}" in line[0], proc.stdout + proc.stderr
+        sums[backend] = line[0].rsplit("checksum", 1)[1].strip()
+    assert sums["pycoll"] == sums["gloo"], sums
+
+
+def test_registration_and_single_rank_in_process():
+    """Importing pycoll.torch registers the backend; a world of one works in-process."""
+    import pycoll.torch as pt
+
+    assert hasattr(dist.Backend, "PYCOLL")
+    assert dist.Backend.backend_capability["pycoll"] == ["cpu", "cuda"]
+    pt.register()   # idempotent
+    store = dist.HashStore()
+    dist.init_process_group("pycoll", store=store, rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        pg = dist.group.WORLD
+        assert isinstance(pg, pt.ProcessGroupPycoll) and pg.name() == "pycoll"
+        assert dist.get_backend() == "pycoll"
+        t = torch.arange(4.0)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        assert torch.equal(t, torch.arange(4.0))
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        assert torch.equal(fut.wait()[0], torch.arange(4.0))
+        with pytest.raises(RuntimeError):
+            dist.all_reduce(torch.zeros(2), op=dist.ReduceOp.BAND)
+    finally:
+        dist.destroy_process_group()
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("pycoll-")]
+
+
+def test_store_adapter_over_torch_store():
+    """The adapter speaks pycoll's store protocol over a torch Store (HashStore here)."""
+    from pycoll.errors import CollectiveTimeout
+    from pycoll.torch.store import TorchStoreAdapter
+
+    s = TorchStoreAdapter(dist.PrefixStore("g/", dist.HashStore()), timeout=5)
+    s.set("a", "1")
+    s.set("b", b"2")
+    assert s.multi_get(["a", "b"], timeout=1) == [b"1", b"2"]
+    assert s.get("a") == b"1"
+    assert s.add("n", 2) == 2 and s.add("n", 0) == 2
+    assert s.check(["a"]) and not s.check(["zzz"])
+    assert s.compare_set("t", "", "x") == b"x"
+    with pytest.raises(CollectiveTimeout):
+        s.multi_get(["a", "missing"], timeout=0.2)
+    s.close()
+    with pytest.raises(RuntimeError):
+        s.set("a", "2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device (or a CPU-only torch build): CUDA staging untested here")
+def test_cuda_tensors_staged_through_host():
+    results = run_scenario("cuda", 2, timeout=120)
+    _ok(results)
