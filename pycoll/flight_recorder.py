@@ -11,9 +11,11 @@ something goes wrong, self-describing enough to be merged with the other ranks' 
   written when a collective times out, loses a peer, aborts or fails otherwise, and the
   error message names the file.
 
-Recording is on the hot path of every collective, so it is a preallocated ring of small
-lists written in place: no allocation, no dict, one ``time.monotonic()`` per collective beyond
-the one the deadline already takes (about 0.3 us in all). Slow details are derived only when
+Recording is on the hot path of every collective, so it is a fixed-size ring of small lists
+(one 9-slot list per collective, the communicator writes it inline: no method call, no dict,
+one ``time.monotonic()`` beyond the one the deadline already takes). The state is implied by
+the timestamps (started once ``T_STARTED`` is set, completed once ``T_ENDED`` is), so the
+hot path writes only times; only a failure sets ``STATE`` explicitly. Slow details are derived only when
 a dump is written: the dtype and algorithm come from the collective's closure for records
 still in flight (completed records drop the closure at once, so the recorder never keeps a
 user's tensor alive), and ``PYCOLL_DEBUG=DETAIL`` records the full fingerprint of each call.
@@ -63,31 +65,36 @@ def trace_dir() -> str:
 class FlightRecorder:
     """A ring of the last ``capacity`` collectives of one communicator."""
 
-    __slots__ = ("capacity", "_ring", "count", "_algorithms")
+    __slots__ = ("capacity", "ring", "count", "_algorithms")
 
     def __init__(self, capacity: int, algorithms: dict[str, dict[str, Callable]] | None = None
                  ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._ring = [[0, "", 0, SCHEDULED, 0.0, 0.0, 0.0, None, None] for _ in range(capacity)]
+        self.ring: list[list | None] = [None] * capacity
         self.count = 0                 # records ever opened
         self._algorithms = algorithms or {}
 
     # -- hot path ------------------------------------------------------------------------
     def open(self, seq: int, collective: str, nbytes: int, body: Any) -> list:
-        """Start a record in state ``scheduled``; the caller updates it in place."""
+        """Start a record (state ``scheduled``); the caller updates it in place.
+
+        ``Communicator._execute`` inlines exactly this, to save the call.
+        """
+        rec = [seq, collective, nbytes, SCHEDULED, 0.0, 0.0, 0.0, body, None]
         i = self.count
         self.count = i + 1
-        rec = self._ring[i % self.capacity]
-        rec[0] = seq
-        rec[1] = collective
-        rec[2] = nbytes
-        rec[3] = SCHEDULED
-        rec[4] = rec[5] = rec[6] = 0.0
-        rec[7] = body
-        rec[8] = None
+        self.ring[i % self.capacity] = rec
         return rec
+
+    @staticmethod
+    def state(rec: list) -> int:
+        if rec[STATE] == FAILED:
+            return FAILED
+        if rec[T_ENDED]:
+            return COMPLETED
+        return STARTED if rec[T_STARTED] else SCHEDULED
 
     # -- failure path --------------------------------------------------------------------
     @staticmethod
@@ -105,7 +112,8 @@ class FlightRecorder:
         """Live records, oldest first."""
         n = min(self.count, self.capacity)
         start = self.count - n
-        return [self._ring[(start + k) % self.capacity] for k in range(n)]
+        return [r for r in (self.ring[(start + k) % self.capacity] for k in range(n))
+                if r is not None]
 
     @property
     def dropped(self) -> int:
@@ -119,13 +127,13 @@ class FlightRecorder:
             sched, start, end = rec[T_SCHEDULED], rec[T_STARTED], rec[T_ENDED]
             entry: dict[str, Any] = {
                 "seq": rec[SEQ], "collective": rec[COLLECTIVE], "nbytes": rec[NBYTES],
-                "state": STATE_NAMES[rec[STATE]],
+                "state": STATE_NAMES[self.state(rec)],
                 "scheduled_at": _wall(sched or start, offset),
                 "started_at": _wall(start, offset),
                 "ended_at": _wall(end, offset),
                 "duration_s": round(end - start, 6) if start and end else None,
             }
-            if rec[STATE] in (SCHEDULED, STARTED):
+            if self.state(rec) in (SCHEDULED, STARTED):
                 entry["running_for_s"] = round(time.monotonic() - (start or sched), 6) \
                     if (start or sched) else None
             details = describe_body(rec[BODY], self._algorithms) if rec[BODY] is not None else {}

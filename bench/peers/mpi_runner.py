@@ -1,9 +1,16 @@
-"""MPI (mpi4py) measured by pycoll.bench's runner.
+"""MPI (mpi4py) measured by pycoll.bench's runner: MPICH and Open MPI alike.
 
-    UCX_TLS=self,sm mpiexec -launcher fork -hosts 127.0.0.1 -n 2 \
-        python bench/peers/mpi_runner.py --collectives allreduce,broadcast -m 8:16M
+The same file serves both MPIs; which one runs is decided by the interpreter (the venv whose
+mpi4py loads that MPI's libmpi) and its launcher:
 
-Rank 0 prints JSON lines (see peer_common.py).
+    UCX_TLS=self,sm .venv/bin/mpiexec -launcher fork -hosts 127.0.0.1 -n 2 \
+        .venv/bin/python bench/peers/mpi_runner.py --collectives allreduce,broadcast -m 8:16M
+    OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,sm PYTHONPATH=$PWD \
+        .venv-ompi/bin/mpirun --host 127.0.0.1:2 -n 2 \
+        .venv-ompi/bin/python bench/peers/mpi_runner.py --collectives allreduce -m 8:16M
+
+(.venv-ompi: bash bench/setup_peers.sh; it has no pycoll install, hence PYTHONPATH.)
+Rank 0 prints JSON lines (see peer_common.py); the meta line's version names the MPI library.
 """
 from __future__ import annotations
 
@@ -29,7 +36,8 @@ class MPIBackend:
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.world_size = self.comm.Get_size()
-        lib = MPI.Get_library_version().strip().splitlines()[0]
+        # Open MPI's string ends in a NUL byte
+        lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
         self.version = f"{' '.join(lib.split())}, mpi4py {mpi4py.__version__}"
         self.bufs = NumpyBuffers()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
@@ -98,8 +106,9 @@ class MPIBackend:
         return None
 
     def transport(self):
-        ucx = os.environ.get("UCX_TLS")
-        return "MPI shared memory" + (f" (UCX_TLS={ucx})" if ucx else "")
+        knobs = [f"{k}={os.environ[k]}" for k in ("UCX_TLS", "OMPI_MCA_pml", "OMPI_MCA_btl")
+                 if os.environ.get(k)]
+        return "MPI shared memory" + (f" ({', '.join(knobs)})" if knobs else "")
 
     def finalize(self):
         pass

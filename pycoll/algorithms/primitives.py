@@ -17,9 +17,19 @@ from ..transports.base import Channel, Request, wait_all
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
 
-#: Tag of every message a collective sends; user point-to-point tags are >= 0, so the two
-#: can never be confused on a channel.
+#: Default tag of collective messages. The communicator gives every call its own negative
+#: tag (``collective_tag``), so user point-to-point tags (>= 0) never meet collective
+#: traffic, and ranks that disagree on which collective runs never match each other's
+#: messages by accident: the mismatch surfaces as an error instead of wrong data.
 COLLECTIVE_TAG = -1
+_COLLECTIVE_CODES = {name: code for code, name in enumerate((
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+    "scatter", "barrier", "allreduce_coalesced"), start=1)}
+
+
+def collective_tag(seq: int, collective: str) -> int:
+    """The negative tag of call number ``seq`` of ``collective`` (same on every rank)."""
+    return -(((seq & 0x3FFFFFFFFFFF) << 6) | _COLLECTIVE_CODES.get(collective, 63)) - 1
 
 
 @dataclass
@@ -34,13 +44,14 @@ class Peers:
     """What an algorithm may use: who we are, channels to the others, a deadline, scratch."""
 
     __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "scratch_pool",
-                 "check", "_active", "layout", "_subgroup")
+                 "check", "_active", "layout", "_subgroup", "tag")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
                  segment_bytes: int, scratch_pool: "ScratchPool",
                  check: Callable[[], None] | None = None,
                  layout: Sequence[tuple[int, int]] = (),
-                 subgroup: Callable[[str], "Peers | None"] | None = None) -> None:
+                 subgroup: Callable[[str], "Peers | None"] | None = None,
+                 tag: int | None = None) -> None:
         self.rank = rank
         self.size = size
         self.channels = channels
@@ -51,6 +62,7 @@ class Peers:
         self._active: dict[int, Channel] = {}
         self.layout = layout          # (node index, local index) of every rank
         self._subgroup = subgroup
+        self.tag = tag                # this call's tag; primitives use it unless told otherwise
 
     def subgroup(self, kind: str) -> "Peers | None":
         """The ranks of this one's node (``"node"``) or of the same local index on every
@@ -58,13 +70,13 @@ class Peers:
         nodes with equally many ranks each."""
         return self._subgroup(kind) if self._subgroup is not None else None
 
-    def isend(self, peer: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> Request:
+    def isend(self, peer: int, arr: np.ndarray, tag: int | None = None) -> Request:
         ch = self.channels[peer]
         self._active[peer] = ch
-        return ch.isend(_bytes(arr), tag)
+        return ch.isend(_bytes(arr), self.tag if tag is None else tag)
 
-    def irecv(self, peer: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> Request:
-        return self.channels[peer].irecv(_bytes(arr), tag)
+    def irecv(self, peer: int, arr: np.ndarray, tag: int | None = None) -> Request:
+        return self.channels[peer].irecv(_bytes(arr), self.tag if tag is None else tag)
 
     def wait(self, requests: Sequence[Request]) -> None:
         """Wait for ``requests`` while also progressing every channel we are sending on.
@@ -116,16 +128,16 @@ def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def send(peers: Peers, dst: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
+def send(peers: Peers, dst: int, arr: np.ndarray, tag: int | None = None) -> None:
     peers.wait([peers.isend(dst, arr, tag)])
 
 
-def recv(peers: Peers, src: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
+def recv(peers: Peers, src: int, arr: np.ndarray, tag: int | None = None) -> None:
     peers.wait([peers.irecv(src, arr, tag)])
 
 
 def sendrecv(peers: Peers, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
-             tag: int = COLLECTIVE_TAG) -> None:
+             tag: int | None = None) -> None:
     """Send to ``dst`` and receive from ``src`` at the same time (full duplex)."""
     rreq = peers.irecv(src, recv_arr, tag)
     sreq = peers.isend(dst, send_arr, tag)
@@ -133,7 +145,7 @@ def sendrecv(peers: Peers, dst: int, send_arr: np.ndarray, src: int, recv_arr: n
 
 
 def sendrecv_reduce(peers: Peers, dst: int | None, send_arr: np.ndarray | None, src: int,
-                    acc: np.ndarray, spec: ReduceSpec, tag: int = COLLECTIVE_TAG) -> None:
+                    acc: np.ndarray, spec: ReduceSpec, tag: int | None = None) -> None:
     """Send ``send_arr`` to ``dst``; receive ``src``'s matching data and reduce it into ``acc``.
 
     With ``dst=None`` it only receives and reduces (recv-reduce). Both sides cut their buffers into the same segments (the segment size is a job-wide
@@ -168,12 +180,12 @@ def sendrecv_reduce(peers: Peers, dst: int | None, send_arr: np.ndarray | None, 
 
 
 def recv_reduce(peers: Peers, src: int, acc: np.ndarray, spec: ReduceSpec,
-                tag: int = COLLECTIVE_TAG) -> None:
+                tag: int | None = None) -> None:
     """Receive ``src``'s data segment by segment and reduce it into ``acc``."""
     sendrecv_reduce(peers, None, None, src, acc, spec, tag)
 
 
-def send_segmented(peers: Peers, dst: int, arr: np.ndarray, tag: int = COLLECTIVE_TAG) -> None:
+def send_segmented(peers: Peers, dst: int, arr: np.ndarray, tag: int | None = None) -> None:
     """Send ``arr`` cut the way ``recv_reduce`` on the other side expects it."""
     seg = peers.segment_count(dst, arr.itemsize)
     peers.wait([peers.isend(dst, arr[i:i + seg], tag) for i in range(0, arr.size, seg)])

@@ -165,6 +165,7 @@ class _Job:
         self.procs: List[subprocess.Popen] = []
         self.pumps: List[threading.Thread] = []
         self.signals: List[int] = []  # received by the launcher, in order
+        self.server = None  # the job's store: pycoll's abort record names the first failure
 
     # signal handler: only records; the main loop acts
     def on_signal(self, signum: int, frame) -> None:  # noqa: ARG002
@@ -245,6 +246,7 @@ def launch(
     server = rendezvous.StoreServer(master_addr, master_port, token=token)
     server.start()
     job = _Job(nprocs, grace_period)
+    job.server = server
     old_handlers: Dict[int, object] = {}
     try:
         host = _connect_host(master_addr)
@@ -335,6 +337,20 @@ def launch(
                 pass
 
 
+def _abort_record(job: _Job) -> Optional[str]:
+    """The world communicator's abort record (the first rank whose collective failed)."""
+    data = getattr(job.server, "_data", None)
+    raw = data.get(b"pycoll/world/abort") if isinstance(data, dict) else None
+    if raw is None:
+        return None
+    try:
+        from ..abort import _parse, describe_record
+
+        return describe_record(_parse(raw))
+    except Exception:  # noqa: BLE001 - a report must never break the launcher
+        return None
+
+
 def _monitor(job: _Job, timeout: Optional[float]) -> int:
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
@@ -365,6 +381,10 @@ def _monitor(job: _Job, timeout: Optional[float]) -> int:
                 f"rank {failed} (pid {job.procs[failed].pid}) {_describe_exit(rc)}; "
                 f"terminating the other {live} running rank(s)"
             )
+            first = _abort_record(job)
+            if first:
+                # Ranks aborted by another rank's failure may exit before it: name the cause.
+                _err(f"first failure (pycoll abort record): {first}")
             job.teardown()
             return _exit_code(rc) or 1
         if done == len(job.procs) and len(job.procs) == job.nprocs:

