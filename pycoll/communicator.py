@@ -27,7 +27,8 @@ from .algorithms.primitives import Peers, ReduceSpec, ScratchPool, collective_ta
 from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
                      InvalidDtype, PeerLost, PycollError,
                      TransportError, describe)
-from .reduction import OpLike, check_op_dtype, finish, parse_op, prepare, reducer
+from .reduction import (OpLike, check_op_dtype, finish, needs_finish, parse_op, prepare,
+                        reducer)
 from .tensors import as_buffer
 from .topology import assign_transports, host_identity, is_uniform, node_layout, transport_choice
 from .transports.base import Channel, Transport, WaitTimeout
@@ -36,6 +37,10 @@ from .tuning import Hierarchy, LinkModel, Selector
 from .work import Executor, Work
 
 DEFAULT_TIMEOUT = 300.0
+
+
+def _unchanged(_: np.ndarray) -> None:
+    """The finishing step of every op but avg: nothing to do."""
 
 # Point-to-point operations: only two ranks take part, so DETAIL fingerprints skip them.
 _P2P = frozenset({"send", "recv", "batch_p2p"})
@@ -101,6 +106,9 @@ class Communicator:
                                   hierarchy=self._hierarchy_model())
         self._reducers: dict[tuple[Any, str], ReduceSpec] = {}
         self._init_fault_handling()
+        self._peers = Peers(self.rank, self.size, self._channels, 0.0, self._segment_bytes,
+                            self._scratch, check=self._check, layout=self._layout,
+                            subgroup=self._subgroup)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -240,7 +248,9 @@ class Communicator:
         spec = self._reducers.get(key)
         if spec is None:
             size = self.size
-            spec = ReduceSpec(reducer(op, dtype), lambda a: finish(op, dtype, a, size))
+            spec = ReduceSpec(reducer(op, dtype),
+                              (lambda a: finish(op, dtype, a, size)) if needs_finish(op, size)
+                              else _unchanged)
             self._reducers[key] = spec
         return spec
 
@@ -271,15 +281,16 @@ class Communicator:
         fp = (self._fingerprint(collective, nbytes, sys._getframe(1))
               if self._detail and collective not in _P2P else None)
 
-        def task() -> None:
-            self._run(collective, seq, nbytes, body, limit, rec, fp)
-
         if not async_op and self._executor.run_inline_if_idle():
             try:
-                task()
+                self._run(collective, seq, nbytes, body, limit, rec, fp)
             finally:
                 self._executor.release()
             return None
+
+        def task() -> None:
+            self._run(collective, seq, nbytes, body, limit, rec, fp)
+
         work = Work(collective, seq, self.rank)
         if rec is not None:
             rec[4] = time.monotonic()   # scheduled (queued behind other collectives)
@@ -295,10 +306,13 @@ class Communicator:
         deadline = start + limit
         if rec is not None:
             rec[5] = start      # started
-        tag = collective_tag(seq, collective)
-        peers = Peers(self.rank, self.size, self._channels, deadline, self._segment_bytes,
-                      self._scratch, check=self._check, layout=self._layout,
-                      subgroup=lambda kind: self._subgroup_peers(kind, deadline, tag), tag=tag)
+        # One Peers per communicator, re-armed for each call: tasks never overlap (the
+        # executor runs one at a time), and building a fresh one costs more than a small
+        # message takes.
+        peers = self._peers
+        peers.deadline = deadline
+        peers.tag = collective_tag(seq, collective)
+        peers._active.clear()
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
@@ -522,6 +536,10 @@ class Communicator:
         nodes = len({n for n, _ in self._layout})
         return Hierarchy(nodes, self.size // nodes, LinkModel.from_capabilities([intra]),
                          LinkModel.from_capabilities([inter]))
+
+    def _subgroup(self, kind: str) -> Peers | None:
+        """``Peers.subgroup`` for the call in progress (same deadline and tag)."""
+        return self._subgroup_peers(kind, self._peers.deadline, self._peers.tag)
 
     def _subgroup_peers(self, kind: str, deadline: float, tag: int) -> Peers | None:
         """Node-local or cross-node peers for hierarchical algorithms, created on first use.

@@ -158,6 +158,11 @@ def prepare(op: ReduceOp, dtype: str, array: np.ndarray) -> None:
         _scale(array, dtype, op.factor)
 
 
+def needs_finish(op: ReduceOp, world_size: int) -> bool:
+    """Whether ``finish`` does anything for this op (only avg over several ranks does)."""
+    return op.name == "avg" and world_size > 1
+
+
 def finish(op: ReduceOp, dtype: str, array: np.ndarray, world_size: int) -> None:
     """In-place step after the reduction (avg divides the sum by the world size)."""
     if op.name != "avg" or world_size == 1:

@@ -65,30 +65,32 @@ class Work:
 
 
 class Executor:
-    """Runs tasks in submission order: inline when idle, else on one worker thread."""
+    """Runs tasks in submission order: inline when idle, else on one worker thread.
+
+    ``_run_lock`` is held while any task runs, inline or on the worker. The worker takes it
+    *before* popping the next task, and an inline run is allowed only while the queue is
+    empty, so a synchronous call can never overtake a queued asynchronous one. The inline
+    path costs one non-blocking lock acquire and release: no condition variable, no wake-up.
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._cv = threading.Condition()
+        self._run_lock = threading.Lock()
         self._queue: deque[tuple[Callable[[], None], Work]] = deque()
-        self._busy = False
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def run_inline_if_idle(self) -> bool:
         """Claim the executor for an inline run; the caller must call ``release`` after."""
-        with self._cv:
-            if self._closed:
-                raise PycollError(f"communicator {self._name} is finalized")
-            if self._busy or self._queue:
-                return False
-            self._busy = True
-            return True
+        if self._closed:
+            raise PycollError(f"communicator {self._name} is finalized")
+        if self._queue:
+            return False
+        return self._run_lock.acquire(blocking=False)
 
     def release(self) -> None:
-        with self._cv:
-            self._busy = False
-            self._cv.notify_all()
+        self._run_lock.release()
 
     def submit(self, task: Callable[[], None], work: Work) -> None:
         with self._cv:
@@ -104,21 +106,18 @@ class Executor:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and (self._busy or not self._queue):
+                while not self._closed and not self._queue:
                     self._cv.wait()
                 if self._closed and not self._queue:
                     return
-                if self._busy:
-                    continue
-                task, work = self._queue.popleft()
-                self._busy = True
-            error: BaseException | None = None
-            try:
-                task()
-            except BaseException as e:  # delivered through the work handle
-                error = e
-            finally:
-                self.release()
+            with self._run_lock:
+                with self._cv:
+                    task, work = self._queue.popleft()
+                error: BaseException | None = None
+                try:
+                    task()
+                except BaseException as e:  # delivered through the work handle
+                    error = e
             work._finish(error)
 
     def close(self, timeout: float = 5.0) -> None:

@@ -87,7 +87,7 @@ class Peers:
         wait_all(requests, self.deadline, self.check, extra=self._active.values())
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
-        return self.scratch_pool.get(count * dtype.itemsize, slot).view(dtype)[:count]
+        return self.scratch_pool.typed(count, dtype, slot)
 
     def segment_count(self, peer: int, itemsize: int) -> int:
         """Elements per pipelined segment on the channel to ``peer``.
@@ -104,17 +104,29 @@ class ScratchPool:
 
     def __init__(self) -> None:
         self._buffers: dict[int, np.ndarray] = {}
+        self._views: dict[tuple[int, np.dtype, int], np.ndarray] = {}
 
     def get(self, nbytes: int, slot: int = 0) -> np.ndarray:
         buf = self._buffers.get(slot)
         if buf is None or buf.nbytes < nbytes:
             buf = np.empty(max(nbytes, 64), dtype=np.uint8)
             self._buffers[slot] = buf
+            self._views.clear()
         return buf[:nbytes]
+
+    def typed(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
+        """``count`` elements of ``dtype`` in ``slot``; small views are cached (hot path)."""
+        key = (count, dtype, slot)
+        view = self._views.get(key)
+        if view is None:
+            view = self.get(count * dtype.itemsize, slot).view(dtype)[:count]
+            if count <= 4096 and len(self._views) < 256:
+                self._views[key] = view
+        return view
 
 
 def _bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.view(np.uint8))
+    return arr.data.cast("B")   # a byte view of the same memory, the cheapest way numpy has
 
 
 def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:

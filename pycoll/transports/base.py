@@ -138,7 +138,7 @@ MAX_SLEEP_SECONDS = 1e-3
 LIVENESS_INTERVAL = 0.05
 
 
-def wait_all(requests: Iterable[Request], deadline: float,
+def wait_all(requests: Sequence[Request], deadline: float,
              check: Callable[[], None] | None = None, extra: Iterable[Channel] = ()) -> None:
     """Drive progress until every request is done.
 
@@ -151,11 +151,14 @@ def wait_all(requests: Iterable[Request], deadline: float,
     microsecond), then yield the CPU between polls, then sleep in growing steps; when every
     channel involved is a socket it blocks in ``poll`` instead, with the GIL released.
     """
-    requests = list(requests)
-    channels = {id(r.channel): r.channel for r in requests if not r.done}
-    if not channels:
+    for r in requests:          # fast path: often everything finished while being posted
+        if not r.done:
+            break
+    else:
         _raise_errors(requests)
         return
+    requests = list(requests)
+    channels = {id(r.channel): r.channel for r in requests if not r.done}
     for ch in extra:
         channels.setdefault(id(ch), ch)
     chans = tuple(channels.values())

@@ -246,7 +246,8 @@ class ShmChannel(Channel):
                 self._deliver_unexpected(req, kind, body)
                 return req
         self._posted.append(req)
-        self._progress_recv()
+        if self._tail < self._in.ctrl[HEAD]:
+            self._progress_recv()
         return req
 
     def _deliver_unexpected(self, req: Request, kind: int, body: Any) -> None:
