@@ -11,28 +11,24 @@ Failures are re-raised with rank, collective, sequence number, peer and progress
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import sys
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import debug
-from .abort import AbortSignal, AbortWatch, describe_record, lost_rank
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers, ReduceSpec, ScratchPool, collective_tag
-from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
-                     InvalidDtype, PeerLost, PycollError,
-                     TransportError, describe)
+from .errors import InvalidArgument, InvalidDtype, PycollError
+from .faults import P2P, FaultHandling
 from .reduction import (OpLike, check_op_dtype, finish, needs_finish, parse_op, prepare,
                         reducer)
 from .tensors import as_buffer
-from .topology import assign_transports, host_identity, is_uniform, node_layout, transport_choice
-from .transports.base import Channel, Transport, WaitTimeout
-from .flight_recorder import FlightRecorder, capacity_from_env
+from .topology import (assign_transports, host_identity, is_uniform, machine_identity,
+                       node_layout, transport_choice)
+from .transports.base import Channel, Transport, WaitPolicy
 from .tuning import Hierarchy, LinkModel, Selector
 from .work import Executor, Work
 
@@ -42,10 +38,6 @@ DEFAULT_TIMEOUT = 300.0
 def _unchanged(_: np.ndarray) -> None:
     """The finishing step of every op but avg: nothing to do."""
 
-# Point-to-point operations: only two ranks take part, so DETAIL fingerprints skip them.
-_P2P = frozenset({"send", "recv", "batch_p2p"})
-# What a DETAIL fingerprint compares across ranks (besides the collective's own sequence).
-_FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op")
 
 
 def _segment_override() -> int:
@@ -65,7 +57,7 @@ def _exchange(store: Any, key: str, rank: int, size: int, value: dict, timeout: 
     return [json.loads(v) for v in raw]
 
 
-class Communicator:
+class Communicator(FaultHandling):
     """A group of ranks that run collectives together.
 
     Create one with ``pycoll.init()`` (the world) or ``Communicator.create``. Every method is
@@ -132,13 +124,16 @@ class Communicator:
         deadline = time.monotonic() + timeout
         scoped = PrefixStore(f"pycoll/{name}/", store)
         choice = transport_choice()
-        hello = {"host": host or host_identity(rank), "pid": os.getpid(), "size": size}
+        hello = {"host": host or host_identity(rank), "machine": machine_identity(),
+                 "pid": os.getpid(), "size": size}
         records = _exchange(scoped, "hello", rank, size, hello, timeout)
         sizes = {r: rec["size"] for r, rec in enumerate(records) if rec["size"] != size}
         if sizes:
             raise InvalidArgument(f"rank {rank}: world size mismatch at init: this rank has "
                                   f"{size}, but ranks {sorted(sizes)} have {sorted(set(sizes.values()))}")
         per_peer = assign_transports(rank, [rec["host"] for rec in records], choice)
+        # Real processes per machine (virtual node layouts aside) decide how waiters spin.
+        WaitPolicy.configure(sum(rec["machine"] == hello["machine"] for rec in records))
         transports: list[Transport] = []
         try:
             shm_peers = sorted(p for p, t in per_peer.items() if t == "shm")
@@ -255,13 +250,18 @@ class Communicator:
         return spec
 
     def _execute(self, collective: str, nbytes: int, body: Callable[[Peers], None],
-                 timeout: float | None, async_op: bool) -> Work | None:
+                 timeout: float | None, async_op: bool,
+                 sig: tuple = (None, None, None, None)) -> Work | None:
+        """Number, record and run one operation (inline when idle, else queued).
+
+        ``sig`` is (dtype, element count, op, root): what DETAIL compares across ranks.
+        """
         if self._closed:
             raise PycollError(f"rank {self.rank}: {collective} called after finalize()")
         if self._failed is not None:
             raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
                               f"earlier ({self._failed}); create a new one (re-init)")
-        if collective in _P2P:
+        if collective in P2P:
             # Point-to-point calls involve only some ranks, so they have their own counter:
             # the collective sequence number (and the message tags derived from it) must
             # stay in step on every rank.
@@ -278,8 +278,8 @@ class Communicator:
             i = fr.count
             fr.count = i + 1
             fr.ring[i % fr.capacity] = rec
-        fp = (self._fingerprint(collective, nbytes, sys._getframe(1))
-              if self._detail and collective not in _P2P else None)
+        fp = (self._fingerprint(collective, nbytes, sig)
+              if self._detail and collective not in P2P else None)
 
         if not async_op and self._executor.run_inline_if_idle():
             try:
@@ -325,204 +325,6 @@ class Communicator:
         if rec is not None:
             rec[6] = time.monotonic()   # completed
             rec[7] = None       # drop the closure: never keep a user's tensor alive
-
-    # -- failure handling: abort record, flight recorder, DETAIL fingerprints -----------------
-    def _init_fault_handling(self) -> None:
-        capacity = capacity_from_env()
-        self._flight = FlightRecorder(capacity, ALGORITHMS) if capacity else None
-        multi = self._store is not None and self.size > 1
-        self._abort = AbortWatch(self._store, self.name, self.rank) if multi else None
-        self._check = self._abort.poll if self._abort is not None else None
-        self._detail = multi and debug.detail_enabled()
-        self._fp_seq = 0
-        self._exit_error: BaseException | None = None
-        self._job: str | None = None
-
-    def _collective_failed(self, collective: str, seq: int, limit: float, e: BaseException,
-                           rec: list | None) -> BaseException:
-        """Turn a failure inside a collective into the error to raise; tell the other ranks.
-
-        Marks the communicator failed, posts the abort record (first failure wins), attributes
-        a lost peer that merely left after failing to the rank that really failed, and dumps
-        the flight recorder, naming the file in the message.
-        """
-        where = describe(self.rank, collective, seq)
-        pending: list[int] | None = None
-        post = True
-        core = f"{type(e).__name__}: {e}"
-        lost: int | None = None
-        err: BaseException
-        if isinstance(e, AbortSignal):
-            err = self._aborted(where, e.record)
-            post = False
-        elif isinstance(e, WaitTimeout):
-            pending = sorted({r.channel.peer for r in e.pending})
-            done = sum(r.bytes_done for r in e.pending)
-            total = sum(r.nbytes for r in e.pending)
-            core = (f"CollectiveTimeout: timed out after {limit:g} s waiting for peer rank(s) "
-                    f"{pending}")
-            err = CollectiveTimeout(
-                f"{where}: timed out after {limit:g} s waiting for "
-                f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done). "
-                "Hint: a peer is stuck, slow, or called a different collective; raise the "
-                "timeout only if the peers are merely busy.")
-        elif isinstance(e, PeerLost):
-            pending, lost = [e.peer] if e.peer is not None else None, e.peer
-            err = PeerLost(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}. Hint: "
-                           "look at that rank's output for the first error; the job cannot "
-                           "continue without it.", peer=e.peer)
-        elif isinstance(e, TransportError):
-            pending = [e.peer] if e.peer is not None else None
-            err = type(e)(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}", peer=e.peer)
-        else:
-            err = e     # CollectiveMismatch, a bug, KeyboardInterrupt...: raised unchanged
-        self._failed = err
-        if post and self._abort is not None:
-            winner = self._abort.post({"collective": collective, "seq": seq,
-                                       "kind": type(err).__name__, "error": core[:2000],
-                                       "lost": lost})
-            if winner is not None and winner.get("rank") not in (None, self.rank):
-                if (isinstance(err, PeerLost) and err.peer is not None
-                        and err.peer != lost_rank(winner)):
-                    # Another rank failed first; our peer most likely left because of that
-                    # failure (it failed or was aborted, then closed its channels): say why.
-                    err = self._aborted(where, winner, also=f"{type(e).__name__}: {e}")
-                elif isinstance(err, PycollError) and not isinstance(err, CollectiveMismatch):
-                    err.args = (f"{err.args[0]}\n(The first failure reported to the store: "
-                                f"{describe_record(winner)})",) + err.args[1:]
-        self._failed = err
-        if rec is not None:
-            FlightRecorder.fail(rec, pending, err)
-        path = self._dump_flight_recorder(f"{type(err).__name__}: {err}", err)
-        if path is not None:
-            note = (f"Flight recorder: {path} (merge every rank's dump with: python -m "
-                    f"pycoll.trace {path.replace(f'rank{self.rank}.json', 'rank*.json')})")
-            if isinstance(err, PycollError):
-                err.args = (f"{err.args[0]}\n{note}",) + err.args[1:]
-            else:
-                err.add_note(note)
-        return err
-
-    def _aborted(self, where: str, record: dict, also: str | None = None) -> Aborted:
-        lost = lost_rank(record)
-        failed = record.get("rank")
-        text = f"{where}: aborted: {describe_record(record)}"
-        if lost is not None:
-            text += f". Rank {lost} is gone (lost by rank {failed})"
-        if also:
-            text += f". Then this rank saw: {also}"
-        text += (". Hint: the first failure is on rank "
-                 f"{failed if lost is None else lost}; look at its output for the cause."
-                 if failed is not None else "")
-        return Aborted(text, failed_rank=failed if isinstance(failed, int) else None,
-                       lost_rank=lost, record=record)
-
-    def _job_id(self) -> str | None:
-        """A short, non-secret name for this job, the same on every rank (for dump names)."""
-        if self._job is None:
-            store = self._store
-            host, port = getattr(store, "host", None), getattr(store, "port", None)
-            if host is None:
-                return None
-            seed = f"{host}:{port}:{self._token or ''}".encode()
-            self._job = hashlib.sha256(seed).hexdigest()[:10]
-        return self._job
-
-    def _dump_flight_recorder(self, reason: str, err: BaseException | None) -> str | None:
-        fr = self._flight
-        if fr is None:
-            return None
-        try:
-            return fr.dump(rank=self.rank, world_size=self.size, communicator=self.name,
-                           reason=reason, error_type=type(err).__name__ if err else None,
-                           job=self._job_id(),
-                           extra={"transport": self.transport_summary(), "last_seq": self._seq,
-                                  "abort_record": self._abort.record if self._abort else None})
-        except (OSError, ValueError, TypeError) as e:
-            debug.logger.warning("could not write the flight recorder dump: %s", e)
-            return None
-
-    def _fingerprint(self, collective: str, nbytes: int, frame: Any) -> dict:
-        """What this rank is about to run, read from the collective's arguments (DETAIL only)."""
-        for _ in range(4):   # the collective method's frame: the one named after it
-            if frame is None or frame.f_code.co_name == collective:
-                break
-            frame = frame.f_back
-        env = frame.f_locals if frame is not None else {}
-        fp: dict[str, Any] = {"collective": collective, "nbytes": nbytes}
-        for key in ("buf", "inp", "out"):
-            b = env.get(key)
-            if b is not None and isinstance(getattr(b, "dtype", None), str):
-                fp["dtype"], fp["count"] = b.dtype, int(b.count)
-                break
-        bufs = env.get("bufs")
-        if "dtype" not in fp and isinstance(bufs, list) and bufs:
-            fp["dtype"] = ",".join(sorted({b.dtype for b in bufs}))
-            fp["count"] = [int(b.count) for b in bufs]
-        if collective == "alltoall":
-            fp.pop("count", None)         # uneven splits legitimately differ per rank
-            fp.pop("nbytes", None)
-        if env.get("rop") is not None:
-            fp["op"] = str(env["rop"])
-        if "root" in env and isinstance(env["root"], (int, np.integer)):
-            fp["root"] = int(env["root"])
-        return fp
-
-    def _compare_fingerprints(self, collective: str, seq: int, fp: dict, deadline: float,
-                              rec: list | None) -> None:
-        """PYCOLL_DEBUG=DETAIL: check that every rank runs the same call (through the store)."""
-        from rendezvous import StoreTimeout
-
-        assert self._abort is not None
-        self._fp_seq += 1
-        k = self._fp_seq
-        mine = dict(fp, call=k, seq=seq)
-        if rec is not None:
-            rec[8] = {"fingerprint": mine}
-        client = self._abort.client()
-        prefix = f"pycoll/{self.name}/fingerprint"
-        client.set(f"{prefix}/{k}/{self.rank}", json.dumps(mine))
-        if k > 2:   # every rank has read call k-2's keys once anyone posts call k
-            client.delete(f"{prefix}/{k - 2}/{self.rank}")
-        keys = [f"{prefix}/{k}/{r}" for r in range(self.size)]
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                raw = client.multi_get(keys, timeout=max(0.001, min(0.5, remaining)))
-                break
-            except StoreTimeout:
-                self._abort.poll()
-                if time.monotonic() >= deadline:
-                    missing = [r for r in range(self.size) if not client.check([keys[r]])]
-                    if missing:
-                        raise CollectiveTimeout(
-                            f"{describe(self.rank, collective, seq)}: PYCOLL_DEBUG=DETAIL: "
-                            f"rank(s) {missing} never reached collective call {k} (this rank's "
-                            f"{collective}); they are stuck, slow, or running other calls"
-                        ) from None
-        prints = [json.loads(v) for v in raw]
-        shape = [tuple((f, str(p.get(f))) for f in _FINGERPRINT_FIELDS) for p in prints]
-        if len(set(shape)) == 1:
-            return
-        groups: dict[tuple, list[int]] = {}
-        for r, sig in enumerate(shape):
-            groups.setdefault(sig, []).append(r)
-
-        def call(p: dict) -> str:
-            args = ", ".join(f"{f}={p[f]}" for f in _FINGERPRINT_FIELDS[1:] if f in p)
-            return f"{p['collective']}({args}) [op #{p.get('seq')}]"
-
-        said = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} called "
-                         f"{call(prints[rs[0]])}" for rs in groups.values())
-        diffs = []
-        for f in _FINGERPRINT_FIELDS:
-            values = {str(p.get(f, "-")) for p in prints}
-            if len(values) > 1:
-                diffs.append(f"{f} ({' vs '.join(sorted(values))})")
-        raise CollectiveMismatch(
-            f"{describe(self.rank, collective, seq)}: collective mismatch at collective call {k} "
-            f"(PYCOLL_DEBUG=DETAIL): {said}. They differ in: {', '.join(diffs)}. Hint: every "
-            "rank must call the same collectives in the same order with matching tensors.")
 
     def _hierarchy_model(self) -> Hierarchy | None:
         """The two-level cost model, when the layout is several equal nodes."""
@@ -592,7 +394,8 @@ class Communicator:
                 return
             algorithm(peers, arr, spec)
 
-        return self._execute("allreduce", buf.nbytes, body, timeout, async_op)
+        return self._execute("allreduce", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, rop, None))
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
@@ -616,7 +419,8 @@ class Communicator:
             if self.size > 1 and arr.size:
                 fn(peers, arr, root)
 
-        return self._execute("broadcast", buf.nbytes, body, timeout, async_op)
+        return self._execute("broadcast", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, None, root))
 
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -639,7 +443,8 @@ class Communicator:
             else:
                 fn(peers, arr, root, spec)
 
-        return self._execute("reduce", buf.nbytes, body, timeout, async_op)
+        return self._execute("reduce", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, rop, root))
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -665,7 +470,8 @@ class Communicator:
                 for i, o in enumerate(outs):
                     o.array[...] = fused[bounds[i][0]:bounds[i][1]]
 
-        return self._execute("allgather", fused.nbytes, body, timeout, async_op)
+        return self._execute("allgather", fused.nbytes, body, timeout, async_op,
+                             (inp.dtype, inp.count, None, None))
 
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
@@ -694,7 +500,8 @@ class Communicator:
                 fn(peers, work, spec)
             out.array[...] = work[self.rank * count:(self.rank + 1) * count]
 
-        return self._execute("reduce_scatter", out.nbytes * self.size, body, timeout, async_op)
+        return self._execute("reduce_scatter", out.nbytes * self.size, body, timeout, async_op,
+                             (out.dtype, out.count, rop, None))
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
                  in_splits: Sequence[int] | None = None, *, algo: str | None = None,
@@ -712,12 +519,16 @@ class Communicator:
         fn = ALGORITHMS["alltoall"][self.selected_algorithm("alltoall", inp.nbytes, algo)]
 
         def body(peers: Peers) -> None:
+            src = inp.array
+            if self.size > 1 and np.may_share_memory(out.array, src):
+                src = src.copy()   # in place: blocks still to be sent would be overwritten
             if self.size == 1:
-                out.array[...] = inp.array
+                out.array[...] = src
             else:
-                fn(peers, out.array, inp.array, out_bounds, in_bounds)
+                fn(peers, out.array, src, out_bounds, in_bounds)
 
-        return self._execute("alltoall", inp.nbytes, body, timeout, async_op)
+        return self._execute("alltoall", inp.nbytes, body, timeout, async_op,
+                             (inp.dtype, None, None, None))
 
     def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -743,7 +554,8 @@ class Communicator:
                 for i, o in enumerate(out):
                     o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
 
-        return self._execute("gather", inp.nbytes * self.size, body, timeout, async_op)
+        return self._execute("gather", inp.nbytes * self.size, body, timeout, async_op,
+                             (inp.dtype, inp.count, None, root))
 
     def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -764,7 +576,8 @@ class Communicator:
             else:
                 fn(peers, fused, out.array, root)
 
-        return self._execute("scatter", out.nbytes * self.size, body, timeout, async_op)
+        return self._execute("scatter", out.nbytes * self.size, body, timeout, async_op,
+                             (out.dtype, out.count, None, root))
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
              async_op: bool = False) -> Work | None:
@@ -850,7 +663,8 @@ class Communicator:
                     start += b.count
 
         total = sum(b.nbytes for b in bufs)
-        return self._execute("allreduce_coalesced", total, body, timeout, async_op)
+        return self._execute("allreduce_coalesced", total, body, timeout, async_op,
+                             (",".join(sorted(groups)), [b.count for b in bufs], rop, None))
 
     # -- argument checks (all run before any communication) ----------------------------------
     def _check_rank(self, value: Any, what: str, collective: str) -> None:
@@ -948,18 +762,6 @@ class Communicator:
             self._abort.close()
         if self._owns_store and store is not None:
             store.close()
-
-    def _announce_exit(self) -> None:
-        """Leaving with an uncaught exception: post it, so ranks still waiting abort at once."""
-        from .abort import exiting_with
-
-        err = self._exit_error or exiting_with()
-        if err is None or self._failed is not None or self._abort is None:
-            return
-        last = f" (after {self._seq} operations)" if self._seq else ""
-        self._abort.post({"collective": None, "seq": self._seq, "kind": type(err).__name__,
-                          "error": f"left the communicator with an uncaught "
-                                   f"{type(err).__name__}: {err}{last}"[:2000]})
 
     close = finalize
 

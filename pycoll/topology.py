@@ -25,6 +25,11 @@ def host_identity(rank: int | None = None) -> str:
         if not vsize.isdigit() or int(vsize) < 1:
             raise InvalidArgument(f"PYCOLL_VIRTUAL_NODE_SIZE={vsize!r} must be a positive integer")
         return f"virtual-node-{rank // int(vsize)}"
+    return machine_identity()
+
+
+def machine_identity() -> str:
+    """The real machine (hostname and boot id), whatever virtual layout is declared."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()

@@ -132,9 +132,36 @@ class WaitTimeout(TransportError):
 # How long a waiter spins (calling progress) before it starts yielding the CPU, and when it
 # escalates from yielding to short sleeps. Ranks may outnumber cores: spinning without
 # yielding then costs whole scheduler ticks (see docs/architecture.md).
-SPIN_SECONDS = float(os.environ.get("PYCOLL_SPIN_US", "50")) * 1e-6
 YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
+
+
+class WaitPolicy:
+    """How eagerly a waiter spins before yielding; process-wide, set from the rank layout.
+
+    With a core per rank, spinning (``hot_spins`` polls without reading the clock, then up to
+    ``spin_seconds``) wins: a shared-memory message arrives in about a microsecond. With more
+    ranks on this host than cores, the peer we wait for may not even be running: every
+    microsecond of spinning is stolen from it, so an oversubscribed waiter yields at once.
+    ``PYCOLL_SPIN_US`` overrides the spin time either way.
+    """
+
+    spin_seconds = 50e-6
+    hot_spins = 64
+
+    @classmethod
+    def configure(cls, ranks_on_host: int) -> None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        oversubscribed = ranks_on_host > cores
+        cls.spin_seconds = 0.0 if oversubscribed else 50e-6
+        cls.hot_spins = 1 if oversubscribed else 64
+        override = os.environ.get("PYCOLL_SPIN_US")
+        if override:
+            cls.spin_seconds = float(override) * 1e-6
+            cls.hot_spins = 64 if cls.spin_seconds > 0 else 1
 LIVENESS_INTERVAL = 0.05
 
 
@@ -187,13 +214,13 @@ def wait_all(requests: Sequence[Request], deadline: float,
             sleep = 20e-6
             continue
         spins += 1
-        if spins < 64:
+        if spins < WaitPolicy.hot_spins:
             continue       # hot spin: no clock reads
         now = time.monotonic()
         if idle_since == 0.0:
             idle_since = now
         idle = now - idle_since
-        if idle < SPIN_SECONDS:
+        if idle < WaitPolicy.spin_seconds:
             continue
         if now >= deadline:
             raise WaitTimeout([r for r in requests if not r.done])

@@ -45,3 +45,15 @@ def test_new_group_and_split():
         assert out["opt_out"]
         if rank != size - 1:
             assert out["bcast_from_last"] == 0.0   # rev.rank of world rank size-1 is 0
+
+
+def _inplace_alltoall(comm):
+    buf = np.arange(comm.size * 3, dtype=np.int64) + 100 * comm.rank
+    comm.alltoall(buf, buf)          # the same buffer in and out
+    return buf.tolist()
+
+
+def test_alltoall_in_place():
+    size = 3
+    for rank, got in enumerate(run_ranks(_inplace_alltoall, size)):
+        assert got == [100 * src + 3 * rank + k for src in range(size) for k in range(3)]
