@@ -61,8 +61,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class ShmSettings:
     """Tunables, read from the environment when a transport is opened."""
 
-    slot_bytes: int = 64 * 1024
-    num_slots: int = 16
+    # 8 x 256 KiB: messages up to 256 KiB go eager. Cross-memory attach pins the peer's
+    # pages on every call (~10 us for 64 KiB here, against ~2 us for two cached copies), so
+    # it only pays once messages are large enough to come from DRAM.
+    slot_bytes: int = 256 * 1024
+    num_slots: int = 8
     cma: bool = True                 # use process_vm_readv for large messages when permitted
     cma_threshold: int = 32 * 1024
 
