@@ -18,11 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from peer_common import build_parser, peer_main  # noqa: E402
-from pycoll.bench.backend import TorchBuffers  # noqa: E402
+from pycoll.bench.backend import BufferDelegate, TorchBuffers  # noqa: E402
 from pycoll.bench.runner import BenchError  # noqa: E402
 
 
-class GlooBackend:
+class GlooBackend(BufferDelegate):
     name = "gloo"
 
     def __init__(self):
@@ -46,18 +46,6 @@ class GlooBackend:
     def check_supported(self, collective, dtype, op):
         if op not in self.ops:
             raise BenchError(f"gloo has no {op!r} reduction")
-
-    def alloc(self, count, dtype):
-        return self.bufs.alloc(count, dtype)
-
-    def write(self, buf, arr):
-        self.bufs.write(buf, arr)
-
-    def read(self, buf):
-        return self.bufs.read(buf)
-
-    def sync(self):
-        pass
 
     def barrier(self):
         self.dist.barrier()

@@ -22,11 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from peer_common import build_parser, peer_main  # noqa: E402
-from pycoll.bench.backend import NumpyBuffers  # noqa: E402
+from pycoll.bench.backend import BufferDelegate, NumpyBuffers  # noqa: E402
 from pycoll.bench.runner import BenchError  # noqa: E402
 
 
-class MPIBackend:
+class MPIBackend(BufferDelegate):
     name = "mpi"
 
     def __init__(self):
@@ -47,18 +47,6 @@ class MPIBackend:
             raise BenchError(f"MPI has no {op!r} reduction")
         if dtype == "bfloat16":
             raise BenchError("mpi4py has no bfloat16")
-
-    def alloc(self, count, dtype):
-        return self.bufs.alloc(count, dtype)
-
-    def write(self, buf, arr):
-        self.bufs.write(buf, arr)
-
-    def read(self, buf):
-        return buf
-
-    def sync(self):
-        pass
 
     def barrier(self):
         self.comm.Barrier()

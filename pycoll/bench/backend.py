@@ -57,7 +57,26 @@ class TorchBuffers:
             self.torch.cuda.synchronize()
 
 
-class PycollBackend:
+class BufferDelegate:
+    """Buffer handling every backend shares: it owns ``self.bufs`` (NumpyBuffers or
+    TorchBuffers) and forwards to it, so a backend only says how to communicate."""
+
+    bufs: "NumpyBuffers | TorchBuffers"
+
+    def alloc(self, count, dtype):
+        return self.bufs.alloc(count, dtype)
+
+    def write(self, buf, arr):
+        self.bufs.write(buf, arr)
+
+    def read(self, buf):
+        return self.bufs.read(buf)
+
+    def sync(self):
+        self.bufs.sync()
+
+
+class PycollBackend(BufferDelegate):
     """Adapter from pycoll's module-level API to the runner's protocol."""
 
     name = "pycoll"
@@ -78,19 +97,6 @@ class PycollBackend:
         self.world_size = int(pycoll.get_world_size())
         self._stats_cache = {}
         self._fns = {}
-
-    # -- buffers -----------------------------------------------------------
-    def alloc(self, count, dtype):
-        return self.bufs.alloc(count, dtype)
-
-    def write(self, buf, arr):
-        self.bufs.write(buf, arr)
-
-    def read(self, buf):
-        return self.bufs.read(buf)
-
-    def sync(self):
-        self.bufs.sync()
 
     # -- availability --------------------------------------------------------
     def require(self, collective: str) -> None:

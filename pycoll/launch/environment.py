@@ -135,39 +135,22 @@ def _slurm_local_world_size(env: Mapping[str, str]) -> Optional[tuple]:
     return ("SLURM_TASKS_PER_NODE", counts[node_id])
 
 
+#: (launcher, rank, world size, local rank, local world size) variables, in priority order;
+#: a launcher is detected by its rank or world-size variable. Slurm is special (below).
+_LAUNCHER_VARS = (
+    ("pycoll", "PYCOLL_RANK", "PYCOLL_WORLD_SIZE", "PYCOLL_LOCAL_RANK", "PYCOLL_LOCAL_WORLD_SIZE"),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
 def _detect_raw(env: Mapping[str, str]) -> _Raw:
-    if "PYCOLL_RANK" in env or "PYCOLL_WORLD_SIZE" in env:
-        return _Raw(
-            "pycoll",
-            _get(env, "PYCOLL_RANK"),
-            _get(env, "PYCOLL_WORLD_SIZE"),
-            _get(env, "PYCOLL_LOCAL_RANK"),
-            _get(env, "PYCOLL_LOCAL_WORLD_SIZE"),
-        )
-    if "RANK" in env or "WORLD_SIZE" in env:
-        return _Raw(
-            "torchrun",
-            _get(env, "RANK"),
-            _get(env, "WORLD_SIZE"),
-            _get(env, "LOCAL_RANK"),
-            _get(env, "LOCAL_WORLD_SIZE"),
-        )
-    if "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env:
-        return _Raw(
-            "openmpi",
-            _get(env, "OMPI_COMM_WORLD_RANK"),
-            _get(env, "OMPI_COMM_WORLD_SIZE"),
-            _get(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-            _get(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        )
-    if "PMI_RANK" in env or "PMI_SIZE" in env:
-        return _Raw(
-            "mpich",
-            _get(env, "PMI_RANK"),
-            _get(env, "PMI_SIZE"),
-            _get(env, "MPI_LOCALRANKID"),
-            _get(env, "MPI_LOCALNRANKS"),
-        )
+    for launcher, rank, size, local_rank, local_size in _LAUNCHER_VARS:
+        if rank in env or size in env:
+            return _Raw(launcher, _get(env, rank), _get(env, size), _get(env, local_rank),
+                        _get(env, local_size))
     if "SLURM_PROCID" in env:
         return _Raw(
             "slurm",
