@@ -140,7 +140,7 @@ class Communicator(FaultHandling):
             tcp_peers = sorted(p for p, t in per_peer.items() if t == "tcp")
             if shm_peers:
                 from .transports.shm import ShmTransport
-                transports.append(ShmTransport(rank, shm_peers))
+                transports.append(ShmTransport(rank, shm_peers, crowded=WaitPolicy.crowded))
             if tcp_peers:
                 from .transports.tcp import TcpTransport
                 transports.append(TcpTransport(rank, tcp_peers, token=token,

@@ -148,6 +148,7 @@ class WaitPolicy:
 
     spin_seconds = 50e-6
     hot_spins = 64
+    crowded = False       # more ranks on this machine than cores: CPU time is the bottleneck
 
     @classmethod
     def configure(cls, ranks_on_host: int) -> None:
@@ -155,13 +156,15 @@ class WaitPolicy:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
-        oversubscribed = ranks_on_host > cores
+        oversubscribed = cls.crowded = ranks_on_host > cores
         cls.spin_seconds = 0.0 if oversubscribed else 50e-6
         cls.hot_spins = 1 if oversubscribed else 64
         override = os.environ.get("PYCOLL_SPIN_US")
         if override:
             cls.spin_seconds = float(override) * 1e-6
             cls.hot_spins = 64 if cls.spin_seconds > 0 else 1
+
+
 LIVENESS_INTERVAL = 0.05
 
 
