@@ -158,9 +158,15 @@ class Communicator(FaultHandling):
             raise
         debug.logger.info("communicator %s: %d ranks; transports: %s", name, size,
                           ", ".join(f"rank {p}->{t}" for p, t in sorted(per_peer.items())))
-        return cls(rank, size, store=store, name=name, channels=channels, transports=transports,
-                   timeout=timeout, owns_store=owns_store, peer_transport=per_peer,
-                   hosts=[rec["host"] for rec in records], token=token, master_addr=master_addr)
+        try:
+            return cls(rank, size, store=store, name=name, channels=channels,
+                       transports=transports, timeout=timeout, owns_store=owns_store,
+                       peer_transport=per_peer, hosts=[rec["host"] for rec in records],
+                       token=token, master_addr=master_addr)
+        except BaseException:   # a failing constructor must not leak connected transports
+            for t in transports:
+                t.close()
+            raise
 
     # -- groups ------------------------------------------------------------------------------
     def split(self, color: int | None, key: int = 0, *, name: str | None = None,
@@ -302,6 +308,9 @@ class Communicator(FaultHandling):
 
     def _run(self, collective: str, seq: int, nbytes: int, body: Callable[[Peers], None],
              limit: float, rec: list | None = None, fp: dict | None = None) -> None:
+        if self._failed is not None:   # queued before an earlier collective failed
+            raise PycollError(f"rank {self.rank}: {collective} #{seq} refused: this "
+                              f"communicator failed earlier ({self._failed}); create a new one")
         start = time.monotonic()
         deadline = start + limit
         if rec is not None:

@@ -8,6 +8,7 @@ ranks matched without any negotiation.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Callable
@@ -25,19 +26,29 @@ class Work:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Work"], None]] = []
+        self._lock = threading.Lock()
 
     def _finish(self, error: BaseException | None) -> None:
-        self._error = error
-        self._done.set()
-        for cb in self._callbacks:
-            cb(self)
+        with self._lock:
+            self._error = error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            self._call(cb)
+
+    def _call(self, fn: Callable[["Work"], None]) -> None:
+        try:
+            fn(self)
+        except Exception:  # a user's callback must never kill the worker thread
+            logging.getLogger("pycoll").exception("done-callback of %r raised", self)
 
     def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
         """Call ``fn(work)`` once the collective finishes (immediately if it already has)."""
-        if self._done.is_set():
-            fn(self)
-        else:
-            self._callbacks.append(fn)
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; re-raise the collective's error. ``timeout`` bounds this wait only."""
@@ -121,9 +132,15 @@ class Executor:
             work._finish(error)
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop taking work; fail what is still queued; let the running task finish."""
         with self._cv:
             self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
             self._cv.notify_all()
             thread = self._thread
+        for _task, work in dropped:
+            work._finish(PycollError(f"{work.collective} #{work.seq} was still queued when "
+                                     f"communicator {self._name} was finalized"))
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)

@@ -149,14 +149,18 @@ class WaitPolicy:
     spin_seconds = 50e-6
     hot_spins = 64
     crowded = False       # more ranks on this machine than cores: CPU time is the bottleneck
+    _most_ranks = 0       # the most ranks per machine any communicator of this process saw
 
     @classmethod
     def configure(cls, ranks_on_host: int) -> None:
+        """Called by every communicator's setup; a sub-group never relaxes the policy a
+        larger communicator of the same process needed."""
+        cls._most_ranks = max(cls._most_ranks, ranks_on_host)
         try:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
-        oversubscribed = cls.crowded = ranks_on_host > cores
+        oversubscribed = cls.crowded = cls._most_ranks > cores
         cls.spin_seconds = 0.0 if oversubscribed else 50e-6
         cls.hot_spins = 1 if oversubscribed else 64
         override = os.environ.get("PYCOLL_SPIN_US")

@@ -87,6 +87,11 @@ class ShmSettings:
         return settings
 
 
+def seq_span(next_seq: int, pending: dict[int, Any]) -> int:
+    """How far the next rendezvous sequence number is from the oldest pending one."""
+    return next_seq - min(pending)
+
+
 class _IoVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
@@ -214,7 +219,9 @@ class ShmChannel(Channel):
                 self._sends.popleft()
                 req.complete()
             elif self._use_cma and n >= self._cma_threshold:
-                if len(self._rndv_pending) >= RNDV_WINDOW:
+                # Completion words are indexed seq % RNDV_WINDOW: never reuse one whose
+                # send is still pending (the receiver may complete them out of order).
+                if self._rndv_pending and seq_span(self._rndv_seq, self._rndv_pending) >= RNDV_WINDOW:
                     break
                 seq = self._rndv_seq
                 self._rndv_seq += 1
@@ -301,7 +308,13 @@ class ShmChannel(Channel):
                     if isinstance(target, Request):
                         target.complete()
                     else:
-                        self._unexpected.append((atag, EAGER, target))
+                        # A receive posted while this message was being set aside takes it.
+                        late = take_posted(self._posted, atag)
+                        if late is None:
+                            self._unexpected.append((atag, EAGER, target))
+                        elif self._size_ok(late, len(target)):
+                            late.view[:] = target
+                            late.complete()
                 else:
                     self._assembling = (target, atag, start)
                     if isinstance(target, Request):

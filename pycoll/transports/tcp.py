@@ -12,7 +12,6 @@ connects to the data port is dropped without disturbing the job.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import hmac
@@ -227,7 +226,14 @@ class TcpChannel(Channel):
                 if isinstance(target, Request):
                     target.complete()
                 else:
-                    self._unexpected.append((tag, bytes(target)))
+                    # A receive for this tag may have been posted while the message was
+                    # being set aside: it takes the message now, in order.
+                    late = take_posted(self._posted, tag)
+                    if late is None:
+                        self._unexpected.append((tag, bytes(target)))
+                    elif self._size_ok(late, len(target)):
+                        late.view[:] = target
+                        late.complete()
         except (BlockingIOError, InterruptedError):
             return moved
         except OSError as e:
@@ -310,6 +316,7 @@ class TcpTransport(Transport):
 
     def _dial(self, peer: int, addr: dict[str, Any], deadline: float) -> socket.socket:
         delay = 0.01
+        sock: socket.socket | None = None
         while True:
             try:
                 sock = socket.create_connection(
@@ -326,6 +333,9 @@ class TcpTransport(Transport):
             except (ConnectionRefusedError, socket.timeout, OSError) as e:
                 if isinstance(e, TransportError):
                     raise
+                if sock is not None:
+                    sock.close()
+                    sock = None
                 if time.monotonic() + delay > deadline:
                     raise TransportError(
                         f"tcp: could not connect to peer rank {peer} at {addr['host']}:{addr['port']}"
@@ -341,7 +351,7 @@ class TcpTransport(Transport):
         while len(accepted) < len(expected):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                for s in partial:
+                for s in list(partial) + list(accepted.values()):
                     s.close()
                 missing = sorted(expected - set(accepted))
                 raise TransportError(f"tcp: peer rank(s) {missing} did not connect before the "

@@ -207,3 +207,20 @@ def test_mismatched_sizes_raise_instead_of_hanging():
     assert "MessageSizeMismatch" in kinds
     text = " ".join(tb for _, tb in outcomes)
     assert "allreduce #1" in text
+
+
+def _raising_callback(comm):
+    a = np.ones(1000)
+    w = comm.allreduce(a, async_op=True)
+    w.add_done_callback(lambda _: 1 / 0)          # a user's bug must not kill the worker
+    w.wait(timeout=30)
+    later = [comm.allreduce(np.ones(10), async_op=True) for _ in range(3)]
+    for x in later:
+        x.wait(timeout=30)
+    b = np.ones(3)
+    comm.allreduce(b)
+    return float(a[0]), float(b[0])
+
+
+def test_raising_done_callback_does_not_stop_the_communicator():
+    assert run_ranks(_raising_callback, 2) == [(2.0, 2.0)] * 2

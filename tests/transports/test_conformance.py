@@ -205,3 +205,28 @@ def test_peer_death_raises_peer_lost(transport_env):
     elapsed, peer, message = value
     assert peer == 1 and "peer rank 1" in message
     assert elapsed < 10   # noticed long before the 30 s deadline
+
+
+def _late_receive_for_set_aside_message(comm):
+    """A large tag-0 message is being set aside (no receive for it yet) when its receive is
+    posted: that receive must get it, in order (regression: it used to be stranded)."""
+    peer = 1 - comm.rank
+    ch = comm._channels[peer]
+    big = 8 << 20
+    if comm.rank == 0:
+        reqs = [ch.isend(memoryview(_pattern(big, 1)), tag=0),
+                ch.isend(memoryview(_pattern(16, 2)), tag=1)]
+        wait_all(reqs, time.monotonic() + 30)
+        return True
+    time.sleep(0.3)
+    first, second = np.empty(16, np.uint8), np.empty(big, np.uint8)
+    r1 = ch.irecv(memoryview(first), tag=1)       # the tag-0 message is read aside meanwhile
+    ch.progress()
+    r0 = ch.irecv(memoryview(second), tag=0)      # posted while it is still arriving
+    wait_all([r1, r0], time.monotonic() + 30)
+    return bool(np.array_equal(second, _pattern(big, 1)) and np.array_equal(first, _pattern(16, 2)))
+
+
+@pytest.mark.parametrize("name", ["shm-copy", "tcp"])
+def test_receive_posted_while_message_is_set_aside(name):
+    assert run_ranks(_late_receive_for_set_aside_message, 2, env=TRANSPORTS[name]) == [True, True]
