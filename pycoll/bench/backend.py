@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 
-from .collectives import REQUIRED_FUNCTIONS, compute_dtype
 from .runner import BenchError
 
 
@@ -89,23 +88,12 @@ class PycollBackend(BufferDelegate):
             self.bufs = TorchBuffers(device)
         else:
             self.bufs = NumpyBuffers()
-        init = getattr(pycoll, "init", None)
-        if init is None:
-            raise BenchError("pycoll.init is not available in this pycoll version")
-        self.comm = init()
+        self.comm = pycoll.init()
         self.rank = int(pycoll.get_rank())
         self.world_size = int(pycoll.get_world_size())
         self._stats_cache = {}
-        self._fns = {}
 
-    # -- availability --------------------------------------------------------
-    def require(self, collective: str) -> None:
-        missing = [f for f in REQUIRED_FUNCTIONS[collective] if not hasattr(self.pc, f)]
-        if missing:
-            raise BenchError(
-                f"{collective} is not available in this pycoll version "
-                f"({self.version or 'unknown'}): pycoll.{', pycoll.'.join(missing)} missing")
-
+    # -- checks --------------------------------------------------------------
     def check_algo(self, collective: str, algo: str | None) -> None:
         """Reject an unknown --algo before any timing (the communicator names the choices)."""
         f = getattr(self.comm, "selected_algorithm", None)
@@ -117,13 +105,7 @@ class PycollBackend(BufferDelegate):
             raise BenchError(str(e)) from None
 
     def _fn(self, name):
-        f = self._fns.get(name)
-        if f is None:
-            f = getattr(self.pc, name, None)
-            if f is None:
-                raise BenchError(f"{name} is not available in this pycoll version")
-            self._fns[name] = f
-        return f
+        return getattr(self.pc, name)
 
     # -- operations ----------------------------------------------------------
     def barrier(self):

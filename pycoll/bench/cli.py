@@ -114,7 +114,6 @@ def run(opts: Options, argv: list[str]) -> int:
     rc = 0
     try:
         try:
-            backend.require(opts.collective)
             backend.check_algo(opts.collective, opts.algo)
             spec = C.SPECS[opts.collective]
             n = backend.world_size

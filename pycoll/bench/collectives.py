@@ -68,14 +68,6 @@ SPECS: dict[str, CollSpec] = {
                    _one, "1", False, False, False, pt2pt=True),
 }
 
-# the pycoll function each benchmark needs
-REQUIRED_FUNCTIONS = {
-    "allreduce": ("allreduce",), "broadcast": ("broadcast",), "reduce": ("reduce",),
-    "allgather": ("allgather",), "reduce_scatter": ("reduce_scatter",),
-    "alltoall": ("alltoall",), "gather": ("gather",), "scatter": ("scatter",),
-    "barrier": ("barrier",), "latency": ("send", "recv"), "bw": ("send", "recv"),
-}
-
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
             "int8": 1, "uint8": 1, "int32": 4, "int64": 8}
 

@@ -43,23 +43,6 @@ def bench(*args, timeout=60, env=None) -> subprocess.CompletedProcess:
     return run([PY, "-m", "pycoll.bench", *args], timeout=timeout, env=env)
 
 
-def pycoll_core_available() -> str | None:
-    """None if pycoll.init/allreduce and the launcher exist, else why not."""
-    try:
-        import pycoll
-    except Exception as e:   # pragma: no cover
-        return f"pycoll not importable: {e}"
-    missing = [f for f in ("init", "allreduce", "barrier", "get_rank", "get_world_size",
-                           "finalize") if not hasattr(pycoll, f)]
-    if missing:
-        return "pycoll core not there yet (missing " + ", ".join(missing) + ")"
-    try:
-        from pycoll.launch import launch  # noqa: F401
-    except Exception as e:
-        return f"pycoll launcher not there yet: {e}"
-    return None
-
-
 # ---------------------------------------------------------------------------
 # independent parsers
 # ---------------------------------------------------------------------------

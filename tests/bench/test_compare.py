@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from .helpers import PY, ROOT, pycoll_core_available, run
+from .helpers import PY, ROOT, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,9 +75,7 @@ def test_ratio_columns_and_best_mpi():
 
 
 def test_compare_smoke(tmp_path):
-    libs = []
-    if pycoll_core_available() is None:
-        libs.append("pycoll")
+    libs = ["pycoll"]
     try:
         import torch.distributed  # noqa: F401
         libs.append("gloo")
