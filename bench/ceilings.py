@@ -19,11 +19,7 @@ import time
 
 import numpy as np
 
-
-def _parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+from pycoll.bench.options import parse_size
 
 
 def _tcp_receiver(port_q, nbytes: int, reps: int) -> None:
@@ -97,7 +93,7 @@ def main() -> None:
     ap.add_argument("--size", default="64M")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    nbytes = _parse_size(args.size)
+    nbytes = parse_size(args.size)
     print("| ceiling | size | GB/s |\n|---|---|---:|")
     print(f"| one-way loopback TCP, 2 processes | {args.size} | {tcp_one_way(nbytes, args.reps):.2f} |")
     print(f"| memory copy, 2 processes aggregate | {args.size} | "

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 import pycoll
+from pycoll.bench.options import parse_size
 
 
 def _vm(field: str) -> int:
@@ -26,8 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="512M")
     args = ap.parse_args()
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    nbytes = int(args.size[:-1]) * units[args.size[-1].upper()]
+    nbytes = parse_size(args.size)
     comm = pycoll.init()
     tensor = np.ones(nbytes // 4, dtype=np.float32)
     comm.allreduce(np.ones(1024, dtype=np.float32))   # warm up channels and scratch

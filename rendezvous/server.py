@@ -309,17 +309,7 @@ class StoreServer:
                 conn: _Conn = data
                 if conn.closed:
                     continue
-                try:
-                    if mask & selectors.EVENT_WRITE:
-                        self._on_writable(conn)
-                    if mask & selectors.EVENT_READ and not conn.closed:
-                        self._on_readable(conn)
-                except _Hostile as e:
-                    log.warning("rendezvous server: closing connection from %s: %s", conn.peer, e)
-                    self._close(conn, None)
-                except Exception:
-                    log.exception("rendezvous server: error on connection from %s; closing it", conn.peer)
-                    self._close(conn, None)
+                self._guarded(conn, self._on_events, conn, mask)
             self._drain_resume()
         self._run_timers()
         self._drain_resume()
@@ -330,14 +320,24 @@ class StoreServer:
             conn = self._resume.pop()
             if conn.closed:
                 continue
-            try:
-                self._process(conn)
-            except _Hostile as e:
-                log.warning("rendezvous server: closing connection from %s: %s", conn.peer, e)
-                self._close(conn, None)
-            except Exception:
-                log.exception("rendezvous server: error on connection from %s; closing it", conn.peer)
-                self._close(conn, None)
+            self._guarded(conn, self._process, conn)
+
+    def _on_events(self, conn: "_Conn", mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            self._on_writable(conn)
+        if mask & selectors.EVENT_READ and not conn.closed:
+            self._on_readable(conn)
+
+    def _guarded(self, conn: "_Conn", fn: Callable[..., None], *args: object) -> None:
+        """Run ``fn``; a hostile frame or any error closes only this connection, logged."""
+        try:
+            fn(*args)
+        except _Hostile as e:
+            log.warning("rendezvous server: closing connection from %s: %s", conn.peer, e)
+            self._close(conn, None)
+        except Exception:
+            log.exception("rendezvous server: error on connection from %s; closing it", conn.peer)
+            self._close(conn, None)
 
     def _push_timer(self, deadline: float, obj: object) -> None:
         heapq.heappush(self._timers, (deadline, next(self._seq), obj))
