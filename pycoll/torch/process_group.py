@@ -193,6 +193,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"{self.comm.transport_summary()}>")
 
     # -- the one way every collective is issued ----------------------------------------------
+    def _issue_pairs(self, op: str, outputs: Sequence[torch.Tensor],
+                     inputs: Sequence[torch.Tensor], async_op: bool,
+                     call: Callable[[Any, Any, bool], Any]) -> PycollWork:
+        """The coalesced ops: ``call(output, input, async_op)`` once per pair, as one work."""
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"{op}: {len(outputs)} outputs for {len(inputs)} inputs")
+        st = _Stage()
+        pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
+        calls = [(lambda a, ho=ho, hi=hi: call(ho, hi, a)) for ho, hi in pairs]
+        return self._issue(op, calls, outputs, st, async_op)
+
     def _issue(self, op: str, calls: Sequence[Callable[[bool], Any]], outputs: Any,
                stage: _Stage | None, async_op: bool,
                post: Callable[[], None] | None = None) -> PycollWork:
@@ -340,15 +352,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         timeout = _op_timeout(opts)
-        outputs, inputs = list(outputs), list(inputs)
-        if len(outputs) != len(inputs):
-            raise InvalidArgument(f"allgather_into_tensor_coalesced: {len(outputs)} outputs "
-                                  f"for {len(inputs)} inputs")
-        st = _Stage()
-        pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
-        calls = [(lambda a, ho=ho, hi=hi:
-                  self.comm.allgather(ho, hi, timeout=timeout, async_op=a)) for ho, hi in pairs]
-        return self._issue("allgather_into_tensor_coalesced", calls, outputs, st, opts.asyncOp)
+        return self._issue_pairs(
+            "allgather_into_tensor_coalesced", outputs, inputs, opts.asyncOp,
+            lambda ho, hi, a: self.comm.allgather(ho, hi, timeout=timeout, async_op=a))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -395,16 +401,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
-        outputs, inputs = list(outputs), list(inputs)
-        if len(outputs) != len(inputs):
-            raise InvalidArgument(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs "
-                                  f"for {len(inputs)} inputs")
-        st = _Stage()
-        pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
-        calls = [(lambda a, ho=ho, hi=hi:
-                  self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a))
-                 for ho, hi in pairs]
-        return self._issue("reduce_scatter_tensor_coalesced", calls, outputs, st, opts.asyncOp)
+        return self._issue_pairs(
+            "reduce_scatter_tensor_coalesced", outputs, inputs, opts.asyncOp,
+            lambda ho, hi, a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
