@@ -5,8 +5,8 @@
 
 For each collective, world size and message size it measures the latency of each algorithm
 and of ``algo=None`` (what ``tuning.Selector`` picks), and reports busbw with the nccl-tests
-formulas (docs/bench.md, notes/anchors.md §9.1): the size is the largest buffer of the
-operation (the whole array for allreduce/broadcast/reduce, the total over ranks for
+formulas (docs/bench.md; nccl-tests' ``doc/PERFORMANCE.md``): the size is the largest buffer
+of the operation (the whole array for allreduce/broadcast/reduce, the total over ranks for
 allgather/reduce_scatter/gather/scatter/alltoall). It writes
 ``bench/results/algorithms-<date>.md`` (and the raw numbers as ``.json`` next to it) and says,
 per size, whether the automatic choice is within 10% of the best algorithm.
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
                "gather", "scatter", "barrier"]
-#: nccl-tests busbw factors (notes/anchors.md §9.1)
+#: nccl-tests busbw factors (nccl-tests' doc/PERFORMANCE.md)
 FACTOR: dict[str, Callable[[int], float]] = {
     "allreduce": lambda n: 2 * (n - 1) / n,
     "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "barrier": lambda n: 1.0,

@@ -28,14 +28,18 @@ polls, and an idle one polls at most ten times a second (one localhost round tri
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
 from typing import Any
 
 from . import debug
+from .envvars import env_float
+from .errors import InvalidArgument
 
-POLL_INTERVAL = float(os.environ.get("PYCOLL_ABORT_POLL_MS", "100")) / 1000.0
+#: default of ``PYCOLL_ABORT_POLL_MS``: how often an idle wait loop reads the abort record
+DEFAULT_POLL_MS = 100.0
 #: consecutive failed polls of an unreachable store before the job is declared dead
 STORE_FAILURES_FATAL = 3
 
@@ -50,6 +54,19 @@ class AbortSignal(Exception):
     def __init__(self, record: dict[str, Any]) -> None:
         super().__init__(record.get("error", "aborted"))
         self.record = record
+
+
+def poll_interval() -> float:
+    """Seconds between two polls of the abort record: ``PYCOLL_ABORT_POLL_MS`` / 1000.
+
+    Read when an :class:`AbortWatch` is created, never at import, so a bad value cannot
+    break ``import pycoll``; it raises :class:`pycoll.InvalidArgument` naming the variable.
+    """
+    ms = env_float("PYCOLL_ABORT_POLL_MS", DEFAULT_POLL_MS, minimum=0.0)
+    if not 0.0 < ms < math.inf:
+        raise InvalidArgument(f"PYCOLL_ABORT_POLL_MS={os.environ.get('PYCOLL_ABORT_POLL_MS')!r} "
+                              "must be a number of milliseconds > 0 (default 100)")
+    return ms / 1000.0
 
 
 def abort_key(name: str) -> str:
@@ -88,7 +105,7 @@ class AbortWatch:
         self.rank = rank
         self.key = abort_key(name)
         self.timeout = timeout
-        self.interval = POLL_INTERVAL
+        self.interval = poll_interval()
         self._client: Any = None
         self._owns_client = False
         self._next_poll = 0.0

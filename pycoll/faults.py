@@ -23,7 +23,7 @@ from .algorithms import ALGORITHMS
 from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, PeerLost, PycollError,
                      TransportError, describe)
 from .flight_recorder import FlightRecorder, capacity_from_env
-from .transports.base import WaitTimeout
+from .transports.progress import WaitTimeout
 
 # Point-to-point operations: only two ranks take part, so DETAIL fingerprints skip them.
 P2P = frozenset({"send", "recv", "batch_p2p"})
@@ -33,6 +33,18 @@ _FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op")
 
 class FaultHandling:
     """Failure reporting for ``Communicator`` (uses its rank, size, name, store, seq...)."""
+
+    # what it reads of the communicator it is mixed into
+    rank: int
+    size: int
+    name: str
+    _store: Any
+    _token: str | None
+    _seq: int
+    _failed: BaseException | None
+
+    def transport_summary(self) -> str:
+        raise NotImplementedError
 
     def _init_fault_handling(self) -> None:
         capacity = capacity_from_env()

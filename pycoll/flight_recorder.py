@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+from .envvars import env_int
+
 FORMAT = "pycoll-flight-recorder"
 FORMAT_VERSION = 1
 DEFAULT_CAPACITY = 500
@@ -42,15 +44,12 @@ _FIELDS = 9
 
 
 def capacity_from_env() -> int:
-    raw = os.environ.get("PYCOLL_FLIGHT_RECORDER", "").strip()
-    if not raw:
-        return DEFAULT_CAPACITY
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"PYCOLL_FLIGHT_RECORDER={raw!r} must be a number of collectives "
-                         "(0 disables the flight recorder)") from None
-    return max(0, value)
+    """``PYCOLL_FLIGHT_RECORDER``: collectives kept per communicator (0 disables recording).
+
+    Raises :class:`pycoll.InvalidArgument` naming the variable for a value that is not an
+    integer >= 0.
+    """
+    return env_int("PYCOLL_FLIGHT_RECORDER", DEFAULT_CAPACITY, minimum=0)
 
 
 def trace_dir() -> str:

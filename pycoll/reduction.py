@@ -9,8 +9,9 @@ size; integer averages truncate toward zero, like C division.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
@@ -36,13 +37,44 @@ OP_NAMES = tuple(_UFUNCS)
 
 @dataclass(frozen=True)
 class ReduceOp:
-    """A reduction: a name from OP_NAMES and, for ``premul_sum``, the scalar factor."""
+    """A reduction: a name from OP_NAMES and, for ``premul_sum``, the scalar factor.
+
+    Constants as in torch.distributed: ``ReduceOp.SUM``, ``AVG``, ``PROD``, ``MIN``, ``MAX``,
+    ``BAND``, ``BOR``, ``BXOR`` (each equal to ``ReduceOp("sum")`` and so on), and
+    ``ReduceOp.premul_sum(factor)``: every input multiplied by ``factor``, then summed.
+    """
 
     name: str
     factor: float | None = None
 
+    SUM: ClassVar[ReduceOp]
+    AVG: ClassVar[ReduceOp]
+    PROD: ClassVar[ReduceOp]
+    MIN: ClassVar[ReduceOp]
+    MAX: ClassVar[ReduceOp]
+    BAND: ClassVar[ReduceOp]
+    BOR: ClassVar[ReduceOp]
+    BXOR: ClassVar[ReduceOp]
+
+    @staticmethod
+    def premul_sum(factor: float) -> ReduceOp:
+        """``ReduceOp("premul_sum", factor)``: a sum of the inputs each multiplied by ``factor``."""
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+            raise InvalidArgument(f"premul_sum factor must be a number, not {factor!r}")
+        return ReduceOp("premul_sum", float(factor))
+
     def __str__(self) -> str:
         return self.name if self.factor is None else f"{self.name}({self.factor})"
+
+
+ReduceOp.SUM = ReduceOp("sum")
+ReduceOp.AVG = ReduceOp("avg")
+ReduceOp.PROD = ReduceOp("prod")
+ReduceOp.MIN = ReduceOp("min")
+ReduceOp.MAX = ReduceOp("max")
+ReduceOp.BAND = ReduceOp("band")
+ReduceOp.BOR = ReduceOp("bor")
+ReduceOp.BXOR = ReduceOp("bxor")
 
 
 OpLike = Union[str, ReduceOp]
@@ -70,7 +102,7 @@ def parse_op(op: OpLike) -> ReduceOp:
         raise InvalidArgument(f"unknown reduction op {result.name!r}; valid ops: "
                               + ", ".join(OP_NAMES))
     if result.name == "premul_sum" and result.factor is None:
-        raise InvalidArgument("premul_sum needs a factor: ReduceOp('premul_sum', factor)")
+        raise InvalidArgument("premul_sum needs a factor: ReduceOp.premul_sum(factor)")
     if isinstance(op, str):
         _PARSED[op] = result
     return result
@@ -112,8 +144,10 @@ def _torch_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.nda
         import torch
     except ImportError:
         return None
-    fn = {"sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
-          "min": torch.minimum, "max": torch.maximum}[op.name]
+    kernels: dict[str, Callable[..., Any]] = {
+        "sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
+        "min": torch.minimum, "max": torch.maximum}
+    fn = kernels[op.name]
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
 
     def reduce_half_torch(dst: np.ndarray, src: np.ndarray) -> None:
@@ -155,6 +189,8 @@ def reducer(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None
 def prepare(op: ReduceOp, dtype: str, array: np.ndarray) -> None:
     """In-place step before the reduction (premul_sum multiplies each input by its factor)."""
     if op.name == "premul_sum":
+        if op.factor is None:
+            raise InvalidArgument("premul_sum needs a factor: ReduceOp.premul_sum(factor)")
         _scale(array, dtype, op.factor)
 
 

@@ -1,9 +1,15 @@
-"""One adapter from user tensors (numpy arrays, torch CPU tensors) to flat numpy views.
+"""One adapter from user buffers to what the collectives work on.
 
-Everything below this module works on a 1-D, C-contiguous numpy array that aliases the
-user's memory (zero copy), plus a *logical* dtype name. The logical name matters for
-bfloat16: numpy has no such type, so its bits travel as uint16 and the reduction kernels
-look at the logical name to do the arithmetic right.
+Accepted: numpy arrays, torch tensors, anything exposing the buffer protocol (bytearray,
+memoryview, array.array), ``__dlpack__``, or ``__cuda_array_interface__`` (cupy, numba
+device arrays, torch CUDA tensors). Each is *classified* (memory type, device, logical
+dtype) and *validated* (contiguous, supported dtype, writable where results land) before
+any byte moves; the communicator then routes it by memory type (``pycoll.memops``).
+
+Host memory becomes a 1-D, C-contiguous numpy array that aliases the user's memory (zero
+copy), plus a *logical* dtype name. The logical name matters for bfloat16: numpy has no such
+type, so its bits travel as uint16 and the reduction kernels look at the logical name.
+Device memory keeps the user's object (``array``); nothing is ever copied to the host here.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import InvalidArgument, InvalidDtype
+from .memory import CUDA, HOST, MemoryType
 
 # Logical dtype names pycoll can move and reduce.
 SUPPORTED_DTYPES = frozenset({
@@ -24,65 +31,77 @@ SUPPORTED_DTYPES = frozenset({
 # numpy's dtype.name is computed in Python on every access (microseconds); look it up instead.
 _DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED_DTYPES if name != "bfloat16"}
 
+# DLPack device types (dlpack.h): the ones whose memory the host can read directly.
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
 
 class Buffer(NamedTuple):
-    """A user tensor seen as a flat numpy array that shares its memory.
+    """A user buffer, classified.
 
     A NamedTuple rather than a dataclass: one is built per collective call, and this is the
     cheapest immutable record Python has.
     """
 
-    array: np.ndarray        # 1-D, contiguous, aliases the user's memory
+    array: Any               # host: 1-D contiguous numpy array aliasing the user's memory;
+                             # device: the user's object itself
     dtype: str               # logical dtype name ("bfloat16" travels as uint16 bits)
-    source: str              # "numpy" or "torch"
+    source: str              # "numpy", "torch", "buffer", "dlpack" or "cuda_array_interface"
+    mem_type: MemoryType = HOST
+    device: int | None = None
+    count_: int = -1         # element count of device buffers (host: array.size)
+    itemsize_: int = 0
 
     @property
-    def count(self) -> int:
-        return int(self.array.size)
+    def count(self) -> int:  # type: ignore[override]  # the element count, not tuple.count
+        return int(self.array.size) if self.mem_type == HOST else self.count_
 
     @property
     def nbytes(self) -> int:
-        return int(self.array.nbytes)
+        return int(self.array.nbytes) if self.mem_type == HOST else self.count_ * self.itemsize_
 
     @property
     def itemsize(self) -> int:
-        return int(self.array.itemsize)
+        return int(self.array.itemsize) if self.mem_type == HOST else self.itemsize_
+
+    @property
+    def where(self) -> str:
+        return self.mem_type.label(self.device)
 
 
-def _torch_to_numpy(t: Any) -> tuple[np.ndarray, str]:
-    import torch  # only reached when the caller already passed a torch tensor
-
-    if t.device.type != "cpu":
-        raise InvalidArgument(
-            f"tensor is on device {t.device}; this pycoll build moves CPU tensors only "
-            "(CUDA tensors come with the CUDA transport): call .cpu() first")
-    if not t.is_contiguous():
-        raise InvalidArgument(
-            "tensor is not contiguous (strides %s for shape %s): call .contiguous() first; "
-            "pycoll never silently copies a tensor it must write back into"
-            % (tuple(t.stride()), tuple(t.shape)))
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16).reshape(-1), "bfloat16"
-    if t.is_complex() or t.dtype not in _TORCH_DTYPES:
-        raise InvalidDtype(f"torch dtype {t.dtype} is not supported; supported: "
-                           + ", ".join(sorted(SUPPORTED_DTYPES)))
-    arr = t.numpy().reshape(-1)
-    return arr, _DTYPE_NAMES[arr.dtype]
+_SUPPORTED_LIST = ", ".join(sorted(SUPPORTED_DTYPES))
 
 
-def _torch_dtypes() -> frozenset:
+def _dtype_name(dtype: np.dtype, name: str) -> str:
+    found = _DTYPE_NAMES.get(dtype)
+    if found is None:
+        raise InvalidDtype(f"{name} has dtype {dtype}, which pycoll does not support; "
+                           f"supported: {_SUPPORTED_LIST}")
+    return found
+
+
+def _not_contiguous(name: str, strides: Any, shape: Any, fix: str,
+                    kind: str = "C-contiguous") -> InvalidArgument:
+    return InvalidArgument(
+        f"{name} is not {kind} (strides {strides} for shape {shape}): {fix}; pycoll never "
+        "silently copies a buffer it must write back into")
+
+
+# -- torch ---------------------------------------------------------------------------------
+def _torch_dtypes() -> dict:
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is optional
-        return frozenset()
-    return frozenset({torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32,
-                      torch.int64, torch.float16, torch.float32, torch.float64,
-                      getattr(torch, "uint16", torch.int16), getattr(torch, "uint32", torch.int32),
-                      getattr(torch, "uint64", torch.int64)})
+        return {}
+    names = {torch.bool: "bool", torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16",
+             torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
+             torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+    for unsigned in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, unsigned):
+            names[getattr(torch, unsigned)] = unsigned
+    return names
 
 
-_TORCH_DTYPES: frozenset = frozenset()
+_TORCH_DTYPES: dict = {}
 
 
 def is_torch_tensor(obj: Any) -> bool:
@@ -90,32 +109,127 @@ def is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def _from_torch(t: Any, name: str) -> Buffer:
+    global _TORCH_DTYPES
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES = _torch_dtypes()
+    if not t.is_contiguous():
+        raise _not_contiguous(name, tuple(t.stride()), tuple(t.shape), "call .contiguous() first",
+                              "contiguous")
+    logical = _TORCH_DTYPES.get(t.dtype)
+    if logical is None:
+        raise InvalidDtype(f"{name}: torch dtype {t.dtype} is not supported; supported: "
+                           f"{_SUPPORTED_LIST}")
+    if t.layout != sys.modules["torch"].strided:
+        raise InvalidArgument(f"{name}: torch layout {t.layout} is not supported (dense "
+                              "tensors only)")
+    device = t.device
+    if device.type == "cuda":
+        return Buffer(t, logical, "torch", CUDA, device.index, t.numel(), t.element_size())
+    if device.type != "cpu":
+        raise InvalidArgument(f"{name} is on device {device}, which pycoll does not move; "
+                              "use a CPU or CUDA tensor")
+    t = t.detach()
+    if logical == "bfloat16":
+        import torch
+        return Buffer(t.view(torch.int16).numpy().view(np.uint16).reshape(-1), "bfloat16", "torch")
+    return Buffer(t.numpy().reshape(-1), logical, "torch")
+
+
+# -- device memory without torch -----------------------------------------------------------
+def _cuda_device_of(obj: Any) -> int | None:
+    """The device index of a cupy / numba array (None when the object does not say)."""
+    dev = getattr(obj, "device", None)
+    index = getattr(dev, "id", None)
+    if isinstance(index, int):
+        return index
+    return None
+
+
+def _from_cuda_array_interface(obj: Any, name: str) -> Buffer:
+    cai = obj.__cuda_array_interface__
+    try:
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+    except (KeyError, TypeError) as e:
+        raise InvalidArgument(f"{name}: malformed __cuda_array_interface__ ({e})") from None
+    logical = _dtype_name(dtype, name)
+    strides = cai.get("strides")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if strides is not None and count > 1:
+        expected, step = [], dtype.itemsize
+        for dim in reversed(shape):
+            expected.append(step)
+            step *= dim
+        if tuple(s for s, d in zip(strides, shape) if d > 1) != \
+                tuple(s for s, d in zip(reversed(expected), shape) if d > 1):
+            raise _not_contiguous(name, tuple(strides), shape, "make it C-contiguous first")
+    return Buffer(obj, logical, "cuda_array_interface", CUDA, _cuda_device_of(obj), count,
+                  dtype.itemsize)
+
+
+def _from_dlpack(obj: Any, name: str) -> Buffer:
+    try:
+        dev_type, dev_id = obj.__dlpack_device__()
+    except Exception as e:  # noqa: BLE001 - a foreign object's method
+        raise InvalidArgument(f"{name}: __dlpack_device__() failed: {e}") from None
+    if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        if hasattr(obj, "__cuda_array_interface__"):
+            return _from_cuda_array_interface(obj, name)
+        return Buffer(obj, "unknown", "dlpack", CUDA, int(dev_id), -1, 0)
+    if dev_type not in (_DL_CPU, _DL_CUDA_HOST):
+        raise InvalidArgument(f"{name}: DLPack device type {dev_type} is not host or CUDA "
+                              "memory; pycoll cannot move it")
+    try:
+        arr = np.from_dlpack(obj)
+    except (BufferError, TypeError, RuntimeError) as e:
+        raise InvalidDtype(f"{name}: numpy cannot view this DLPack tensor ({e}); supported "
+                           f"dtypes: {_SUPPORTED_LIST}") from None
+    return _host_array(arr, name, "dlpack")
+
+
+def _host_array(arr: np.ndarray, name: str, source: str) -> Buffer:
+    if not (arr.flags.c_contiguous or arr.size <= 1):
+        raise _not_contiguous(name, arr.strides, arr.shape,
+                              "pass np.ascontiguousarray(x) and copy the result back")
+    dtype = _dtype_name(arr.dtype, name)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    return Buffer(arr, dtype, source)
+
+
+def _from_buffer_protocol(obj: Any, name: str) -> Buffer:
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise InvalidArgument(
+            f"{name} must be a numpy array, a torch tensor, or an object with the buffer "
+            "protocol, __dlpack__ or __cuda_array_interface__; not "
+            f"{type(obj).__name__}") from None
+    if not view.c_contiguous:
+        raise _not_contiguous(name, view.strides, view.shape, "copy it into a contiguous buffer")
+    try:
+        arr = np.asarray(view)
+    except (ValueError, TypeError) as e:
+        raise InvalidDtype(f"{name}: buffer format {view.format!r} is not understood ({e})") from None
+    return _host_array(arr, name, "buffer")
+
+
 def as_buffer(obj: Any, *, name: str = "tensor", writable: bool = True) -> Buffer:
-    """Return a zero-copy flat view of ``obj`` or raise a clear error before any I/O.
+    """Classify and validate ``obj``; raise a clear error before any I/O.
 
     ``writable`` is required for buffers that receive results (in-place collectives).
     """
-    global _TORCH_DTYPES
-    if isinstance(obj, np.ndarray):
-        arr, source = obj, "numpy"
-        if not (arr.flags.c_contiguous or arr.size <= 1):
-            raise InvalidArgument(
-                f"{name} is not C-contiguous (strides {arr.strides} for shape {arr.shape}): "
-                "pass np.ascontiguousarray(x) and copy the result back")
-        dtype = _DTYPE_NAMES.get(arr.dtype)
-        if dtype is None:
-            raise InvalidDtype(f"{name} has dtype {arr.dtype}, which pycoll does not support; "
-                               "supported: " + ", ".join(sorted(SUPPORTED_DTYPES)))
-        if arr.ndim != 1:
-            arr = arr.reshape(-1)
+    if isinstance(obj, np.ndarray):      # the hot path: no attribute probing
+        buf = _host_array(obj, name, "numpy")
     elif is_torch_tensor(obj):
-        if not _TORCH_DTYPES:
-            _TORCH_DTYPES = _torch_dtypes()
-        arr, dtype = _torch_to_numpy(obj)
-        source = "torch"
+        buf = _from_torch(obj, name)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        buf = _from_cuda_array_interface(obj, name)
+    elif hasattr(obj, "__dlpack_device__") and not isinstance(obj, (bytes, bytearray, memoryview)):
+        buf = _from_dlpack(obj, name)
     else:
-        raise InvalidArgument(
-            f"{name} must be a numpy array or a torch tensor, not {type(obj).__name__}")
-    if writable and not arr.flags.writeable:
+        buf = _from_buffer_protocol(obj, name)
+    if writable and buf.mem_type == HOST and not buf.array.flags.writeable:
         raise InvalidArgument(f"{name} is read-only, but this collective writes its result into it")
-    return Buffer(arr, dtype, source)
+    return buf

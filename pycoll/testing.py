@@ -1,9 +1,13 @@
-"""Run a function on N real rank processes: the harness pycoll's own tests use.
+"""Run a function on N ranks: the harness pycoll's own tests use.
 
 ``run_ranks(fn, n)`` starts a rendezvous server in the calling process, forks ``n`` processes,
 has each call ``pycoll.init`` as rank k and then ``fn(comm, *args)``, and returns the ``n``
 results in rank order. If any rank raises, the others are killed and ``RankFailure`` carries
 every rank's traceback. Every process is reaped before it returns, whatever happens.
+
+``run_threads(fn, n)`` does the same with ``n`` threads of this process over the in-process
+transport and an in-process store, so algorithms, selection and the bootstrap can be tested
+at hundreds or thousands of ranks.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
                results: Any, args: Sequence[Any], timeout: float) -> None:
     os.environ.update(env)
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
+    from .transports.progress import WaitPolicy
+    WaitPolicy._most_ranks = 0     # forked: the parent's layout (e.g. of run_threads) is not ours
+    WaitPolicy.configure(1)
     for var in ("PYCOLL_RANK", "PYCOLL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
     try:
@@ -112,4 +119,65 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
                                     f"timeout {timeout} s)")
     if errors:
         raise RankFailure(errors)
+    return [outcomes[r][1] for r in range(world_size)]
+
+
+def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
+                env: Mapping[str, str] | None = None, timeout: float = 300.0,
+                collective_timeout: float = 120.0) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``world_size`` threads of this process; results by rank.
+
+    Ranks talk over the in-process transport (``PYCOLL_TRANSPORTS=inproc``) and bootstrap
+    through a ``rendezvous.LocalStore``. ``env`` is applied to this process for the duration
+    (threads share it). A rank still running at ``timeout`` is reported (threads cannot be
+    killed; every collective ends at ``collective_timeout`` anyway).
+    """
+    import threading
+
+    from rendezvous import LocalStore
+
+    from .communicator import Communicator
+    from .transports.progress import WaitPolicy
+
+    settings = {"PYCOLL_TRANSPORTS": "inproc", **dict(env or {})}
+    saved_env = {k: os.environ.get(k) for k in settings}
+    saved_policy = (WaitPolicy._most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
+                    WaitPolicy.hot_spins, WaitPolicy.liveness_seconds)
+    os.environ.update(settings)
+    store = LocalStore(timeout=collective_timeout)
+    outcomes: dict[int, tuple[str, Any]] = {}
+
+    def rank_main(rank: int) -> None:
+        try:
+            comm = Communicator.create(store, rank, world_size, timeout=collective_timeout)
+            try:
+                outcomes[rank] = ("ok", fn(comm, *args))
+            finally:
+                comm.finalize()
+        except BaseException as e:  # reported to the caller
+            outcomes[rank] = (type(e).__name__, traceback.format_exc())
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True,
+                                name=f"pycoll-rank{r}") for r in range(world_size)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        (WaitPolicy._most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
+         WaitPolicy.hot_spins, WaitPolicy.liveness_seconds) = saved_policy
+    errors = {r: o for r, o in outcomes.items() if o[0] != "ok"}
+    for r in range(world_size):
+        if r not in outcomes:
+            errors[r] = ("missing", f"rank {r} still running after {timeout} s")
+    if errors:
+        first = dict(sorted(errors.items())[:4])
+        raise RankFailure(first, f" (of {len(errors)} failed ranks, the first 4)")
     return [outcomes[r][1] for r in range(world_size)]

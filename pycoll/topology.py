@@ -1,13 +1,10 @@
-"""Which peers share this host, and which transport reaches each peer."""
+"""Which ranks share a node: host identities, the node layout, hierarchical groups."""
 from __future__ import annotations
 
 import os
 import socket
 
 from .errors import InvalidArgument
-
-TRANSPORT_CHOICES = ("auto", "shm", "tcp")
-
 
 def host_identity(rank: int | None = None) -> str:
     """A string equal for processes on the same host (and kernel), different otherwise.
@@ -38,33 +35,6 @@ def machine_identity() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def transport_choice() -> str:
-    choice = os.environ.get("PYCOLL_TRANSPORT", "auto").lower() or "auto"
-    if choice not in TRANSPORT_CHOICES:
-        raise InvalidArgument(f"PYCOLL_TRANSPORT={choice!r}: choose one of "
-                              + ", ".join(TRANSPORT_CHOICES))
-    return choice
-
-
-def assign_transports(rank: int, hosts: list[str], choice: str) -> dict[int, str]:
-    """Map every other rank to the name of the transport that reaches it."""
-    mine = hosts[rank]
-    result = {}
-    for peer, host in enumerate(hosts):
-        if peer == rank:
-            continue
-        same_host = host == mine
-        if choice == "tcp" or not same_host:
-            if choice == "shm":
-                raise InvalidArgument(
-                    f"PYCOLL_TRANSPORT=shm, but rank {peer} runs on another host ({host}); "
-                    "shared memory only reaches ranks on this host: unset PYCOLL_TRANSPORT")
-            result[peer] = "tcp"
-        else:
-            result[peer] = "shm"
-    return result
-
-
 def node_layout(hosts: list[str]) -> list[tuple[int, int]]:
     """(node index, local index) of every rank; nodes numbered by their lowest rank."""
     nodes: dict[str, int] = {}
@@ -85,3 +55,15 @@ def is_uniform(layout: list[tuple[int, int]]) -> bool:
         counts[node] = counts.get(node, 0) + 1
     sizes = set(counts.values())
     return len(counts) > 1 and len(sizes) == 1 and sizes.pop() > 1
+
+
+def hierarchy_members(layout: list[tuple[int, int]], rank: int, kind: str) -> list[int]:
+    """The ranks of ``rank``'s node in local order (``"node"``), or the ranks with its local
+    index on every node in node order (``"cross"``): the two levels of a hierarchical
+    collective, known to every rank from the layout alone (no exchange needed)."""
+    node, local = layout[rank]
+    if kind == "node":
+        ranks = [r for r, (n, _) in enumerate(layout) if n == node]
+        return sorted(ranks, key=lambda r: layout[r][1])
+    ranks = [r for r, (_, lo) in enumerate(layout) if lo == local]
+    return sorted(ranks, key=lambda r: layout[r][0])

@@ -190,8 +190,20 @@ def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     raise KeyError(algo)
 
 
+#: pycoll's cost of one more posted message when many are in flight at once
+PER_MESSAGE_US = 2.0
+#: extra bandwidth cost of many transfers at once (links and caches contended)
+CONTENTION = 0.1
+
+
 def cost_alltoall(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
-    return (p - 1) * (_alpha(p, link, True) + nbytes / p * link.beta)
+    a, b = _alpha(p, link, True), nbytes / p * link.beta
+    if algo == "bruck":
+        return math.inf     # needs equal blocks everywhere, which no rank can know: opt-in
+    if algo == "scattered":
+        blocks = -(-(p - 1) // 32)
+        return blocks * a + (p - 1) * (PER_MESSAGE_US * 1e-6 + b * (1 + CONTENTION))
+    return (p - 1) * (a + b)
 
 
 def cost_barrier(algo: str, nbytes: int, p: int, link: LinkModel) -> float:

@@ -8,11 +8,13 @@ already runs one.
 from __future__ import annotations
 
 import atexit
+from datetime import timedelta
 from typing import Any
 
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import PycollError
 from .reduction import OpLike
+from .timeouts import as_seconds
 from .work import Work
 
 _world: Communicator | None = None
@@ -20,13 +22,14 @@ _world: Communicator | None = None
 
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
-         timeout: float = DEFAULT_TIMEOUT) -> Communicator:
+         timeout: float | timedelta = DEFAULT_TIMEOUT) -> Communicator:
     """Join the job and return the world communicator (also kept as the default).
 
     With no arguments everything comes from the launcher's environment; a process started
     without any launcher is a world of one.
     """
     global _world
+    seconds = as_seconds(timeout) or DEFAULT_TIMEOUT
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
@@ -40,11 +43,15 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         from rendezvous import TCPStore
 
         hosts_server = info.rank == 0 and not info.store_is_external
+        if info.master_addr is None or info.master_port is None:
+            raise PycollError(f"rank {info.rank}: no rendezvous address for a world of "
+                              f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "
+                              "master_addr= and master_port=)")
         store = TCPStore(info.master_addr, info.master_port, is_server=hosts_server,
-                         token=info.token, timeout=timeout)
+                         token=info.token, timeout=seconds)
         owns_store = True
     try:
-        _world = Communicator.create(store, info.rank, info.world_size, timeout=timeout,
+        _world = Communicator.create(store, info.rank, info.world_size, timeout=seconds,
                                      token=info.token, master_addr=info.master_addr,
                                      owns_store=owns_store)
     except BaseException:

@@ -16,12 +16,14 @@ from .errors import (
     StoreProtocolError,
     StoreTimeout,
 )
+from .local import LocalStore
 from .prefix import PrefixStore
 from .server import StoreServer
 
 __all__ = [
     "TCPStore",
     "PrefixStore",
+    "LocalStore",
     "StoreServer",
     "StoreError",
     "StoreTimeout",

@@ -3,7 +3,8 @@
 Why an event loop: a job of N ranks keeps N connections open for its whole life and most of
 them sit idle in a blocking ``get``/``wait``. A thread per client (c10d's legacy backend) costs a
 stack and a scheduler slot each and fell over past ~1K ranks; one ``epoll`` loop holds thousands
-of idle sockets for the price of a dict entry each (anchors.md §5.1, libuv backend).
+of idle sockets for the price of a dict entry each (the reason c10d moved its TCPStore server
+to libuv, per PyTorch's "TCPStore libuv backend" tutorial).
 
 Why waits are server-side: a ``get`` of a missing key parks a *waiter* on that key and the
 server answers the moment some client sets it, with no polling traffic. A ``multi_get`` of N

@@ -24,7 +24,8 @@ from .halving_doubling import (allgather_recursive_doubling, allreduce_rabenseif
                                reduce_scatter_recursive_halving)
 from .hierarchical import allreduce_hierarchical, broadcast_hierarchical
 from .linear import gather_linear, scatter_linear
-from .pairwise import allgather_bruck, alltoall_pairwise, barrier_dissemination
+from .pairwise import (allgather_bruck, alltoall_bruck, alltoall_pairwise, alltoall_scattered,
+                       barrier_dissemination)
 from .recursive_doubling import allreduce_recursive_doubling
 from .ring import allgather_ring, allreduce_ring, reduce_ring, reduce_scatter_ring_owned
 from .tree import (broadcast_binomial, broadcast_scatter_allgather, gather_binomial,
@@ -60,7 +61,9 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "ring": reduce_scatter_ring_owned,
         "recursive_halving": reduce_scatter_recursive_halving,
     },
-    "alltoall": {"pairwise": alltoall_pairwise},
+    # bruck needs equal blocks on every rank: only on request (algo= / PYCOLL_ALGO)
+    "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered,
+                 "bruck": alltoall_bruck},
     "gather": {"linear": gather_linear, "binomial": gather_binomial},
     "scatter": {"linear": scatter_linear, "binomial": scatter_binomial},
     "barrier": {"dissemination": barrier_dissemination},

@@ -20,7 +20,7 @@ def gather_linear(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root: i
     bounds = chunk_bounds(out.size, n)
     reqs = [peers.irecv(i, out[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
     a, b = bounds[root]
-    out[a:b] = inp
+    peers.copy(out[a:b], inp)
     peers.wait(reqs)
 
 
@@ -34,5 +34,5 @@ def scatter_linear(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: 
     bounds = chunk_bounds(inp.size, n)
     reqs = [peers.isend(i, inp[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
     a, b = bounds[root]
-    out[...] = inp[a:b]
+    peers.copy(out, inp[a:b])
     peers.wait(reqs)

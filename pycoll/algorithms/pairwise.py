@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import Peers
+from .primitives import Peers, sendrecv
 
 
 def alltoall_pairwise(peers: Peers, out: np.ndarray, inp: np.ndarray,
@@ -19,7 +19,7 @@ def alltoall_pairwise(peers: Peers, out: np.ndarray, inp: np.ndarray,
     n, r = peers.size, peers.rank
     a, b = in_bounds[r]
     c, d = out_bounds[r]
-    out[c:d] = inp[a:b]
+    peers.copy(out[c:d], inp[a:b])
     for k in range(1, n):
         dst, src = (r + k) % n, (r - k) % n
         a, b = in_bounds[dst]
@@ -27,6 +27,64 @@ def alltoall_pairwise(peers: Peers, out: np.ndarray, inp: np.ndarray,
         rreq = peers.irecv(src, out[c:d])
         sreq = peers.isend(dst, inp[a:b])
         peers.wait([rreq, sreq])
+
+
+#: partners posted at once by the scattered alltoall (MPICH's bblock): bounds the requests
+#: and unexpected messages in flight
+SCATTER_BLOCK = 32
+
+
+def alltoall_scattered(peers: Peers, out: np.ndarray, inp: np.ndarray,
+                       out_bounds: list[tuple[int, int]],
+                       in_bounds: list[tuple[int, int]]) -> None:
+    """All partners of a block of ``SCATTER_BLOCK`` rounds at once (MPICH's "scattered").
+
+    Latency-bound alltoalls (small blocks, many ranks) pay one wait per block of partners
+    instead of one per partner. The messages are those of the pairwise exchange (one per
+    ordered pair, same tag), so ranks that chose differently still match.
+    """
+    n, r = peers.size, peers.rank
+    a, b = in_bounds[r]
+    c, d = out_bounds[r]
+    peers.copy(out[c:d], inp[a:b])
+    for first in range(1, n, SCATTER_BLOCK):
+        ks = range(first, min(first + SCATTER_BLOCK, n))
+        reqs = [peers.irecv((r - k) % n, out[out_bounds[(r - k) % n][0]:out_bounds[(r - k) % n][1]])
+                for k in ks]
+        reqs += [peers.isend((r + k) % n, inp[in_bounds[(r + k) % n][0]:in_bounds[(r + k) % n][1]])
+                 for k in ks]
+        peers.wait(reqs)
+
+
+def alltoall_bruck(peers: Peers, out: np.ndarray, inp: np.ndarray,
+                   out_bounds: list[tuple[int, int]], in_bounds: list[tuple[int, int]]) -> None:
+    """Bruck's alltoall (Bruck et al. 1997): ceil(log2 p) rounds instead of p - 1.
+
+    Blocks are first rotated so that block i is the one for rank + i ("distance" i); in the
+    round with bit k, every block whose distance has bit k set moves k ranks forward, packed
+    into one message; after the last round each block has travelled its distance, and an
+    inverse rotation puts block i (from rank - i) in place. It moves each block up to log2 p
+    times, so it pays for small blocks at large p only, and it needs equal blocks on every
+    rank, which no rank can verify for the others: it is chosen only when asked for
+    (``algo="bruck"``), never by the cost model.
+    """
+    n, r = peers.size, peers.rank
+    blk = in_bounds[0][1] - in_bounds[0][0]
+    rows = np.arange(n)
+    table = peers.scratch(n * blk, inp.dtype, slot=2).reshape(n, blk)
+    table[...] = inp.reshape(n, blk)[(rows + r) % n]
+    half = (n + 1) // 2
+    outgoing = peers.scratch(half * blk, inp.dtype, slot=3)
+    incoming = peers.scratch(half * blk, inp.dtype, slot=4)
+    k = 1
+    while k < n:
+        moving = rows[(rows & k) != 0]
+        m = moving.size * blk
+        outgoing[:m].reshape(moving.size, blk)[...] = table[moving]
+        sendrecv(peers, (r + k) % n, outgoing[:m], (r - k) % n, incoming[:m])
+        table[moving] = incoming[:m].reshape(moving.size, blk)
+        k <<= 1
+    out.reshape(n, blk)[(r - rows) % n] = table
 
 
 _EMPTY = np.zeros(0, dtype=np.uint8)

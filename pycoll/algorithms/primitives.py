@@ -8,46 +8,55 @@ k+1 is still arriving, so the wire and the reduction overlap.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..transports.base import Channel, Request, wait_all
+from ..memops import MemoryOps, ReduceSpec
+from ..transports.base import Channel, Request
+from ..transports.progress import ProgressEngine
 
-Reduce = Callable[[np.ndarray, np.ndarray], None]
+__all__ = ["Peers", "ReduceSpec", "collective_tag", "p2p_tag", "chunk_bounds", "send", "recv",
+           "sendrecv", "sendrecv_reduce", "recv_reduce", "send_segmented"]
 
-#: Default tag of collective messages. The communicator gives every call its own negative
-#: tag (``collective_tag``), so user point-to-point tags (>= 0) never meet collective
-#: traffic, and ranks that disagree on which collective runs never match each other's
-#: messages by accident: the mismatch surfaces as an error instead of wrong data.
-COLLECTIVE_TAG = -1
+#: Every collective call gets its own negative tag (``collective_tag``), so user
+#: point-to-point tags (>= 0) never meet collective traffic, ranks that disagree on which
+#: collective runs never match each other's messages by accident (the mismatch surfaces as an
+#: error instead of wrong data), and sub-communicators, which share their parent's channels,
+#: never match each other's messages (the communicator id is part of the tag).
 _COLLECTIVE_CODES = {name: code for code, name in enumerate((
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-    "scatter", "barrier", "allreduce_coalesced"), start=1)}
+    "scatter", "barrier", "allreduce_coalesced", "split"), start=1)}
+SEQ_BITS, COMM_BITS, CODE_BITS = 36, 20, 6
+#: user point-to-point tags must be below this (the communicator id sits above them)
+P2P_TAG_LIMIT = 1 << 40
 
 
-def collective_tag(seq: int, collective: str) -> int:
+def collective_tag(seq: int, collective: str, comm_id: int = 0) -> int:
     """The negative tag of call number ``seq`` of ``collective`` (same on every rank)."""
-    return -(((seq & 0x3FFFFFFFFFFF) << 6) | _COLLECTIVE_CODES.get(collective, 63)) - 1
+    word = (((seq & ((1 << SEQ_BITS) - 1)) << (COMM_BITS + CODE_BITS))
+            | (comm_id << CODE_BITS) | _COLLECTIVE_CODES.get(collective, 63))
+    return -word - 1
 
 
-@dataclass
-class ReduceSpec:
-    """How to combine (``reduce(dst, src)``) and finish (``finish(chunk)``, e.g. avg's divide)."""
-
-    reduce: Reduce
-    finish: Callable[[np.ndarray], None]
+def p2p_tag(tag: int, comm_id: int = 0) -> int:
+    """The wire tag of a user's point-to-point ``tag`` (>= 0) on communicator ``comm_id``."""
+    return tag + comm_id * P2P_TAG_LIMIT
 
 
 class Peers:
-    """What an algorithm may use: who we are, channels to the others, a deadline, scratch."""
+    """What an algorithm may use: who we are, channels to the others, a deadline, memory ops.
 
-    __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "scratch_pool",
-                 "check", "_active", "layout", "_subgroup", "tag")
+    ``channels`` opens a channel on first lookup (lazy connections); ``wait`` runs the
+    communicator tree's progress engine, which moves every queued send on any channel while
+    it waits, so no algorithm has to say which channels feed the peers it waits on.
+    """
+
+    __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "ops", "engine",
+                 "check", "layout", "_subgroup", "tag", "_lock")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
-                 segment_bytes: int, scratch_pool: "ScratchPool",
+                 segment_bytes: int, ops: MemoryOps, engine: ProgressEngine,
                  check: Callable[[], None] | None = None,
                  layout: Sequence[tuple[int, int]] = (),
                  subgroup: Callable[[str], "Peers | None"] | None = None,
@@ -57,12 +66,13 @@ class Peers:
         self.channels = channels
         self.deadline = deadline
         self.segment_bytes = segment_bytes    # 0: each transport's own choice
-        self.scratch_pool = scratch_pool
+        self.ops = ops
+        self.engine = engine
+        self._lock = engine.lock
         self.check = check
-        self._active: dict[int, Channel] = {}
         self.layout = layout          # (node index, local index) of every rank
         self._subgroup = subgroup
-        self.tag = tag                # this call's tag; primitives use it unless told otherwise
+        self.tag = tag or 0           # this call's tag; primitives use it unless told otherwise
 
     def subgroup(self, kind: str) -> "Peers | None":
         """The ranks of this one's node (``"node"``) or of the same local index on every
@@ -70,24 +80,28 @@ class Peers:
         nodes with equally many ranks each."""
         return self._subgroup(kind) if self._subgroup is not None else None
 
-    def isend(self, peer: int, arr: np.ndarray, tag: int | None = None) -> Request:
+    def isend(self, peer: int, arr: Any, tag: int | None = None) -> Request:
         ch = self.channels[peer]
-        self._active[peer] = ch
-        return ch.isend(_bytes(arr), self.tag if tag is None else tag)
+        mem = self.ops.ref(arr)
+        with self._lock:
+            return ch.isend(mem, self.tag if tag is None else tag)
 
-    def irecv(self, peer: int, arr: np.ndarray, tag: int | None = None) -> Request:
-        return self.channels[peer].irecv(_bytes(arr), self.tag if tag is None else tag)
+    def irecv(self, peer: int, arr: Any, tag: int | None = None) -> Request:
+        ch = self.channels[peer]
+        mem = self.ops.ref(arr)
+        with self._lock:
+            return ch.irecv(mem, self.tag if tag is None else tag)
 
     def wait(self, requests: Sequence[Request]) -> None:
-        """Wait for ``requests`` while also progressing every channel we are sending on.
+        """Wait for ``requests``; every channel with work progresses meanwhile."""
+        self.engine.wait(requests, self.deadline, self.check)
 
-        Without the latter, a ring could deadlock: each rank waiting for its left neighbour
-        while its own queued sends to the right never move.
-        """
-        wait_all(requests, self.deadline, self.check, extra=self._active.values())
+    def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> Any:
+        return self.ops.scratch(count, dtype, slot)
 
-    def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
-        return self.scratch_pool.typed(count, dtype, slot)
+    def copy(self, dst: Any, src: Any) -> None:
+        """The local copy primitive (``dst[...] = src``) for this memory type."""
+        self.ops.copy(dst, src)
 
     def segment_count(self, peer: int, itemsize: int) -> int:
         """Elements per pipelined segment on the channel to ``peer``.
@@ -97,36 +111,6 @@ class Peers:
         """
         nbytes = self.segment_bytes or self.channels[peer].transport.capabilities.segment_bytes
         return max(1, nbytes // itemsize)
-
-
-class ScratchPool:
-    """Reusable scratch buffers, a few segments in size: memory use does not grow with tensors."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[int, np.ndarray] = {}
-        self._views: dict[tuple[int, np.dtype, int], np.ndarray] = {}
-
-    def get(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        buf = self._buffers.get(slot)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
-            self._buffers[slot] = buf
-            self._views.clear()
-        return buf[:nbytes]
-
-    def typed(self, count: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
-        """``count`` elements of ``dtype`` in ``slot``; small views are cached (hot path)."""
-        key = (count, dtype, slot)
-        view = self._views.get(key)
-        if view is None:
-            view = self.get(count * dtype.itemsize, slot).view(dtype)[:count]
-            if count <= 4096 and len(self._views) < 256:
-                self._views[key] = view
-        return view
-
-
-def _bytes(arr: np.ndarray) -> memoryview:
-    return arr.data.cast("B")   # a byte view of the same memory, the cheapest way numpy has
 
 
 def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:

@@ -85,7 +85,7 @@ def gather_binomial(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root:
     m, children = _subtree(vrank, n)
     if vrank == 0:
         assert out is not None
-        out[r * blk:(r + 1) * blk] = inp
+        peers.copy(out[r * blk:(r + 1) * blk], inp)
 
         def place(a: int, b: int) -> np.ndarray:
             start = (a + root) % n
@@ -94,7 +94,7 @@ def gather_binomial(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root:
         stop = min(vrank + m, n)
         stage = peers.scratch((stop - vrank) * blk, inp.dtype, slot=2) if children else inp
         if children:
-            stage[:blk] = inp
+            peers.copy(stage[:blk], inp)
 
         def place(a: int, b: int) -> np.ndarray:
             return stage[(a - vrank) * blk:(b - vrank) * blk]
@@ -113,7 +113,7 @@ def scatter_binomial(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root
     m, children = _subtree(vrank, n)
     if vrank == 0:
         assert inp is not None
-        out[...] = inp[r * blk:(r + 1) * blk]
+        peers.copy(out, inp[r * blk:(r + 1) * blk])
 
         def place(a: int, b: int) -> np.ndarray:
             start = (a + root) % n
@@ -127,7 +127,7 @@ def scatter_binomial(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root
         parent = (vrank - m + root) % n
         peers.wait([peers.irecv(parent, place(a, b)) for a, b in _pieces(vrank, stop, n, root)])
         if children:
-            out[...] = stage[:blk]
+            peers.copy(out, stage[:blk])
     peers.wait([peers.isend((c + root) % n, place(a, b))
                 for c, c_stop in children for a, b in _pieces(c, c_stop, n, root)])
 

@@ -7,13 +7,17 @@ import numpy as np
 
 from .runner import BenchError
 
+#: why ``-d cuda`` stops at once (pycoll moves host memory only, see pycoll/tensors.py)
+CUDA_UNAVAILABLE = ("-d cuda is not available yet: pycoll moves CPU (host-memory) buffers only "
+                    "until its CUDA support lands; use -d cpu")
+
 
 class NumpyBuffers:
     """numpy arrays on the host (pycoll's native buffers; mpi4py)."""
 
     def alloc(self, count: int, dtype: str):
         if dtype == "bfloat16":
-            raise BenchError("bfloat16 needs torch tensors (use -d cuda or a torch backend)")
+            raise BenchError("bfloat16 needs torch tensors (numpy has no bfloat16)")
         return np.empty(count, dtype=dtype)
 
     def write(self, buf, arr):
@@ -84,14 +88,16 @@ class PycollBackend(BufferDelegate):
         import pycoll
         self.pc = pycoll
         self.version = getattr(pycoll, "__version__", "")
-        if device == "cuda" or "bfloat16" in dtypes:
+        if device == "cuda":
+            raise BenchError(CUDA_UNAVAILABLE)
+        if "bfloat16" in dtypes:
             self.bufs = TorchBuffers(device)
         else:
             self.bufs = NumpyBuffers()
         self.comm = pycoll.init()
         self.rank = int(pycoll.get_rank())
         self.world_size = int(pycoll.get_world_size())
-        self._stats_cache = {}
+        self._stats_cache: dict = {}
 
     # -- checks --------------------------------------------------------------
     def check_algo(self, collective: str, algo: str | None) -> None:

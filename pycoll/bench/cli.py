@@ -9,6 +9,7 @@ import sys
 
 from . import collectives as C
 from . import report
+from .backend import CUDA_UNAVAILABLE
 from .options import Options, format_size, parse_args
 from .runner import BenchError, run_sweep
 
@@ -206,11 +207,8 @@ def main(argv=None) -> int:
     if opts.transport:
         os.environ["PYCOLL_TRANSPORT"] = opts.transport
     if opts.device == "cuda":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            print("pycoll.bench: -d cuda needs torch", file=sys.stderr)
-            return 2
+        print(f"pycoll.bench: {CUDA_UNAVAILABLE}", file=sys.stderr)
+        return 2
     if not under_launcher():
         return _relaunch(argv, opts.nprocs)
     return run(opts, argv)

@@ -1,6 +1,6 @@
 """The table of benchmarked operations: buffer layout, busbw factor, data patterns, checks.
 
-Sizes follow nccl-tests (notes/anchors.md §9.1): the size of an operation is the bytes of its
+Sizes follow nccl-tests (``doc/PERFORMANCE.md``): the size of an operation is the bytes of its
 largest buffer -- the whole array for allreduce/broadcast/reduce, the gathered output for
 allgather/gather, the full input for reduce_scatter/scatter, the whole send buffer for
 alltoall.  For those "split" collectives each rank owns ``size / n`` bytes (at least one

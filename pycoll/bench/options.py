@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------------------
-# OSU Micro-Benchmarks 7.4 defaults (osu_util.h / osu_util.c; notes/anchors.md §6.1)
+# OSU Micro-Benchmarks 7.4 defaults (c/util/osu_util.h and osu_util.c in the OMB sources)
 # ---------------------------------------------------------------------------
 LARGE_MESSAGE_SIZE = 8192          # iteration counts switch above this size
 MAX_MSG_SIZE_COLL = 1 << 20        # default -m for collectives
@@ -189,7 +189,7 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     )
     p.add_argument("collective", help="one of: " + ", ".join(COLLECTIVES))
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX", default=None,
-                   help="message sizes (default 1:1M for collectives, 1:4M for latency/bw)")
+                   help="message sizes (default 1:1M for collectives, 0:4M for latency/bw)")
     p.add_argument("-i", "--iterations", type=int, default=None,
                    help="timed iterations (default: OSU's, fewer above 8 KiB)")
     p.add_argument("-x", "--warmup", type=int, default=None,
@@ -210,7 +210,8 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     p.add_argument("-o", "--op", default="sum",
                    help="reduction op: sum (default), prod, min, max, avg, or all")
     p.add_argument("-d", "--device", default="cpu", choices=("cpu", "cuda"),
-                   help="buffer device (cuda uses torch tensors)")
+                   help="buffer device: cpu (default); cuda is not available until "
+                        "pycoll's CUDA support lands")
     p.add_argument("--json", metavar="FILE", default=None, help="write results as JSON")
     p.add_argument("--csv", metavar="FILE", default=None, help="write results as CSV")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -235,10 +236,19 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     return p
 
 
+def corrupt_rank_from_env() -> int | None:
+    """``PYCOLL_BENCH_CORRUPT_RANK`` (testing hook), None when unset or empty.
+
+    Raises :class:`pycoll.InvalidArgument` naming the variable unless it is an integer >= 0.
+    """
+    from pycoll.envvars import env_int
+
+    value = env_int("PYCOLL_BENCH_CORRUPT_RANK", -1, minimum=0)
+    return None if value < 0 else value
+
+
 def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
     """Parse and check the command line; errors exit with status 2 and a usage line."""
-    import os
-
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
     coll = ALIASES.get(ns.collective.lower(), ns.collective.lower())
@@ -271,8 +281,11 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
     if ns.time_budget is not None and ns.time_budget <= 0:
         parser.error("--time-budget must be > 0")
     corrupt = ns.corrupt_rank
-    if corrupt is None and os.environ.get("PYCOLL_BENCH_CORRUPT_RANK", "") != "":
-        corrupt = int(os.environ["PYCOLL_BENCH_CORRUPT_RANK"])
+    if corrupt is None:
+        try:
+            corrupt = corrupt_rank_from_env()
+        except ValueError as e:      # pycoll.InvalidArgument, naming the variable
+            parser.error(str(e))
     return Options(
         collective=coll, min_size=mn, max_size=mx, iterations=ns.iterations, warmup=ns.warmup,
         full=ns.full, dtypes=dtypes, ops=ops, validate=ns.validation, root_mode=root_mode,

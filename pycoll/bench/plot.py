@@ -1,7 +1,7 @@
 """PNG plots of latency and busbw against message size (matplotlib, Agg, log axes)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 
 def _matplotlib():
@@ -23,7 +23,7 @@ def _size_label(n: float) -> str:
     return str(n)
 
 
-def plot_series(series: dict[str, Iterable[tuple[int, float, float]]], path: str,
+def plot_series(series: Mapping[str, Iterable[tuple[int, float, float]]], path: str,
                 title: str = "", busbw: bool = True) -> str:
     """One figure: latency (us) and busbw (GB/s) against size, one line per series.
 

@@ -1,14 +1,15 @@
 """Output of ``python -m pycoll.bench``: OSU tables, nccl-tests tables, JSON lines, JSON, CSV,
 and parsers for the two table formats (used by the tests and handy for scripts).
 
-OSU layout (OMB 7.4 ``print_only_header``/``print_stats``, notes/anchors.md §6.3)::
+OSU layout (OMB 7.4 ``print_only_header``/``print_stats`` in ``c/util/osu_util.c``)::
 
     # Size       Avg Latency(us)     [Min Latency(us)     Max Latency(us)  Iterations]
     8                       1.52     ...
 
 ``"%-10s%18s"`` header, ``"%-10d%18.2f"`` rows (FIELD_WIDTH 18), 18-wide min/max, 12-wide iterations; pycoll
 appends nccl-tests' ``algbw(GB/s)`` and ``busbw(GB/s)`` (14 wide) and, with ``-c``, OSU's
-18-wide ``Validation`` column last.  nccl-tests layout: notes/anchors.md §9.2.
+18-wide ``Validation`` column last.  nccl-tests layout: the header and row printf formats of
+nccl-tests' ``src/util.cu``.
 """
 from __future__ import annotations
 

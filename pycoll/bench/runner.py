@@ -18,7 +18,7 @@ Backend protocol (duck-typed)::
     selected_algorithm(collective, nbytes) -> str | None
     transport() -> str
 
-Methodology (OSU 7.4, notes/anchors.md §6.2): each rank times every operation, with a
+Methodology (OSU 7.4, e.g. ``osu_allreduce.c``): each rank times every operation, with a
 barrier after it that is not timed; the per-rank mean over the timed iterations is then
 reduced across ranks: Avg = mean of the per-rank means, Min/Max = their extremes.
 ``timing="nccl"`` runs the timed iterations back to back and divides the total (nccl-tests).

@@ -30,7 +30,9 @@ Store address rules (the store is pycoll's rendezvous server, not torch's TCPSto
 * ``PYCOLL_STORE_EXTERNAL=1`` with any launcher means "a store is already running there (e.g.
   ``python -m rendezvous serve``); rank 0 must not start one".
 
-This module imports nothing from pycoll and only the standard library, so it is cheap to import.
+Errors are :class:`pycoll.InvalidArgument` (a ``ValueError``) naming the variable or argument and
+the launcher detected. Apart from that exception class this module uses only the standard
+library, so it is cheap to import and can be loaded on its own (it then raises ``ValueError``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Type
+
+try:  # pycoll.InvalidArgument (a ValueError); plain ValueError when loaded on its own
+    from ..errors import InvalidArgument as _InvalidArgument
+    _LaunchError: Type[ValueError] = _InvalidArgument
+except ImportError:  # pragma: no cover - exercised by the standalone-load test
+    _LaunchError = ValueError
 
 __all__ = [
     "LaunchInfo",
@@ -167,10 +175,12 @@ def _detect_raw(env: Mapping[str, str]) -> _Raw:
 
 
 def _fail(what: str, launcher: str, problem: str) -> ValueError:
-    return ValueError(f"pycoll launch environment (launcher detected: {launcher}): {what} {problem}")
+    return _LaunchError(f"pycoll launch environment (launcher detected: {launcher}): {what} {problem}")
 
 
-def _describe(source: tuple) -> str:
+def _describe(source: Optional[tuple]) -> str:
+    if source is None:  # pragma: no cover - callers only describe values they parsed
+        return "the value"
     name, value = source
     if name.startswith("argument "):
         return f"{name}={value!r}"
@@ -206,8 +216,9 @@ def _parse_bool(env: Mapping[str, str], name: str, launcher: str) -> bool:
 def detect_launch(env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
     """Describe this process's place in the job from the environment alone.
 
-    Raises ``ValueError`` (naming the variable and the launcher detected) when the environment
-    is incomplete or inconsistent. With nothing set: a single-process job (rank 0 of 1).
+    Raises ``pycoll.InvalidArgument``, a ``ValueError`` (naming the variable and the launcher
+    detected), when the environment is incomplete or inconsistent. With nothing set: a
+    single-process job (rank 0 of 1).
     """
     return resolve_launch(env=env)
 
@@ -222,8 +233,8 @@ def resolve_launch(
     """Merge explicit arguments over the detected environment and validate the result.
 
     Each argument that is not None replaces the corresponding value from the environment
-    (``master_port`` is pycoll's store port, used as given). Raises ``ValueError`` naming the
-    offending variable or argument and the launcher detected.
+    (``master_port`` is pycoll's store port, used as given). Raises ``pycoll.InvalidArgument``
+    (a ``ValueError``) naming the offending variable or argument and the launcher detected.
     """
     if env is None:
         env = os.environ
@@ -236,7 +247,7 @@ def resolve_launch(
     if launcher != "none" or rank_src is not None or world_src is not None:
         if world_src is None:
             if rank_src is not None and launcher == "none":
-                raise ValueError(
+                raise _LaunchError(
                     "pycoll launch environment (launcher detected: none): argument rank was given "
                     "but world_size was not (pass world_size, or launch with python -m pycoll.run, "
                     "torchrun, mpirun or srun)"
@@ -251,7 +262,7 @@ def resolve_launch(
             raise _fail(f"environment variable {missing}", launcher, "is not set (world size unknown)")
         if rank_src is None:
             if launcher == "none":
-                raise ValueError(
+                raise _LaunchError(
                     "pycoll launch environment (launcher detected: none): argument world_size was "
                     "given but rank was not"
                 )

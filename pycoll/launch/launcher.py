@@ -25,7 +25,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Dict, List, Mapping, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:  # imported lazily at run time, so that `import pycoll.launch` stays cheap
+    from rendezvous import StoreServer
 
 __all__ = ["launch", "main", "EXIT_TIMEOUT", "GRACE_PERIOD"]
 
@@ -165,7 +168,8 @@ class _Job:
         self.procs: List[subprocess.Popen] = []
         self.pumps: List[threading.Thread] = []
         self.signals: List[int] = []  # received by the launcher, in order
-        self.server = None  # the job's store: pycoll's abort record names the first failure
+        # the job's store: pycoll's abort record names the first failure
+        self.server: Optional[StoreServer] = None
 
     # signal handler: only records; the main loop acts
     def on_signal(self, signum: int, frame) -> None:  # noqa: ARG002
@@ -326,9 +330,9 @@ def launch(
             else:
                 job.kill_all()
         finally:
-            for sig, handler in old_handlers.items():
+            for signum, handler in old_handlers.items():
                 try:
-                    signal.signal(sig, handler)  # type: ignore[arg-type]
+                    signal.signal(signum, handler)  # type: ignore[arg-type]
                 except (ValueError, OSError, TypeError):  # pragma: no cover
                     pass
             try:

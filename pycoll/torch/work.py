@@ -1,6 +1,7 @@
 """torch ``Work`` objects for pycoll collectives.
 
-Facts this relies on (see ../shared/notes/torch-backend.md, measured on torch 2.13):
+Facts this relies on (measured on torch 2.13; tests/torch/test_torch_backend.py checks the
+failure path, ``test_peer_death_mid_training_raises_from_backward``):
 
 * C++ callers (the DDP reducer, functional collectives) reach only ``wait(timeout)`` and
   ``get_future()``; ``timeout=timedelta(0)`` means "no limit". DDP never calls ``wait``: it

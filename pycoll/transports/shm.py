@@ -16,26 +16,40 @@ Three message protocols, by size:
 * fragmented: where cross-memory attach is not permitted (containers that forbid ptrace),
   the message streams through the slot ring in pieces.
 
+Inboxes are created lazily, the first time an algorithm uses the peer (64 ranks on one host
+reserve memory only for the pairs that talk). Each rank publishes an unguessable path prefix
+through the authenticated store; the inbox from peer P is ``<prefix>-from<P>``, created under
+a temporary name, sized with ``posix_fallocate`` (a full /dev/shm is an exception here, not a
+SIGBUS later) and renamed into place, so a peer never maps a half-made segment. Each side
+opens its peer's inbox in the background of progress, so neither waits for the other.
 Segments are unlinked as soon as both sides have mapped them, so nothing is left in /dev/shm
-even if a process is killed; the mappings die with the processes. Peer death is noticed
-through a pidfd (readable once the peer has exited) while waiting.
+even if a process is killed afterwards. Peer death is noticed through a pidfd.
+
+Memory ordering: every control word has one writer and is written after the data it
+publishes; that is enough on x86-64 (total store order). Weakly ordered CPUs need fences
+this transport does not issue, so its probe refuses them (tcp is used instead).
 """
 from __future__ import annotations
 
 import ctypes
 import mmap
 import os
+import platform
 import secrets
 import select
+import shutil
 import struct
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..envvars import env_bool, env_int
 from ..errors import TransportError
-from .base import (Capabilities, Channel, Request, Transport, peer_lost, size_mismatch,
-                   take_posted)
+from ..memory import MemRef, view_address
+from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
+                   size_mismatch)
+from .matching import TagMatcher
 
 PAGE = 4096
 # Control words (uint64 indices into the control page). Writers: S = sender, R = receiver.
@@ -76,15 +90,11 @@ class ShmSettings:
 
     @classmethod
     def from_env(cls, crowded: bool = False) -> "ShmSettings":
-        env = os.environ
         threshold = (1 << 20) if crowded else cls.cma_threshold
-        settings = cls(int(env.get("PYCOLL_SHM_SLOT_BYTES", cls.slot_bytes)),
-                       int(env.get("PYCOLL_SHM_SLOTS", cls.num_slots)),
-                       env.get("PYCOLL_SHM_CMA", "1") != "0",
-                       int(env.get("PYCOLL_SHM_CMA_THRESHOLD", threshold)))
-        if settings.slot_bytes < 64 or settings.num_slots < 1:
-            raise ValueError("PYCOLL_SHM_SLOT_BYTES must be >= 64 and PYCOLL_SHM_SLOTS >= 1")
-        return settings
+        return cls(env_int("PYCOLL_SHM_SLOT_BYTES", cls.slot_bytes, minimum=64),
+                   env_int("PYCOLL_SHM_SLOTS", cls.num_slots, minimum=1),
+                   env_bool("PYCOLL_SHM_CMA", True),
+                   env_int("PYCOLL_SHM_CMA_THRESHOLD", threshold, minimum=0))
 
 
 def seq_span(next_seq: int, pending: dict[int, Any]) -> int:
@@ -96,20 +106,12 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def buffer_address(view: memoryview) -> int:
-    """The address of a buffer's first byte (any buffer, read-only ones too)."""
-    if view.readonly:
-        import numpy as np
-        return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
-
-
 def cma_read(pid: int, remote_address: int, view: memoryview, peer: int) -> None:
     """Copy ``len(view)`` bytes from ``remote_address`` in process ``pid`` into ``view``."""
     total = view.nbytes
     if total == 0:
         return
-    local = buffer_address(view)
+    local = view_address(view)
     done = 0
     while done < total:
         liov = _IoVec(local + done, total - done)
@@ -127,21 +129,58 @@ def cma_read(pid: int, remote_address: int, view: memoryview, peer: int) -> None
 class _Segment:
     """One mapped inbox: a control page plus a ring of slots."""
 
-    def __init__(self, path: str, create: bool, num_slots: int, slot_bytes: int) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, num_slots: int, slot_bytes: int) -> None:
         self.path = path
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.size = PAGE + num_slots * slot_bytes
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        self.mm = mm
+        self.ctrl = memoryview(mm)[:PAGE].cast("Q")
+        self.data = memoryview(mm)
+
+    @classmethod
+    def create(cls, path: str, num_slots: int, slot_bytes: int, cma_state: int) -> "_Segment":
+        """Create, size and initialise under a temporary name, then rename into place."""
+        size = PAGE + num_slots * slot_bytes
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            if create:
-                os.ftruncate(fd, self.size)
-            self.mm = mmap.mmap(fd, self.size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                free = shutil.disk_usage(os.path.dirname(path)).free
+                raise TransportError(
+                    f"shm: cannot reserve {size} bytes in {os.path.dirname(path)} ({e.strerror}; "
+                    f"{free} bytes free): enlarge it (docker: --shm-size), free space, or use "
+                    "PYCOLL_TRANSPORTS=tcp") from None
+            mm = mmap.mmap(fd, size)
+            seg = cls(path, mm, num_slots, slot_bytes)
+            seg.ctrl[CMA_STATE] = cma_state
+            os.rename(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         finally:
             os.close(fd)
-        self.ctrl = memoryview(self.mm)[:PAGE].cast("Q")
-        self.data = memoryview(self.mm)
+        return seg
+
+    @classmethod
+    def open(cls, path: str, num_slots: int, slot_bytes: int) -> "_Segment | None":
+        """Map a peer's inbox; None while the peer has not created it yet."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            size = PAGE + num_slots * slot_bytes
+            if os.fstat(fd).st_size != size:
+                raise TransportError(f"shm: segment {path} has the wrong size (expected {size})")
+            return cls(path, mmap.mmap(fd, size), num_slots, slot_bytes)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self.ctrl.release()
@@ -149,20 +188,35 @@ class _Segment:
         self.mm.close()
 
 
+class _Rndv(NamedTuple):
+    """A rendezvous notice held for a receive not yet posted: where to read the bytes."""
+
+    pid: int
+    address: int
+    seq: int
+
+
 class ShmChannel(Channel):
     """Messages to and from one same-host peer through two inbox segments."""
 
-    def __init__(self, transport: "ShmTransport", peer: int, inbox: _Segment, outbox: _Segment,
-                 peer_pid: int, use_cma: bool) -> None:
+    transport: "ShmTransport"
+
+    def __init__(self, transport: "ShmTransport", peer: int, inbox: _Segment,
+                 address: dict[str, Any]) -> None:
         self.transport = transport
         self.peer = peer
         self._in = inbox
-        self._out = outbox
-        self._peer_pid = peer_pid
-        self._use_cma = use_cma
+        self._out: _Segment | None = None          # the peer's inbox, once it exists
+        self._out_path = f"{address['prefix']}-from{transport.rank}"
+        self._out_geometry = (int(address["slots"]), int(address["slot_bytes"]))
+        self._peer_pid = int(address["pid"])
+        self._use_cma = False
         self._pidfd: int | None = None
+        self._pid_poll: select.poll | None = None
         try:
-            self._pidfd = os.pidfd_open(peer_pid)
+            self._pidfd = os.pidfd_open(self._peer_pid)
+            self._pid_poll = select.poll()
+            self._pid_poll.register(self._pidfd, select.POLLIN)
         except (AttributeError, OSError):
             pass
         # sender state
@@ -173,22 +227,38 @@ class ShmChannel(Channel):
         self._rndv_pending: dict[int, Request] = {}
         # receiver state
         self._tail = 0
-        self._posted: deque[Request] = deque()
-        self._unexpected: deque[tuple[int, int, Any]] = deque()  # (tag, kind, bytes|descriptor)
+        self._match = TagMatcher()
         self._assembling: tuple[Any, int, int] | None = None     # (target request|bytearray, tag, offset)
         self._broken: BaseException | None = None
-        # The receiver decides its inbox's geometry; the sender follows the peer's.
         self._cma_threshold = transport.settings.cma_threshold
-        self._payload = outbox.slot_bytes - SLOT_HEADER.size
+        self._payload = 0
+
+    def _open_outbox(self) -> bool:
+        """Map the peer's inbox for us once it exists; True when the channel can send."""
+        try:
+            out = _Segment.open(self._out_path, *self._out_geometry)
+        except (OSError, TransportError) as e:
+            self._break(TransportError(f"shm: cannot map peer rank {self.peer}'s segment: {e}",
+                                       peer=self.peer))
+            return False
+        if out is None:
+            return False
+        out.ctrl[ATTACHED] = 1
+        self._use_cma = out.ctrl[CMA_STATE] == 1
+        self._payload = out.slot_bytes - SLOT_HEADER.size
+        self._out = out
+        return True
 
     # -- sending -------------------------------------------------------------------------
-    def isend(self, view: memoryview, tag: int = 0) -> Request:
-        req = Request(self, view, tag, "send")
+    def isend(self, mem: MemRef, tag: int = 0) -> Request:
+        req = Request(self, mem, tag, "send")
         if self._broken is not None:
             req.fail(self._broken)
         else:
             self._sends.append(req)
-            self._progress_send()
+            self.transport._active.add(self)
+            if self._out is not None:
+                self._progress_send()
         return req
 
     @staticmethod
@@ -198,6 +268,11 @@ class ShmChannel(Channel):
     def _progress_send(self) -> bool:
         moved = False
         out = self._out
+        if out is None:
+            if not self._open_outbox():
+                return False
+            out = self._out
+            assert out is not None
         ctrl = out.ctrl
         if self._rndv_pending:
             for seq in [s for s, r in self._rndv_pending.items()
@@ -226,8 +301,7 @@ class ShmChannel(Channel):
                 seq = self._rndv_seq
                 self._rndv_seq += 1
                 SLOT_HEADER.pack_into(out.data, off, req.tag, n, RNDV, seq)
-                RNDV_BODY.pack_into(out.data, off + SLOT_HEADER.size, os.getpid(),
-                                    buffer_address(req.view))
+                RNDV_BODY.pack_into(out.data, off + SLOT_HEADER.size, os.getpid(), req.mem.ptr)
                 self._publish()
                 self._sends.popleft()
                 self._rndv_pending[seq] = req
@@ -248,37 +322,38 @@ class ShmChannel(Channel):
 
     def _publish(self) -> None:
         self._head += 1
-        self._out.ctrl[HEAD] = self._head   # after the slot's bytes: x86 keeps store order
+        self._out.ctrl[HEAD] = self._head   # type: ignore[union-attr]  # after the slot's bytes: x86 store order
 
     # -- receiving -----------------------------------------------------------------------
-    def irecv(self, view: memoryview, tag: int = 0) -> Request:
-        req = Request(self, view, tag, "recv")
+    def irecv(self, mem: MemRef, tag: int = 0) -> Request:
+        req = Request(self, mem, tag, "recv")
         if self._broken is not None:
             req.fail(self._broken)
             return req
-        for i, (utag, kind, body) in enumerate(self._unexpected):
-            if utag == tag:
-                del self._unexpected[i]
-                self._deliver_unexpected(req, kind, body)
-                return req
-        self._posted.append(req)
+        held = self._match.post(req)
+        if held is not None:
+            self._deliver_held(req, *held)
+            return req
+        self.transport._active.add(self)
         if self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()
         return req
 
-    def _deliver_unexpected(self, req: Request, kind: int, body: Any) -> None:
-        if kind == RNDV:
-            nbytes, pid, address, seq = body
-            if self._size_ok(req, nbytes):
-                self._rndv_read(req, pid, address, seq)
-        elif self._size_ok(req, len(body)):
+    def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
+        if not self._size_ok(req, nbytes):
+            return
+        if isinstance(body, _Rndv):
+            self._rndv_read(req, body.pid, body.address, body.seq)
+        else:
             req.view[:] = body
             req.complete()
 
     def _size_ok(self, req: Request, nbytes: int) -> bool:
         if nbytes == req.nbytes:
             return True
-        self._break(size_mismatch(self.peer, req.tag, nbytes, req.nbytes))
+        error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
+        self._break(error)
+        req.fail(error)     # already matched, so no longer among the posted receives
         return False
 
     def _rndv_read(self, req: Request, pid: int, address: int, seq: int) -> None:
@@ -295,7 +370,8 @@ class ShmChannel(Channel):
         seg = self._in
         data = seg.data
         hs = SLOT_HEADER.size
-        while (self._posted or self._assembling is not None) and self._tail < seg.ctrl[HEAD]:
+        match = self._match
+        while (match.posted or self._assembling is not None) and self._tail < seg.ctrl[HEAD]:
             off = self._slot_offset(seg, self._tail)
             tag, total, kind, aux = SLOT_HEADER.unpack_from(data, off)
             if kind == CONT:
@@ -309,9 +385,9 @@ class ShmChannel(Channel):
                         target.complete()
                     else:
                         # A receive posted while this message was being set aside takes it.
-                        late = take_posted(self._posted, atag)
+                        late = match.take(atag)
                         if late is None:
-                            self._unexpected.append((atag, EAGER, target))
+                            match.hold(atag, len(target), target)
                         elif self._size_ok(late, len(target)):
                             late.view[:] = target
                             late.complete()
@@ -320,12 +396,12 @@ class ShmChannel(Channel):
                     if isinstance(target, Request):
                         target.bytes_done = start
             else:
-                req = take_posted(self._posted, tag)
+                req = match.take(tag)
                 if req is not None and not self._size_ok(req, total):
                     return True
                 if kind == EAGER:
                     if req is None:
-                        self._unexpected.append((tag, EAGER, bytes(data[off + hs: off + hs + total])))
+                        match.hold(tag, total, bytes(data[off + hs: off + hs + total]))
                     else:
                         if total:
                             req.view[:] = data[off + hs: off + hs + total]
@@ -333,12 +409,12 @@ class ShmChannel(Channel):
                 elif kind == RNDV:
                     pid, address = RNDV_BODY.unpack_from(data, off + hs)
                     if req is None:
-                        self._unexpected.append((tag, RNDV, (total, pid, address, aux)))
+                        match.hold(tag, total, _Rndv(pid, address, aux))
                     else:
                         self._rndv_read(req, pid, address, aux)
                 else:  # FIRST fragment
                     target = req if req is not None else bytearray(total)
-                    dst = target.view if req is not None else memoryview(target)
+                    dst = req.view if req is not None else memoryview(target)  # type: ignore[arg-type]
                     dst[0:aux] = data[off + hs: off + hs + aux]
                     self._assembling = (target, tag, aux)
             self._tail += 1
@@ -351,20 +427,27 @@ class ShmChannel(Channel):
         moved = False
         if self._sends or self._rndv_pending:
             moved = self._progress_send()
-        if self._posted or self._assembling is not None:
+        if self._match.posted or self._assembling is not None:
             moved = self._progress_recv() or moved
         return moved
+
+    def busy(self) -> bool:
+        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling)
+
+    def mapped_by_peer(self) -> bool:
+        return bool(self._in.ctrl[ATTACHED])
 
     def check_alive(self) -> None:
         if self._broken is not None:
             raise self._broken
-        if not self._pending():
+        if not self.busy():
             return   # nothing expected from this peer: its exit is not our problem (yet)
         gone = None
-        if self._in.ctrl[SENDER_CLOSED] or self._out.ctrl[RECEIVER_CLOSED]:
+        if self._in.ctrl[SENDER_CLOSED] or (self._out is not None
+                                            and self._out.ctrl[RECEIVER_CLOSED]):
             gone = "it closed its communicator (finalize) while this rank still expected data"
-        elif self._pidfd is not None:
-            if select.select([self._pidfd], [], [], 0)[0]:
+        elif self._pid_poll is not None:
+            if self._pid_poll.poll(0):
                 gone = f"process {self._peer_pid} exited"
         else:
             try:
@@ -376,67 +459,82 @@ class ShmChannel(Channel):
         # Whatever the peer wrote before closing or exiting is visible now: deliver it first,
         # and blame the peer only for what is still missing after that.
         self.progress()
-        if self._pending():
+        if self.busy():
             self._break(peer_lost(self.peer, gone))
             raise self._broken  # type: ignore[misc]
-
-    def _pending(self) -> bool:
-        return bool(self._sends or self._rndv_pending or self._posted or self._assembling)
 
     def _break(self, error: BaseException) -> None:
         if self._broken is None:
             self._broken = error
-        for req in list(self._sends) + list(self._rndv_pending.values()) + list(self._posted):
+        for req in list(self._sends) + list(self._rndv_pending.values()):
             req.fail(error)
+        self._match.fail_all(error)
         if isinstance(self._assembling, tuple) and isinstance(self._assembling[0], Request):
             self._assembling[0].fail(error)
         self._sends.clear()
         self._rndv_pending.clear()
-        self._posted.clear()
         self._assembling = None
 
     def close(self) -> None:
+        if self._out is None and self._broken is None:
+            self._open_outbox()     # so the peer learns we closed (if it made its inbox)
         try:
             self._in.ctrl[RECEIVER_CLOSED] = 1
-            self._out.ctrl[SENDER_CLOSED] = 1
+            if self._out is not None:
+                self._out.ctrl[SENDER_CLOSED] = 1
         except ValueError:
             pass  # already released
         self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+            self._pid_poll = None
+
+
+SHM_DIR = "/dev/shm"
 
 
 class ShmTransport(Transport):
     """Shared-memory transport for the peers on this host."""
 
+    name = "shm"
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=1 << 20)
+                                segment_bytes=1 << 20)
 
-    def __init__(self, rank: int, peers: list[int], *, crowded: bool = False) -> None:
+    def __init__(self, rank: int, *, crowded: bool = False) -> None:
         self.rank = rank
-        self.peers = list(peers)
         self.settings = ShmSettings.from_env(crowded)
-        self._inboxes: dict[int, _Segment] = {}
-        self._outboxes: dict[int, _Segment] = {}
-        self._linked: set[str] = set()
+        self._prefix = f"{SHM_DIR}/pycoll-{os.getpid()}-{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}
+        self._active = ActiveSet()
+        self._linked: set[str] = set()
         self._probe = ctypes.c_uint64(PROBE_MAGIC ^ os.getpid())
-        tag = secrets.token_hex(4)
-        try:
-            for peer in self.peers:
-                path = f"/dev/shm/pycoll-{os.getpid()}-{rank}-from{peer}-{tag}"
-                self._inboxes[peer] = _Segment(path, True, self.settings.num_slots,
-                                               self.settings.slot_bytes)
-                self._linked.add(path)
-        except BaseException:
-            self.close()
-            raise
+        self._check_unlink = False
+        self._next_finish = 0.0
+
+    def configure(self, crowded: bool) -> None:
+        """Adopt the job's rank layout (known after the bootstrap): with more ranks than
+        cores, cross-memory attach pays from 1 MiB (see ``ShmSettings``)."""
+        self.settings = ShmSettings.from_env(crowded)
+
+    # -- registry ------------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> tuple[dict[str, Any] | None, str]:
+        if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+            return None, (f"shm relies on x86 store ordering; this CPU is {platform.machine()} "
+                          "(weakly ordered), which it does not handle yet")
+        if not os.access(SHM_DIR, os.W_OK):
+            return None, f"{SHM_DIR} is missing or not writable"
+        return {}, ""
+
+    @staticmethod
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
+        return a.host == b.host and a.machine == b.machine
 
     def address(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
-                "slots": self.settings.num_slots, "slot_bytes": self.settings.slot_bytes,
-                "inbox": {str(p): seg.path for p, seg in self._inboxes.items()}}
+                "prefix": self._prefix, "slots": self.settings.num_slots,
+                "slot_bytes": self.settings.slot_bytes}
 
     def _cma_works(self, pid: int, probe: int) -> bool:
         if not self.settings.cma:
@@ -448,22 +546,37 @@ class ShmTransport(Transport):
             return False
         return value.value == PROBE_MAGIC ^ pid
 
-    def connect(self, addresses: dict[int, dict[str, Any]], deadline: float) -> dict[int, Channel]:
-        for peer in self.peers:
-            a = addresses[peer]
-            self._inboxes[peer].ctrl[CMA_STATE] = 1 if self._cma_works(a["pid"], a["probe"]) else 2
-            out = _Segment(a["inbox"][str(self.rank)], False, a["slots"], a["slot_bytes"])
-            out.ctrl[ATTACHED] = 1
-            self._outboxes[peer] = out
-        for peer in self.peers:
-            _wait_word(self._inboxes[peer].ctrl, ATTACHED, deadline, peer, "map its segment")
-            self._unlink(self._inboxes[peer].path)
-            _wait_word(self._outboxes[peer].ctrl, CMA_STATE, deadline, peer, "answer the probe")
-        for peer in self.peers:
-            self._channels[peer] = ShmChannel(
-                self, peer, self._inboxes[peer], self._outboxes[peer], addresses[peer]["pid"],
-                use_cma=self._outboxes[peer].ctrl[CMA_STATE] == 1)
-        return dict(self._channels)
+    # -- connections -----------------------------------------------------------------------
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
+        ch = self._channels.get(peer)
+        if ch is None:
+            cma = 1 if self._cma_works(int(address["pid"]), int(address["probe"])) else 2
+            path = f"{self._prefix}-from{peer}"
+            inbox = _Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
+            self._linked.add(path)
+            ch = self._channels[peer] = ShmChannel(self, peer, inbox, address)
+            self._check_unlink = True
+            self._next_finish = 0.0
+        return ch
+
+    def _finish_connections(self) -> None:
+        """Map each peer's inbox as soon as it exists (even before sending: then the peer
+        can unlink it), and unlink our inboxes once the peer has mapped them, so a crash
+        leaves nothing in /dev/shm. Polled at most every millisecond while pending."""
+        now = time.monotonic()
+        if now < self._next_finish:
+            return
+        self._next_finish = now + 1e-3
+        waiting = False
+        for ch in self._channels.values():
+            if ch._out is None and ch._broken is None and not ch._open_outbox():
+                waiting = True
+            if ch._in.path in self._linked:
+                if ch.mapped_by_peer():
+                    self._unlink(ch._in.path)
+                else:
+                    waiting = True
+        self._check_unlink = waiting
 
     def _unlink(self, path: str) -> None:
         if path in self._linked:
@@ -473,26 +586,24 @@ class ShmTransport(Transport):
             except FileNotFoundError:
                 pass
 
+    # -- progress --------------------------------------------------------------------------
+    def progress(self) -> bool:
+        if self._check_unlink:
+            self._finish_connections()
+        return self._active.progress() if self._active.channels else False
+
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
-        self._channels.clear()
+        self._active.channels.clear()
         for path in list(self._linked):
             self._unlink(path)
-        for seg in list(self._inboxes.values()) + list(self._outboxes.values()):
-            try:
-                seg.close()
-            except BufferError:
-                pass  # a request still references it; the mapping goes with the process
-        self._inboxes.clear()
-        self._outboxes.clear()
-
-
-def _wait_word(ctrl: memoryview, index: int, deadline: float, peer: int, what: str) -> None:
-    sleep = 1e-5
-    while not ctrl[index]:
-        if time.monotonic() > deadline:
-            raise TransportError(f"shm: peer rank {peer} did not {what} before the deadline",
-                                 peer=peer)
-        time.sleep(sleep)
-        sleep = min(sleep * 2, 1e-3)
+        for ch in self._channels.values():
+            for seg in (ch._in, ch._out):
+                if seg is None:
+                    continue
+                try:
+                    seg.close()
+                except BufferError:
+                    pass  # a request still references it; the mapping goes with the process
+        self._channels.clear()

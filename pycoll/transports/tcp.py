@@ -3,15 +3,20 @@
 Frames are a 16-byte header (tag, payload length) followed by the payload. Sends go out with
 ``sendmsg([header, payload])`` straight from the user's memory; a receive reads the header and
 then ``recv_into`` the posted buffer, so large messages are never copied in user space. All
-sockets are non-blocking and progress is driven by the waiter, which reads and writes in the
+sockets are non-blocking and progress is driven by the engine, which reads and writes in the
 same loop: both peers can send large messages to each other at once without deadlock.
 
-Connection setup is deterministic: the higher rank connects to the lower one and proves
-membership of the job with ``HMAC(token, listener nonce + rank)``; anything else that
-connects to the data port is dropped without disturbing the job.
+Connections are lazy (Gloo's lazy mode): a channel exists from the first time an algorithm
+uses that peer; the higher rank of the pair dials, on its own first use (every message has a
+sender and a receiver, so both ends use the pair), and proves membership of the job with
+``HMAC(token, listener nonce : rank)``. Dials and handshakes are non-blocking and progress
+with everything else, so connections open in parallel, never rank after rank. Anything else
+that connects to the data port (a stranger, a flood of silent sockets) is dropped at a short
+handshake deadline without disturbing the job.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -23,11 +28,14 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
+from ..envvars import env_choice, env_int
 from ..errors import TransportError
-from .base import (Capabilities, Channel, Request, Transport, peer_lost, size_mismatch,
-                   take_posted)
+from ..memory import MemRef
+from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
+                   size_mismatch)
+from .matching import TagMatcher
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 HELLO = struct.Struct("<8sI32s")         # magic, rank, proof
@@ -67,7 +75,7 @@ def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
     family. Otherwise use the local address the kernel would use to reach the master, which
     on a single host is loopback.
     """
-    fam_name = os.environ.get("PYCOLL_SOCKET_FAMILY", "").lower()
+    fam_name = env_choice("PYCOLL_SOCKET_FAMILY", "", ("ipv4", "ipv6", "inet", "inet6", "4", "6"))
     target = master_addr or "127.0.0.1"
     if fam_name in ("ipv6", "inet6", "6"):
         family = socket.AF_INET6
@@ -75,7 +83,7 @@ def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
         family = socket.AF_INET
     else:
         family = socket.getaddrinfo(target, None)[0][0]
-    ifname = os.environ.get("PYCOLL_SOCKET_IFNAME")
+    ifname = os.environ.get("PYCOLL_SOCKET_IFNAME", "").strip()
     if ifname:
         return interface_address(ifname, family), family
     with socket.socket(family, socket.SOCK_DGRAM) as s:
@@ -89,7 +97,7 @@ def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
 
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    size = int(os.environ.get("PYCOLL_SOCKET_BUFFER", str(4 << 20)))
+    size = env_int("PYCOLL_SOCKET_BUFFER", 4 << 20, minimum=4096)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
@@ -97,34 +105,57 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
-class TcpChannel(Channel):
-    """Messages to and from one peer over one TCP connection."""
+#: how long an accepted connection may take to prove it belongs to the job
+HANDSHAKE_SECONDS = 10.0
+#: connections still handshaking at once; beyond it the oldest is dropped (floods)
+MAX_HANDSHAKES = 256
+#: how often an idle transport looks for peers dialing in (a busy one: every pass)
+ACCEPT_INTERVAL = 0.01
 
-    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket) -> None:
+
+class TcpChannel(Channel):
+    """Messages to and from one peer over one TCP connection (attached once connected)."""
+
+    transport: "TcpTransport"
+
+    def __init__(self, transport: "TcpTransport", peer: int) -> None:
         self.transport = transport
         self.peer = peer
-        self._sock = sock
-        sock.setblocking(False)
-        self._fd = sock.fileno()
+        self._sock: socket.socket | None = None
+        self._fd = -1
         self._sends: deque[Request] = deque()
         self._send_header: bytes | None = None   # header of the head send, until written
         self._send_offset = 0
-        self._posted: deque[Request] = deque()
-        self._unexpected: deque[tuple[int, bytes]] = deque()
+        self._match = TagMatcher()
         self._header = bytearray(HEADER.size)
         self._header_got = 0
         self._current: tuple[Any, int, memoryview] | None = None  # (request|bytearray, tag, view)
         self._current_got = 0
         self._broken: BaseException | None = None
 
+    def attach(self, sock: socket.socket) -> None:
+        """The connection is up: start moving what was queued meanwhile."""
+        sock.setblocking(False)
+        self._sock = sock
+        self._fd = sock.fileno()
+        if self._sends:
+            self._send_header = HEADER.pack(self._sends[0].tag, self._sends[0].nbytes)
+            self._send_offset = 0
+        self.transport._active.add(self)
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
     # -- sending -------------------------------------------------------------------------
-    def isend(self, view: memoryview, tag: int = 0) -> Request:
-        req = Request(self, view, tag, "send")
+    def isend(self, mem: MemRef, tag: int = 0) -> Request:
+        req = Request(self, mem, tag, "send")
         if self._broken is not None:
             req.fail(self._broken)
             return req
         self._sends.append(req)
-        if len(self._sends) == 1:
+        self.transport._active.add(self)
+        if len(self._sends) == 1 and self._sock is not None:
             self._send_header = HEADER.pack(tag, req.nbytes)
             self._send_offset = 0
             self._progress_send()
@@ -138,14 +169,14 @@ class TcpChannel(Channel):
             try:
                 if self._send_header is not None:
                     hdr = self._send_header
-                    n = sock.sendmsg([hdr, req.view] if req.nbytes else [hdr])
+                    n = sock.sendmsg([hdr, req.view] if req.nbytes else [hdr])  # type: ignore[union-attr]
                     if n < len(hdr):
                         self._send_header = hdr[n:]
                         return True
                     self._send_header = None
                     self._send_offset = n - len(hdr)
                 else:
-                    n = sock.send(req.view[self._send_offset:])
+                    n = sock.send(req.view[self._send_offset:])  # type: ignore[union-attr]
                     self._send_offset += n
             except (BlockingIOError, InterruptedError):
                 return moved
@@ -164,38 +195,42 @@ class TcpChannel(Channel):
         return moved
 
     # -- receiving -----------------------------------------------------------------------
-    def irecv(self, view: memoryview, tag: int = 0) -> Request:
-        req = Request(self, view, tag, "recv")
+    def irecv(self, mem: MemRef, tag: int = 0) -> Request:
+        req = Request(self, mem, tag, "recv")
         if self._broken is not None:
             req.fail(self._broken)
             return req
-        for i, (utag, body) in enumerate(self._unexpected):
-            if utag == tag:
-                del self._unexpected[i]
-                if self._size_ok(req, len(body)):
-                    view[:] = body
-                    req.complete()
-                return req
-        self._posted.append(req)
-        self._progress_recv()
+        held = self._match.post(req)
+        if held is not None:
+            nbytes, body = held
+            if self._size_ok(req, nbytes):
+                req.view[:] = body
+                req.complete()
+            return req
+        self.transport._active.add(self)
+        if self._sock is not None:
+            self._progress_recv()
         return req
 
     def _size_ok(self, req: Request, nbytes: int) -> bool:
         if nbytes == req.nbytes:
             return True
-        self._break(size_mismatch(self.peer, req.tag, nbytes, req.nbytes))
+        error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
+        self._break(error)
+        req.fail(error)     # already matched, so no longer among the posted receives
         return False
 
     def _recv_into(self, view: memoryview) -> int:
-        n = self._sock.recv_into(view)
+        n = self._sock.recv_into(view)  # type: ignore[union-attr]
         if n == 0:
             raise ConnectionResetError("connection closed by peer")
         return n
 
     def _progress_recv(self) -> bool:
         moved = False
+        match = self._match
         try:
-            while self._posted or self._current is not None:
+            while match.posted or self._current is not None:
                 if self._current is None:
                     n = self._recv_into(memoryview(self._header)[self._header_got:])
                     moved = True
@@ -204,7 +239,11 @@ class TcpChannel(Channel):
                         return moved
                     self._header_got = 0
                     tag, nbytes = HEADER.unpack(self._header)
-                    req = take_posted(self._posted, tag)
+                    if nbytes < 0:
+                        self._break(TransportError(f"peer rank {self.peer} sent a malformed "
+                                                   f"frame (length {nbytes})", peer=self.peer))
+                        return True
+                    req = match.take(tag)
                     if req is None:   # for another tag: set it aside
                         body = bytearray(nbytes)
                         self._current = (body, tag, memoryview(body))
@@ -228,9 +267,9 @@ class TcpChannel(Channel):
                 else:
                     # A receive for this tag may have been posted while the message was
                     # being set aside: it takes the message now, in order.
-                    late = take_posted(self._posted, tag)
+                    late = match.take(tag)
                     if late is None:
-                        self._unexpected.append((tag, bytes(target)))
+                        match.hold(tag, len(target), bytes(target))
                     elif self._size_ok(late, len(target)):
                         late.view[:] = target
                         late.complete()
@@ -243,18 +282,23 @@ class TcpChannel(Channel):
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
+        if self._sock is None:
+            return False
         moved = False
         if self._sends:
             moved = self._progress_send()
-        if self._posted or self._current is not None:
+        if self._match.posted or self._current is not None:
             moved = self._progress_recv() or moved
         return moved
 
-    def poll_fd(self) -> tuple[int, int] | None:
-        events = select.POLLIN if (self._posted or self._current is not None) else 0
+    def busy(self) -> bool:
+        return bool(self._sends or self._match.posted or self._current is not None)
+
+    def events(self) -> int:
+        events = select.EPOLLIN if (self._match.posted or self._current is not None) else 0
         if self._sends:
-            events |= select.POLLOUT
-        return self._fd, events | select.POLLERR
+            events |= select.EPOLLOUT
+        return events | select.EPOLLERR
 
     def check_alive(self) -> None:
         if self._broken is not None:
@@ -263,141 +307,287 @@ class TcpChannel(Channel):
     def _break(self, error: BaseException) -> None:
         if self._broken is None:
             self._broken = error
-        for req in list(self._sends) + list(self._posted):
+        for req in list(self._sends):
             req.fail(error)
+        self._match.fail_all(error)
         if self._current is not None and isinstance(self._current[0], Request):
             self._current[0].fail(error)
         self._sends.clear()
-        self._posted.clear()
         self._current = None
 
     def close(self) -> None:
         self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+
+
+class _Dial:
+    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack."""
+
+    def __init__(self, transport: "TcpTransport", channel: TcpChannel, addr: dict[str, Any],
+                 deadline: float) -> None:
+        self.transport = transport
+        self.channel = channel
+        self.addr = addr
+        self.deadline = deadline
+        self.sock: socket.socket | None = None
+        self.state = "idle"            # idle -> connecting -> ack
+        self.retry_at = 0.0
+        self.delay = 0.01
+        self.hello = HELLO.pack(MAGIC, transport.rank,
+                                _proof(transport._token, str(addr["nonce"]), transport.rank))
+
+    def _fail(self, why: str) -> None:
+        peer = self.channel.peer
+        self.channel._break(TransportError(
+            f"tcp: could not connect to peer rank {peer} at {self.addr['host']}:"
+            f"{self.addr['port']}: {why}; check that the address is reachable from this host "
+            "(PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer))
+
+    def _retry(self, why: str) -> bool:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        now = time.monotonic()
+        if now + self.delay > self.deadline:
+            self._fail(f"{why} (until the deadline)")
+            return True
+        self.retry_at = now + self.delay * (0.5 + secrets.randbelow(1000) / 1000)
+        self.delay = min(self.delay * 2, 1.0)
+        self.state = "idle"
+        return False
+
+    def events(self) -> int:
+        return select.EPOLLOUT if self.state == "connecting" else select.EPOLLIN
+
+    def progress(self) -> bool:
+        """Advance; True once finished (connected or failed)."""
+        if self.channel._broken is not None:
+            if self.sock is not None:
+                self.sock.close()
+            return True
+        if self.state == "idle":
+            if time.monotonic() < self.retry_at:
+                return False
+            try:
+                info = socket.getaddrinfo(self.addr["host"], self.addr["port"],
+                                          type=socket.SOCK_STREAM)[0]
+                self.sock = socket.socket(info[0], socket.SOCK_STREAM)
+                self.sock.setblocking(False)
+                _tune(self.sock)
+                err = self.sock.connect_ex(info[4])
+            except OSError as e:
+                return self._retry(str(e))
+            if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+                return self._retry(os.strerror(err))
+            self.state = "connecting"
+        sock = self.sock
+        assert sock is not None
+        if self.state == "connecting":
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLOUT)
+            if not p.poll(0):
+                if time.monotonic() > self.deadline:
+                    self._fail("no answer before the deadline")
+                    sock.close()
+                    return True
+                return False
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                return self._retry(os.strerror(err))
+            try:
+                sock.sendall(self.hello)     # 44 bytes into an empty socket buffer
+            except OSError as e:
+                return self._retry(str(e))
+            self.state = "ack"
         try:
-            self._sock.close()
-        except OSError:
-            pass
+            answer = sock.recv(1)
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() > self.deadline:
+                self._fail("the peer accepted the connection but never answered the handshake")
+                sock.close()
+                return True
+            return False
+        except OSError as e:
+            return self._retry(str(e))
+        if answer != b"\x01":
+            sock.close()
+            peer = self.channel.peer
+            self.channel._break(TransportError(
+                f"tcp: peer rank {peer} at {self.addr['host']}:{self.addr['port']} refused this "
+                "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
+                peer=peer))
+            return True
+        self.channel.attach(sock)
+        return True
+
+
+class _Handshake:
+    """An accepted connection that has not yet proved which rank of the job it is."""
+
+    __slots__ = ("sock", "buf", "since")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.since = time.monotonic()
 
 
 class TcpTransport(Transport):
     """TCP transport for peers anywhere on the network."""
 
+    name = "tcp"
     capabilities = Capabilities("tcp", latency_us=25.0, bandwidth_gbps=3.0, same_host_only=False,
                                 segment_bytes=1 << 20)
 
-    def __init__(self, rank: int, peers: list[int], *, token: str | None = None,
-                 master_addr: str | None = None) -> None:
+    def __init__(self, rank: int, *, token: str | None = None, master_addr: str | None = None,
+                 accepts: Callable[[int], bool] | None = None) -> None:
         self.rank = rank
-        self.peers = list(peers)
         self._token = token
+        self._accepts = accepts or (lambda peer: True)
         self._nonce = secrets.token_hex(16)
         host, family = choose_bind_address(master_addr)
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((host, 0))
-        self._listener.listen(max(16, len(self.peers)))
+        self._listener.listen(128)
+        self._listener.setblocking(False)
         self._channels: dict[int, TcpChannel] = {}
+        self._active = ActiveSet()
+        self._dials: dict[int, _Dial] = {}
+        self._handshakes: dict[int, _Handshake] = {}
+        self._next_accept = 0.0
         self.host = host
+
+    # -- registry ------------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> tuple[dict[str, Any] | None, str]:
+        return {}, ""
+
+    @staticmethod
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
+        return True
 
     def address(self) -> dict[str, Any]:
         return {"host": self.host, "port": self._listener.getsockname()[1], "nonce": self._nonce}
 
-    def connect(self, addresses: dict[int, dict[str, Any]], deadline: float) -> dict[int, Channel]:
-        try:
-            for peer in sorted(p for p in self.peers if p < self.rank):
-                sock = self._dial(peer, addresses[peer], deadline)
-                self._channels[peer] = TcpChannel(self, peer, sock)
-            expected = {p for p in self.peers if p > self.rank}
-            for peer, sock in self._accept(expected, deadline).items():
-                self._channels[peer] = TcpChannel(self, peer, sock)
-        finally:
-            self._listener.close()
-        return dict(self._channels)
+    # -- connections -----------------------------------------------------------------------
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
+        ch = self._channels.get(peer)
+        if ch is None:
+            ch = self._channels[peer] = TcpChannel(self, peer)
+            if peer < self.rank:
+                self._dials[peer] = _Dial(self, ch, address, deadline)
+        return ch
 
-    def _dial(self, peer: int, addr: dict[str, Any], deadline: float) -> socket.socket:
-        delay = 0.01
-        sock: socket.socket | None = None
+    def connections(self) -> int:
+        """Open data connections (for tests and diagnostics)."""
+        return sum(ch.connected for ch in self._channels.values())
+
+    def _accept(self) -> bool:
+        moved = False
         while True:
             try:
-                sock = socket.create_connection(
-                    (addr["host"], addr["port"]), timeout=max(0.1, deadline - time.monotonic()))
-                _tune(sock)
-                sock.sendall(HELLO.pack(MAGIC, self.rank, _proof(self._token, addr["nonce"], self.rank)))
-                if sock.recv(1) != b"\x01":
-                    sock.close()
-                    raise TransportError(
-                        f"tcp: peer rank {peer} at {addr['host']}:{addr['port']} refused this rank's "
-                        "handshake: are both ranks in the same job (same PYCOLL_TOKEN)?", peer=peer)
-                sock.settimeout(None)
-                return sock
-            except (ConnectionRefusedError, socket.timeout, OSError) as e:
-                if isinstance(e, TransportError):
-                    raise
-                if sock is not None:
-                    sock.close()
-                    sock = None
-                if time.monotonic() + delay > deadline:
-                    raise TransportError(
-                        f"tcp: could not connect to peer rank {peer} at {addr['host']}:{addr['port']}"
-                        f" before the deadline: {e}; check that the address is reachable from this "
-                        "host (PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer) from None
-                time.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
-                delay = min(delay * 2, 1.0)
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:   # EMFILE and friends: keep the job running
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._drop_oldest_handshake()
+                break
+            conn.setblocking(False)
+            if len(self._handshakes) >= MAX_HANDSHAKES:
+                self._drop_oldest_handshake()
+            self._handshakes[conn.fileno()] = _Handshake(conn)
+            moved = True
+        return moved
 
-    def _accept(self, expected: set[int], deadline: float) -> dict[int, socket.socket]:
-        accepted: dict[int, socket.socket] = {}
-        partial: dict[socket.socket, bytearray] = {}
-        self._listener.setblocking(False)
-        while len(accepted) < len(expected):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                for s in list(partial) + list(accepted.values()):
-                    s.close()
-                missing = sorted(expected - set(accepted))
-                raise TransportError(f"tcp: peer rank(s) {missing} did not connect before the "
-                                     "deadline", peer=missing[0])
-            readable, _, _ = select.select([self._listener, *partial], [], [], min(remaining, 0.5))
-            for s in readable:
-                if s is self._listener:
-                    try:
-                        conn, _ = self._listener.accept()
-                    except BlockingIOError:
-                        continue
-                    conn.setblocking(False)
-                    partial[conn] = bytearray()
-                    continue
-                buf = partial[s]
-                try:
-                    chunk = s.recv(HELLO.size - len(buf))
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    del partial[s]
-                    s.close()
-                    continue
-                buf += chunk
-                if len(buf) < HELLO.size:
-                    continue
-                del partial[s]
-                magic, rank, proof = HELLO.unpack(bytes(buf))
-                if (magic != MAGIC or rank not in expected or rank in accepted
-                        or not hmac.compare_digest(proof, _proof(self._token, self._nonce, rank))):
-                    s.close()   # a stranger, or a peer of another job: drop it quietly
-                    continue
-                s.setblocking(True)
-                _tune(s)
-                s.sendall(b"\x01")
-                accepted[rank] = s
-        for s in partial:
-            s.close()
-        return accepted
+    def _drop_oldest_handshake(self) -> None:
+        if self._handshakes:
+            fd = next(iter(self._handshakes))
+            self._handshakes.pop(fd).sock.close()
+
+    def _progress_handshakes(self) -> bool:
+        moved = False
+        now = time.monotonic()
+        for fd, hs in list(self._handshakes.items()):
+            try:
+                chunk = hs.sock.recv(HELLO.size - len(hs.buf))
+            except (BlockingIOError, InterruptedError):
+                if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
+                    del self._handshakes[fd]
+                    hs.sock.close()
+                continue
+            except OSError:
+                chunk = b""
+            moved = True
+            if not chunk:
+                del self._handshakes[fd]
+                hs.sock.close()
+                continue
+            hs.buf += chunk
+            if len(hs.buf) < HELLO.size:
+                continue
+            del self._handshakes[fd]
+            magic, rank, proof = HELLO.unpack(bytes(hs.buf))
+            existing = self._channels.get(rank)
+            if (magic != MAGIC or rank <= self.rank or not self._accepts(rank)
+                    or (existing is not None and existing.connected)
+                    or not hmac.compare_digest(proof, _proof(self._token, self._nonce, rank))):
+                hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
+                continue
+            try:
+                hs.sock.send(b"\x01")
+            except OSError:
+                hs.sock.close()
+                continue
+            _tune(hs.sock)
+            ch = existing or self._channels.setdefault(rank, TcpChannel(self, rank))
+            ch.attach(hs.sock)
+        return moved
+
+    # -- progress --------------------------------------------------------------------------
+    def progress(self) -> bool:
+        moved = False
+        if self._dials:
+            for peer, dial in list(self._dials.items()):
+                if dial.progress():
+                    del self._dials[peer]
+                    moved = True
+        now = time.monotonic() if not self._handshakes else 0.0
+        if self._handshakes or now >= self._next_accept:
+            self._next_accept = now + ACCEPT_INTERVAL
+            moved = self._accept() or moved
+            if self._handshakes:
+                moved = self._progress_handshakes() or moved
+        if self._active.channels:
+            moved = self._active.progress() or moved
+        return moved
+
+    def wait_fds(self) -> list[tuple[int, int]] | None:
+        fds = [(self._listener.fileno(), select.EPOLLIN)]
+        fds += [(fd, select.EPOLLIN) for fd in self._handshakes]
+        fds += [(d.sock.fileno(), d.events()) for d in self._dials.values()
+                if d.sock is not None]
+        fds += [(ch._fd, ch.events()) for ch in self._active.channels.values()  # type: ignore[attr-defined]
+                if ch._sock is not None]  # type: ignore[attr-defined]
+        return fds
 
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
+        self._active.channels.clear()
+        for dial in self._dials.values():
+            if dial.sock is not None:
+                dial.sock.close()
+        self._dials.clear()
+        for hs in self._handshakes.values():
+            hs.sock.close()
+        self._handshakes.clear()
         try:
             self._listener.close()
         except OSError:

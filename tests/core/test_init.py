@@ -104,7 +104,7 @@ def test_explicit_arguments_and_tcp(tmp_path):
                 p.wait()
     for rank, (out, err) in enumerate(results):
         assert f"RESULT rank={rank} size=2 sum=3 transport=tcp" in out, err
-        assert f"[pycoll rank {rank}] INFO" in err and "->tcp" in err   # the choice is logged
+        assert f"[pycoll rank {rank}] INFO" in err and "transports in use: tcp" in err  # logged
 
 
 def test_pycoll_run_launcher(tmp_path):

@@ -1,9 +1,10 @@
 """A stranger on a rank's TCP data port does not disturb the job.
 
-During setup the data port is open (its address is published in the store): strangers that
+A rank's data port is open while its communicator lives (connections are lazy: a peer may
+dial in at its first collective), and its address is published in the store: strangers that
 send nothing, send garbage, present a wrong HMAC, or claim a rank with a forged proof are
-dropped, and the job still connects and computes the right answer. After setup the listener
-is closed: connecting is refused.
+dropped (silent ones at the handshake deadline), and the job still connects and computes the
+right answer. After the job the port is closed: connecting is refused.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _job(comm, port_file):
     if comm.rank == 0:
-        addr = json.loads(comm._store.get("pycoll/world//addr/0"))["tcp"]
+        addr = json.loads(comm._store.get("pycoll/world//hello/0"))["addr"]["tcp"]
         port_file_path = port_file
         with open(port_file_path, "w") as f:
             f.write(str(addr["port"]))
@@ -39,7 +40,7 @@ def _strangers(store_port, stop, log):
     from rendezvous import PrefixStore, TCPStore
     client = TCPStore("127.0.0.1", store_port, timeout=30)
     scoped = PrefixStore("pycoll/world/", client)
-    addr = json.loads(scoped.get("addr/0", timeout=30))["tcp"]
+    addr = json.loads(scoped.get("hello/0", timeout=30))["addr"]["tcp"]
     target = (addr["host"], addr["port"])
     socks = []
     hello = struct.Struct("<8sI32s")
@@ -103,7 +104,7 @@ def test_stranger_during_setup_is_dropped(tmp_path):
     names = ["silent", "garbage", "wrong-magic", "forged-proof", "short"]
     assert [entry.split(":")[0] for entry in log] == names, log
     assert log[0] == "silent", log      # the first one did get in while setup waited
-    # After setup the listener is closed: nobody can connect any more.
+    # After the job the listener is closed: nobody can connect any more.
     port = int(port_file.read_text())
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()

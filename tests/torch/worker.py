@@ -453,7 +453,7 @@ def scenario_ops() -> dict:
     leftovers = resources()
     if leftovers:
         c.failures.append(f"after destroy_process_group: {leftovers}")
-    if pg_comm._transports or pg_comm._channels:
+    if any(pg_comm.open_channels().values()):
         c.failures.append("communicator still holds transports after destroy")
     return {"failures": c.failures, "checked": c.checked}
 

@@ -1,0 +1,343 @@
+"""The collectives: what each call computes, written as a closure over an algorithm.
+
+Each method validates its input completely (``planning.Planner``: shapes, dtypes, ranks,
+memory types) before any byte moves, picks an algorithm, and hands a closure ``body(peers)``
+to ``Execution._execute``, which numbers, records and runs it. Mixed into ``Communicator``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from . import debug
+from .algorithms import ALGORITHMS
+from .algorithms.primitives import P2P_TAG_LIMIT, Peers, p2p_tag
+from .errors import InvalidArgument
+from .execution import Execution
+from .reduction import OpLike, check_op_dtype, parse_op, prepare
+from .work import Work
+
+if TYPE_CHECKING:
+    from .memops import HostOps
+    from .planning import Planner
+
+
+class Collectives(Execution):
+    """allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
+    barrier, send/recv, batched point-to-point and coalesced allreduce."""
+
+    _plan: "Planner"
+    _ops: "HostOps"
+    _detail: bool
+
+    def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
+        """The algorithm this communicator would run for ``collective`` on ``nbytes``."""
+        return self._plan.select(collective, nbytes, algo)
+
+    def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` across all ranks, in place; every rank gets the result."""
+        buf = self._plan.buffer(tensor, "allreduce")
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        name = self.selected_algorithm("allreduce", buf.nbytes, algo)
+        algorithm = ALGORITHMS["allreduce"][name]
+        arr = buf.array
+        spec = self._ops.reduce_spec(rop, buf.dtype, self.size)
+        size = self.size
+        if self._detail:
+            debug.logger.debug("allreduce #%d: %d bytes %s op=%s algo=%s", self._seq + 1,
+                               buf.nbytes, buf.dtype, rop, name)
+
+        def body(peers: Peers) -> None:
+            prepare(rop, buf.dtype, arr)
+            if size == 1 or arr.size == 0:
+                spec.finish(arr)
+                return
+            algorithm(peers, arr, spec)
+
+        return self._execute("allreduce", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, rop, None))
+
+    def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Return once every rank has entered the barrier."""
+        fn = ALGORITHMS["barrier"][self.selected_algorithm("barrier", 0)]
+
+        def body(peers: Peers) -> None:
+            if self.size > 1:
+                fn(peers)
+
+        return self._execute("barrier", 0, body, timeout, async_op)
+
+    def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+        buf = self._plan.buffer(tensor, "broadcast")
+        root = self._plan.check_rank(root, "root", "broadcast")
+        fn = ALGORITHMS["broadcast"][self.selected_algorithm("broadcast", buf.nbytes, algo)]
+        arr = buf.array
+
+        def body(peers: Peers) -> None:
+            if self.size > 1 and arr.size:
+                fn(peers, arr, root)
+
+        return self._execute("broadcast", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, None, root))
+
+    def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` into ``tensor`` on ``root``.
+
+        As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
+        partial results.
+        """
+        buf = self._plan.buffer(tensor, "reduce")
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        root = self._plan.check_rank(root, "root", "reduce")
+        fn = ALGORITHMS["reduce"][self.selected_algorithm("reduce", buf.nbytes, algo)]
+        arr, spec = buf.array, self._ops.reduce_spec(rop, buf.dtype, self.size)
+
+        def body(peers: Peers) -> None:
+            prepare(rop, buf.dtype, arr)
+            if self.size == 1 or arr.size == 0:
+                spec.finish(arr)
+            else:
+                fn(peers, arr, root, spec)
+
+        return self._execute("reduce", buf.nbytes, body, timeout, async_op,
+                             (buf.dtype, buf.count, rop, root))
+
+    def allgather(self, output: Any, input: Any, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Concatenate every rank's ``input`` into ``output`` (rank order).
+
+        ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
+        list of ``world_size`` tensors shaped like ``input``.
+        """
+        inp = self._plan.buffer(input, "allgather", name="input", writable=False)
+        outs = self._plan.output_list(output, inp, "allgather")
+        out = outs[0] if len(outs) == 1 else None
+        fused = out.array if out is not None else np.empty(inp.count * self.size,
+                                                           dtype=inp.array.dtype)
+        bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
+        fn = ALGORITHMS["allgather"][self.selected_algorithm("allgather", fused.nbytes, algo)]
+
+        def body(peers: Peers) -> None:
+            a, b = bounds[self.rank]
+            fused[a:b] = inp.array
+            if self.size > 1 and inp.count:
+                fn(peers, fused, bounds)
+            if out is None:
+                for i, o in enumerate(outs):
+                    o.array[...] = fused[bounds[i][0]:bounds[i][1]]
+
+        return self._execute("allgather", fused.nbytes, body, timeout, async_op,
+                             (inp.dtype, inp.count, None, None))
+
+    def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
+                       algo: str | None = None, timeout: float | None = None,
+                       async_op: bool = False) -> Work | None:
+        """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
+
+        ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
+        ``world_size`` tensors shaped like ``output``); it is left unchanged.
+        """
+        out = self._plan.buffer(output, "reduce_scatter", name="output")
+        rop = parse_op(op)
+        check_op_dtype(rop, out.dtype)
+        ins = self._plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
+        fn = ALGORITHMS["reduce_scatter"][
+            self.selected_algorithm("reduce_scatter", out.nbytes * self.size, algo)]
+        spec = self._ops.reduce_spec(rop, out.dtype, self.size)
+        count = out.count
+
+        def body(peers: Peers) -> None:
+            work = (ins[0].array.copy() if len(ins) == 1
+                    else np.concatenate([b.array for b in ins]))
+            prepare(rop, out.dtype, work)
+            if self.size == 1 or count == 0:
+                spec.finish(work)
+            else:
+                fn(peers, work, spec)
+            out.array[...] = work[self.rank * count:(self.rank + 1) * count]
+
+        return self._execute("reduce_scatter", out.nbytes * self.size, body, timeout, async_op,
+                             (out.dtype, out.count, rop, None))
+
+    def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
+                 in_splits: Sequence[int] | None = None, *, algo: str | None = None,
+                 timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` to rank i; block j of ``output`` comes from rank j.
+
+        Blocks are cut along the first dimension: equal blocks by default, or
+        ``in_splits`` / ``out_splits`` rows per rank (as torch's ``all_to_all_single``).
+        """
+        out = self._plan.buffer(output, "alltoall", name="output")
+        inp = self._plan.buffer(input, "alltoall", name="input", writable=False)
+        self._plan.same_dtype(out, inp, "alltoall")
+        out_bounds = self._plan.split_bounds(output, out, out_splits, "out_splits")
+        in_bounds = self._plan.split_bounds(input, inp, in_splits, "in_splits")
+        mine_in, mine_out = in_bounds[self.rank], out_bounds[self.rank]
+        if mine_in[1] - mine_in[0] != mine_out[1] - mine_out[0]:
+            raise InvalidArgument(
+                f"rank {self.rank}: alltoall: the block this rank keeps differs in size: "
+                f"in_splits gives it {mine_in[1] - mine_in[0]} elements, out_splits "
+                f"{mine_out[1] - mine_out[0]}; entry {self.rank} of both must agree")
+        name = self.selected_algorithm("alltoall", inp.nbytes, algo)
+        if name == "bruck" and len({b - a for a, b in in_bounds + out_bounds}) > 1:
+            raise InvalidArgument(f"rank {self.rank}: alltoall: algo 'bruck' needs equal "
+                                  "blocks for every rank (in_splits and out_splits); use "
+                                  "'pairwise' or 'scattered' for uneven splits")
+        fn = ALGORITHMS["alltoall"][name]
+
+        def body(peers: Peers) -> None:
+            src = inp.array
+            if self.size > 1 and np.may_share_memory(out.array, src):
+                src = src.copy()   # in place: blocks still to be sent would be overwritten
+            if self.size == 1:
+                out.array[...] = src
+            else:
+                fn(peers, out.array, src, out_bounds, in_bounds)
+
+        return self._execute("alltoall", inp.nbytes, body, timeout, async_op,
+                             (inp.dtype, None, None, None))
+
+    def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Collect every rank's ``input`` into ``output`` on ``root`` (ignored elsewhere)."""
+        inp = self._plan.buffer(input, "gather", name="input", writable=False)
+        root = self._plan.check_rank(root, "root", "gather")
+        out = None
+        if self.rank == root:
+            outs = self._plan.output_list(output, inp, "gather")
+            out = outs
+        fn = ALGORITHMS["gather"][self.selected_algorithm("gather", inp.nbytes * self.size, algo)]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if out is not None:
+                fused = (out[0].array if len(out) == 1
+                         else np.empty(inp.count * self.size, dtype=inp.array.dtype))
+            if self.size == 1:
+                fused[...] = inp.array  # type: ignore[index]
+            else:
+                fn(peers, inp.array, fused, root)
+            if out is not None and len(out) > 1:
+                for i, o in enumerate(out):
+                    o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
+
+        return self._execute("gather", inp.nbytes * self.size, body, timeout, async_op,
+                             (inp.dtype, inp.count, None, root))
+
+    def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+                timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` on ``root`` (ignored elsewhere) to rank i's ``output``."""
+        out = self._plan.buffer(output, "scatter", name="output")
+        root = self._plan.check_rank(root, "root", "scatter")
+        ins = None
+        if self.rank == root:
+            ins = self._plan.output_list(input, out, "scatter", writable=False, name="input")
+        fn = ALGORITHMS["scatter"][self.selected_algorithm("scatter", out.nbytes * self.size, algo)]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if ins is not None:
+                fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
+            if self.size == 1:
+                out.array[...] = fused  # type: ignore[index]
+            else:
+                fn(peers, fused, out.array, root)
+
+        return self._execute("scatter", out.nbytes * self.size, body, timeout, async_op,
+                             (out.dtype, out.count, None, root))
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
+             async_op: bool = False) -> Work | None:
+        """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag)."""
+        buf = self._plan.buffer(tensor, "send", writable=False)
+        self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(dst, arr, wire)])
+
+        return self._execute("send", buf.nbytes, body, timeout, async_op)
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None,
+             async_op: bool = False) -> Work | None:
+        """Receive into ``tensor`` the next message from rank ``src`` with ``tag``."""
+        buf = self._plan.buffer(tensor, "recv")
+        self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.irecv(src, arr, wire)])
+
+        return self._execute("recv", buf.nbytes, body, timeout, async_op)
+
+    def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Post several sends and receives together, then wait for all of them.
+
+        ``ops`` are ``("send" | "recv", tensor, peer, tag)`` tuples (like torch's
+        ``batch_isend_irecv``): the order of sends against receives does not matter, so a
+        batch ``[send to 1, recv from 1]`` on both ranks cannot deadlock, whatever the size.
+        """
+        plan = []
+        total = 0
+        for i, (kind, tensor, peer, tag) in enumerate(ops):
+            if kind not in ("send", "recv"):
+                raise InvalidArgument(f"rank {self.rank}: batch_p2p: ops[{i}] kind {kind!r} "
+                                      "is not 'send' or 'recv'")
+            buf = self._plan.buffer(tensor, "batch_p2p", name=f"ops[{i}]",
+                                    writable=kind == "recv")
+            self._plan.check_peer(peer, "peer", f"batch_p2p {kind}", tag, P2P_TAG_LIMIT)
+            plan.append((kind == "send", buf.array, int(peer), p2p_tag(int(tag), self._comm_id)))
+            total += buf.nbytes
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(p, a, t) if is_send else peers.irecv(p, a, t)
+                        for is_send, a, p, t in plan])
+
+        return self._execute("batch_p2p", total, body, timeout, async_op)
+
+    def allreduce_coalesced(self, tensors: Sequence[Any], op: OpLike = "sum", *,
+                            algo: str | None = None, timeout: float | None = None,
+                            async_op: bool = False) -> Work | None:
+        """Allreduce many tensors through few transfers (Horovod's tensor fusion).
+
+        Tensors are grouped by dtype, packed into one buffer per group, reduced together and
+        unpacked: one collective's latency instead of one per tensor.
+        """
+        bufs = [self._plan.buffer(t, "allreduce_coalesced", name=f"tensors[{i}]")
+                for i, t in enumerate(tensors)]
+        rop = parse_op(op)
+        groups: dict[str, list] = {}
+        for b in bufs:
+            check_op_dtype(rop, b.dtype)
+            groups.setdefault(b.dtype, []).append(b)
+        plans = []
+        for dtype, members in groups.items():
+            total = sum(b.nbytes for b in members)
+            name = self.selected_algorithm("allreduce", total, algo)
+            plans.append((dtype, members, ALGORITHMS["allreduce"][name],
+                          self._ops.reduce_spec(rop, dtype, self.size)))
+
+        def body(peers: Peers) -> None:
+            for dtype, members, fn, spec in plans:
+                fused = np.concatenate([b.array for b in members])
+                prepare(rop, dtype, fused)
+                if self.size == 1 or fused.size == 0:
+                    spec.finish(fused)
+                else:
+                    fn(peers, fused, spec)
+                start = 0
+                for b in members:
+                    b.array[...] = fused[start:start + b.count]
+                    start += b.count
+
+        total = sum(b.nbytes for b in bufs)
+        return self._execute("allreduce_coalesced", total, body, timeout, async_op,
+                             (",".join(sorted(groups)), [b.count for b in bufs], rop, None))

@@ -1,0 +1,88 @@
+"""Reading ``PYCOLL_*`` environment variables: one place, one kind of error.
+
+A typo in a tuning variable must not surface as a bare ``ValueError`` from deep inside a
+transport (or, worse, break ``import pycoll``): every reader here raises
+:class:`pycoll.InvalidArgument` naming the variable, the value and what is accepted.
+Readers are called when the value is needed (communicator setup, transport open), never at
+import time.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from .errors import InvalidArgument
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    """An integer variable (``1048576``, also ``0x100000``); ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        try:
+            value = int(raw, 0)   # 0x100000, 1_048_576
+        except ValueError:
+            raise InvalidArgument(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    """A number; ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name}={raw!r} is not a number") from None
+    if value != value or (minimum is not None and value < minimum):
+        raise InvalidArgument(f"{name}={raw!r} must be a number >= {minimum}")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); ``default`` when unset."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise InvalidArgument(f"{name}={raw!r}: use 1 or 0 (true/false, yes/no, on/off)")
+
+
+def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
+    """One of ``choices`` (case-insensitive); ``default`` when unset."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    low = raw.lower()
+    if low not in choices:
+        raise InvalidArgument(f"{name}={raw!r}: choose one of " + ", ".join(choices))
+    return low
+
+
+def env_list(name: str) -> list[str] | None:
+    """A comma-separated list (``shm,tcp``), stripped and lower-cased; None when unset."""
+    raw = _raw(name)
+    if raw is None:
+        return None
+    return [item.strip().lower() for item in raw.split(",") if item.strip()]

@@ -1,0 +1,119 @@
+"""Execution: number every call, record it, run it under a deadline, report its failure.
+
+A collective is a closure (``body(peers)``) built by the communicator after planning. This
+module gives it a sequence number (collectives and point-to-point calls count separately:
+point-to-point involves only some ranks), a message tag derived from that number, the
+collective and the communicator, a flight-recorder entry, a deadline, and a place to run:
+inline in the caller's thread when nothing is queued (a thread hand-off costs more than a
+small allreduce), else on the communicator's worker thread, strictly in issue order, which is
+what keeps ranks matched without negotiation. Failures go through ``faults.FaultHandling``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .algorithms.primitives import Peers, collective_tag
+from .errors import PycollError
+from .faults import P2P, FaultHandling
+from .timeouts import as_seconds
+from .work import Executor, Work
+
+Body = Callable[[Peers], None]
+
+
+class Execution(FaultHandling):
+    """Sequencing and running of calls (the communicator's base class)."""
+
+    rank: int
+    size: int
+    name: str
+    timeout: float
+    _peers: Peers
+    _comm_id: int
+
+    def _init_execution(self) -> None:
+        self._executor = Executor(self.name)
+        self._seq = 0
+        self._p2p_seq = 0
+        self._failed = None
+        self._closed = False
+
+    def _execute(self, collective: str, nbytes: int, body: Body, timeout: Any,
+                 async_op: bool, sig: tuple = (None, None, None, None)) -> Work | None:
+        """Number, record and run one operation (inline when idle, else queued).
+
+        ``sig`` is (dtype, element count, op, root): what DETAIL compares across ranks.
+        """
+        if self._closed:
+            raise PycollError(f"rank {self.rank}: {collective} called after finalize()")
+        if self._failed is not None:
+            raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
+                              f"earlier ({self._failed}); create a new one (re-init)")
+        limit = as_seconds(timeout) or self.timeout   # checked before a seq is taken
+        if collective in P2P:
+            self._p2p_seq += 1
+            seq = self._p2p_seq
+        else:
+            self._seq += 1
+            seq = self._seq
+        fr = self._flight
+        rec = None
+        if fr is not None:   # flight recorder, inlined: a few stores (see flight_recorder.py)
+            rec = [seq, collective, nbytes, 0, 0.0, 0.0, 0.0, body, None]
+            i = fr.count
+            fr.count = i + 1
+            fr.ring[i % fr.capacity] = rec
+        fp = (self._fingerprint(collective, nbytes, sig)
+              if self._detail and collective not in P2P else None)
+
+        if not async_op and self._executor.run_inline_if_idle():
+            try:
+                self._run(collective, seq, nbytes, body, limit, rec, fp)
+            finally:
+                self._executor.release()
+            return None
+
+        def task() -> None:
+            self._run(collective, seq, nbytes, body, limit, rec, fp)
+
+        work = Work(collective, seq, self.rank)
+        if rec is not None:
+            rec[4] = time.monotonic()   # scheduled (queued behind other collectives)
+        self._executor.submit(task, work)
+        if not async_op:
+            work.wait()
+            return None
+        return work
+
+    def _run(self, collective: str, seq: int, nbytes: int, body: Body, limit: float,
+             rec: list | None = None, fp: dict | None = None) -> None:
+        if self._failed is not None:   # queued before an earlier collective failed
+            raise PycollError(f"rank {self.rank}: {collective} #{seq} refused: this "
+                              f"communicator failed earlier ({self._failed}); create a new one")
+        start = time.monotonic()
+        deadline = start + limit
+        if rec is not None:
+            rec[5] = start      # started
+        # One Peers per communicator, re-armed for each call: tasks never overlap (the
+        # executor runs one at a time), and building a fresh one costs more than a small
+        # message takes.
+        peers = self._peers
+        peers.deadline = deadline
+        peers.tag = collective_tag(seq, collective, self._comm_id)
+        try:
+            if fp is not None:
+                self._compare_fingerprints(collective, seq, fp, deadline, rec)
+            body(peers)
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
+            err = self._collective_failed(collective, seq, limit, e, rec)
+            if err is e:
+                raise
+            raise err from None
+        if rec is not None:
+            rec[6] = time.monotonic()   # completed
+            rec[7] = None       # drop the closure: never keep a user's tensor alive
+
+    def _stop_execution(self) -> None:
+        self._closed = True
+        self._executor.close()

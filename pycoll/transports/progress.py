@@ -1,0 +1,227 @@
+"""One progress engine per communicator tree: every transport progresses while anyone waits.
+
+A waiter progresses *every* transport that has work, not only the channels of the requests
+it waits for, so a send queued on any channel moves while any wait runs (a ring cannot
+deadlock on a neighbour's unsent chunk, and a rendezvous handshake or a connection attempt
+is answered while the caller waits for something else). Waiting escalates:
+
+1. hot spin: progress without reading the clock (a shared-memory message arrives in about a
+   microsecond);
+2. spin until ``WaitPolicy.spin_seconds`` of idleness;
+3. block: when every transport with work exposes file descriptors (sockets, an eventfd), in
+   ``epoll`` with the GIL released, woken by the first readable or writable one; otherwise
+   ``sched_yield`` and then sleeps growing to 1 ms (ranks may outnumber cores).
+
+Every 50 ms of idleness (longer when ranks crowd the cores: each idle rank wakes that often)
+the engine asks the transports whether a peer is gone and calls the communicator's ``check``
+(abort records of other ranks). No ``select.select`` anywhere: it
+fails for descriptors above 1024.
+
+The engine's lock serialises posting and progress between threads (a communicator's worker
+thread, its sub-communicators', the caller's): transports keep no locks of their own.
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Callable, Sequence
+
+from ..envvars import env_float
+from ..errors import TransportError
+from .base import Request, Transport
+
+
+class WaitTimeout(TransportError):
+    """A wait reached its deadline; ``pending`` lists the requests still open."""
+
+    def __init__(self, pending: Sequence[Request]) -> None:
+        super().__init__("deadline passed with %d request(s) pending" % len(pending))
+        self.pending = list(pending)
+
+
+# How long a waiter yields before it escalates to short sleeps, and the longest sleep.
+YIELD_SECONDS = 2e-3
+MAX_SLEEP_SECONDS = 1e-3
+LIVENESS_INTERVAL = 0.05
+
+
+class WaitPolicy:
+    """How eagerly a waiter spins before yielding; process-wide, set from the rank layout.
+
+    With a core per rank, spinning (``hot_spins`` polls without reading the clock, then up to
+    ``spin_seconds``) wins. With more ranks on this host than cores, the peer we wait for may
+    not even be running: every microsecond of spinning is stolen from it, so an
+    oversubscribed waiter yields at once. ``PYCOLL_SPIN_US`` overrides the spin time.
+    """
+
+    spin_seconds = 50e-6
+    hot_spins = 64
+    crowded = False       # more ranks on this machine than cores: CPU time is the bottleneck
+    #: how often an idle waiter checks peers and abort records: every idle rank wakes this
+    #: often, so with many ranks per core it grows (to 1 s at 20 ranks per core)
+    liveness_seconds = LIVENESS_INTERVAL
+    _most_ranks = 0       # the most ranks per machine any communicator of this process saw
+
+    @classmethod
+    def configure(cls, ranks_on_host: int) -> None:
+        """Called by every communicator's setup; a sub-group never relaxes the policy a
+        larger communicator of the same process needed."""
+        cls._most_ranks = max(cls._most_ranks, ranks_on_host)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        oversubscribed = cls.crowded = cls._most_ranks > cores
+        spin_us = env_float("PYCOLL_SPIN_US", 0.0 if oversubscribed else 50.0, minimum=0.0)
+        cls.spin_seconds = spin_us * 1e-6
+        cls.hot_spins = 64 if cls.spin_seconds > 0 else 1
+        per_core = cls._most_ranks / cores
+        cls.liveness_seconds = min(1.0, LIVENESS_INTERVAL * max(1.0, per_core))
+
+
+def raise_errors(requests: Sequence[Request]) -> None:
+    for r in requests:
+        if r.error is not None:
+            raise r.error
+
+
+class ProgressEngine:
+    """Drives every transport of a communicator tree until the requests of a wait are done."""
+
+    def __init__(self) -> None:
+        self.transports: list[Transport] = []
+        self.lock = threading.Lock()
+        self._epoll: select.epoll | None = None
+        self._registered: dict[int, int] = {}
+
+    def add(self, transport: Transport) -> None:
+        self.transports.append(transport)
+
+    def progress(self) -> bool:
+        """One pass over every transport; True if anything moved."""
+        moved = False
+        with self.lock:
+            for t in self.transports:
+                if t.progress():
+                    moved = True
+        return moved
+
+    def wait(self, requests: Sequence[Request], deadline: float,
+             check: Callable[[], None] | None = None) -> None:
+        """Progress until every request is done.
+
+        Raises the first request's error (``PeerLost``, ``MessageSizeMismatch``, ...),
+        ``WaitTimeout`` at ``deadline`` (a ``time.monotonic()`` value), or whatever ``check``
+        raises (the communicator uses it to notice aborts from other ranks).
+        """
+        for r in requests:          # fast path: often everything finished while being posted
+            if not r.done:
+                break
+        else:
+            raise_errors(requests)
+            return
+        transports = self.transports
+        lock = self.lock
+        spins = 0
+        idle_since = 0.0
+        next_liveness = 0.0
+        sleep = 20e-6
+        while True:
+            moved = False
+            with lock:
+                for t in transports:
+                    if t.progress():
+                        moved = True
+            for r in requests:
+                if not r.done:
+                    break
+            else:
+                raise_errors(requests)
+                return
+            for r in requests:
+                if r.error is not None:
+                    raise r.error
+            if moved:
+                spins = 0
+                idle_since = 0.0
+                sleep = 20e-6
+                continue
+            spins += 1
+            if spins < WaitPolicy.hot_spins:
+                continue       # hot spin: no clock reads
+            now = time.monotonic()
+            if idle_since == 0.0:
+                idle_since = now
+            idle = now - idle_since
+            if idle < WaitPolicy.spin_seconds:
+                continue
+            if now >= deadline:
+                raise WaitTimeout([r for r in requests if not r.done])
+            if now >= next_liveness:
+                next_liveness = now + WaitPolicy.liveness_seconds
+                with lock:
+                    for t in transports:
+                        t.check_alive()   # type: ignore[attr-defined]
+                if check is not None:
+                    check()
+            fds = self._block_fds()
+            if fds is not None:
+                self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))
+            elif idle < YIELD_SECONDS:
+                os.sched_yield()
+            else:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+
+    def _block_fds(self) -> list[tuple[int, int]] | None:
+        """Descriptors to block on, or None if a transport with work can only be polled."""
+        fds: list[tuple[int, int]] = []
+        with self.lock:
+            for t in self.transports:
+                got = t.wait_fds()
+                if got is None:
+                    if t.busy():   # type: ignore[attr-defined]
+                        return None
+                    continue
+                fds.extend(got)
+        return fds
+
+    def _block(self, fds: list[tuple[int, int]], timeout: float) -> None:
+        ep = self._epoll
+        if ep is None:
+            ep = self._epoll = select.epoll()
+        registered = self._registered
+        wanted = dict(fds)
+        for fd in [fd for fd in registered if fd not in wanted]:
+            del registered[fd]
+            try:
+                ep.unregister(fd)
+            except OSError:
+                pass    # closed already (epoll forgot it)
+        for fd, events in wanted.items():
+            if registered.get(fd) == events:
+                continue
+            try:
+                if fd in registered:
+                    ep.modify(fd, events)
+                else:
+                    ep.register(fd, events)
+            except FileExistsError:
+                ep.modify(fd, events)
+            except FileNotFoundError:
+                ep.register(fd, events)    # a new descriptor reusing a closed one's number
+            except OSError:
+                continue
+            registered[fd] = events
+        if wanted:
+            ep.poll(timeout)
+        else:
+            time.sleep(min(timeout, MAX_SLEEP_SECONDS))
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+        self._registered.clear()

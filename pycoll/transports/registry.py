@@ -1,0 +1,95 @@
+"""The transport registry: which transports exist, and which one serves each pair of ranks.
+
+Adding a transport is one module (with the ``Transport`` shape: ``probe``, ``can_connect``,
+``address``, ``connect``, ``progress``...) plus one line in ``REGISTRY``. The order of
+``REGISTRY`` is the default preference; ``PYCOLL_TRANSPORTS`` (an ordered allow-list, like
+UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp) keeps
+working.
+
+The choice for a pair is made from data every rank has after the bootstrap exchange (each
+rank's host, machine and probe records), with rules that are symmetric by construction: the
+first transport in the order that both ranks published and whose ``can_connect`` holds. So
+every rank computes the same transport for every pair, and therefore the same cost model and
+the same algorithms (ranks that disagreed would run different message patterns and hang).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Sequence
+
+from ..envvars import env_choice, env_list
+from ..errors import InvalidArgument, TransportError
+from .base import PeerInfo, Transport
+
+#: name -> (module, class), in default order of preference
+REGISTRY: dict[str, tuple[str, str]] = {
+    "shm": ("pycoll.transports.shm", "ShmTransport"),
+    "tcp": ("pycoll.transports.tcp", "TcpTransport"),
+    "inproc": ("pycoll.transports.inproc", "InprocTransport"),
+}
+#: chosen only when named explicitly (inproc connects threads of one process: tests)
+EXPLICIT_ONLY = frozenset({"inproc"})
+
+
+def transport_class(name: str) -> type[Transport]:
+    module, cls = REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def allowed_transports() -> list[str]:
+    """The ordered allow-list from ``PYCOLL_TRANSPORTS`` / ``PYCOLL_TRANSPORT``."""
+    names = env_list("PYCOLL_TRANSPORTS")
+    if names is None:
+        legacy = env_choice("PYCOLL_TRANSPORT", "auto", ("auto", "shm", "tcp"))
+        if legacy != "auto":
+            return [legacy]
+        return [n for n in REGISTRY if n not in EXPLICIT_ONLY]
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown or not names:
+        raise InvalidArgument(f"PYCOLL_TRANSPORTS={','.join(names)!r}: unknown transport(s) "
+                              f"{unknown}; known: {', '.join(REGISTRY)}")
+    return names
+
+
+def probe_all(names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Probe every allowed transport here: (records of the usable ones, why the others not)."""
+    records: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
+    for name in names:
+        try:
+            record, reason = transport_class(name).probe()
+        except ImportError as e:
+            record, reason = None, f"its module cannot be imported ({e})"
+        if record is None:
+            missing[name] = reason
+        else:
+            records[name] = record
+    return records, missing
+
+
+def choose(a: PeerInfo, b: PeerInfo, order: Sequence[str]) -> str | None:
+    """The transport for the pair (a, b): the same answer for (b, a) on any rank."""
+    for name in order:
+        if name in a.records and name in b.records and transport_class(name).can_connect(a, b):
+            return name
+    return None
+
+
+def no_transport(a: PeerInfo, b: PeerInfo, order: Sequence[str],
+                 missing: dict[str, str]) -> TransportError:
+    """The error for a pair no allowed transport can serve, saying what is missing."""
+    why = []
+    for name in order:
+        if name not in a.records:
+            why.append(f"{name} is not usable on rank {a.rank}"
+                       + (f" ({missing[name]})" if name in missing else ""))
+        elif name not in b.records:
+            why.append(f"{name} is not usable on rank {b.rank}")
+        else:
+            where = "hosts" if a.host != b.host else "processes"
+            why.append(f"{name} cannot connect ranks on different {where} "
+                       f"({a.host} and {b.host})")
+    return TransportError(
+        f"rank {a.rank} cannot reach rank {b.rank} with the allowed transports "
+        f"{', '.join(order)}: {'; '.join(why)}. Allow another transport with PYCOLL_TRANSPORTS "
+        f"(e.g. PYCOLL_TRANSPORTS=shm,tcp) or unset PYCOLL_TRANSPORT", peer=b.rank)

@@ -1,0 +1,119 @@
+"""Lazy, shared connections: a rank holds sockets to the peers its algorithms talk to, groups
+reuse their parent's channels, and nothing breaks above 1024 open file descriptors.
+
+Sockets are counted from the kernel's side (``/proc/net/tcp*`` against this process's
+descriptors), not from pycoll's own bookkeeping.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pycoll.testing import run_ranks
+
+
+def data_sockets(store_port: int) -> int:
+    """Established TCP connections of this process, except those to or from the store."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if inode not in mine or state != "01":        # 01: ESTABLISHED
+                continue
+            ports = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
+            if store_port not in ports:
+                count += 1
+    return count
+
+
+def _ring_and_groups(comm):
+    port = comm._store.port
+    counts = {"after_init": data_sockets(port)}
+    a = np.full(1 << 18, comm.rank, dtype=np.float32)           # 1 MiB
+    comm.allreduce(a, algo="ring")
+    assert a[0] == sum(range(comm.size))
+    counts["after_ring"] = data_sockets(port)
+    evens = comm.new_group([r for r in range(comm.size) if r % 2 == 0])
+    odds = comm.new_group([r for r in range(comm.size) if r % 2 == 1])
+    halves = comm.split(comm.rank // (comm.size // 2), key=comm.rank)
+    counts["after_groups"] = data_sockets(port)
+    mine = evens if comm.rank % 2 == 0 else odds
+    b = np.ones(4, dtype=np.int64)
+    mine.allreduce(b, algo="ring")                   # neighbours in the group: 2 apart
+    c = np.ones(4, dtype=np.int64)
+    halves.allreduce(c, algo="ring")                 # neighbours already connected (mostly)
+    counts["group_sums"] = (int(b[0]), int(c[0]))
+    counts["after_group_collectives"] = data_sockets(port)
+    counts["reported"] = comm.open_channels()["tcp"]
+    return counts
+
+
+def _ring_partners(rank: int, size: int) -> set[int]:
+    """Peers a world ring, an evens/odds ring and a halves ring give ``rank``."""
+    def ring(members):
+        i = members.index(rank)
+        return {members[(i + 1) % len(members)], members[(i - 1) % len(members)]} - {rank}
+    parity = [r for r in range(size) if r % 2 == rank % 2]
+    half = [r for r in range(size) if r // (size // 2) == rank // (size // 2)]
+    return ring(list(range(size))) | ring(parity) | ring(half)
+
+
+def test_ring_opens_only_neighbour_sockets_and_groups_open_none():
+    results = run_ranks(_ring_and_groups, 8, env={"PYCOLL_TRANSPORT": "tcp"})
+    for rank, c in enumerate(results):
+        assert c["after_init"] == 0, (rank, c)                  # lazy: nothing before use
+        assert c["after_ring"] <= 4, (rank, c)                  # the issue's bound
+        assert c["after_ring"] == 2, (rank, c)                  # left and right neighbour
+        assert c["after_groups"] == c["after_ring"], (rank, c)  # split/new_group: none
+        assert c["group_sums"] == (4, 4), (rank, c)
+        # group collectives open exactly the pairs their rings add: in evens/odds the
+        # neighbours 2 apart, in the halves the one neighbour not already adjacent
+        assert c["after_group_collectives"] == len(_ring_partners(rank, 8)), (rank, c)
+        assert c["reported"] == c["after_group_collectives"], (rank, c)
+
+
+SCRIPT = textwrap.dedent("""
+    import os, numpy as np, pycoll
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]   # a data loader's worth
+    assert max(held) > 1024
+    comm = pycoll.init(timeout=30)
+    a = np.full(1 << 20, comm.rank + 1, dtype=np.float32)
+    pycoll.allreduce(a)
+    b = np.arange(10, dtype=np.int64)
+    pycoll.broadcast(b, root=comm.size - 1)
+    pycoll.barrier()
+    os.write(1, f"RESULT rank={comm.rank} sum={a[0]:g} {comm.transport_summary()}\\n".encode())
+    pycoll.finalize()
+""")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_more_than_1024_open_files(tmp_path, transport):
+    script = tmp_path / "fds.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
+    env["PYCOLL_TRANSPORT"] = transport
+    proc = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "3", str(script)],
+                          capture_output=True, text=True, timeout=90, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    assert lines == [f"RESULT rank={r} sum=6 {transport}" for r in range(3)], proc.stdout
