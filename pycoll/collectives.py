@@ -41,7 +41,7 @@ class Collectives(Execution):
         buf = self._plan.buffer(tensor, "allreduce")
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        name = self.selected_algorithm("allreduce", buf.nbytes, algo)
+        name = self._plan.select("allreduce", buf.nbytes, algo)
         algorithm = ALGORITHMS["allreduce"][name]
         arr = buf.array
         spec = self._ops.reduce_spec(rop, buf.dtype, self.size)
@@ -62,7 +62,7 @@ class Collectives(Execution):
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
-        fn = ALGORITHMS["barrier"][self.selected_algorithm("barrier", 0)]
+        fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0)]
 
         def body(peers: Peers) -> None:
             if self.size > 1:
@@ -75,7 +75,7 @@ class Collectives(Execution):
         """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
-        fn = ALGORITHMS["broadcast"][self.selected_algorithm("broadcast", buf.nbytes, algo)]
+        fn = ALGORITHMS["broadcast"][self._plan.select("broadcast", buf.nbytes, algo)]
         arr = buf.array
 
         def body(peers: Peers) -> None:
@@ -96,7 +96,7 @@ class Collectives(Execution):
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         root = self._plan.check_rank(root, "root", "reduce")
-        fn = ALGORITHMS["reduce"][self.selected_algorithm("reduce", buf.nbytes, algo)]
+        fn = ALGORITHMS["reduce"][self._plan.select("reduce", buf.nbytes, algo)]
         arr, spec = buf.array, self._ops.reduce_spec(rop, buf.dtype, self.size)
 
         def body(peers: Peers) -> None:
@@ -122,7 +122,7 @@ class Collectives(Execution):
         fused = out.array if out is not None else np.empty(inp.count * self.size,
                                                            dtype=inp.array.dtype)
         bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
-        fn = ALGORITHMS["allgather"][self.selected_algorithm("allgather", fused.nbytes, algo)]
+        fn = ALGORITHMS["allgather"][self._plan.select("allgather", fused.nbytes, algo)]
 
         def body(peers: Peers) -> None:
             a, b = bounds[self.rank]
@@ -149,7 +149,7 @@ class Collectives(Execution):
         check_op_dtype(rop, out.dtype)
         ins = self._plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
         fn = ALGORITHMS["reduce_scatter"][
-            self.selected_algorithm("reduce_scatter", out.nbytes * self.size, algo)]
+            self._plan.select("reduce_scatter", out.nbytes * self.size, algo)]
         spec = self._ops.reduce_spec(rop, out.dtype, self.size)
         count = out.count
 
@@ -185,7 +185,7 @@ class Collectives(Execution):
                 f"rank {self.rank}: alltoall: the block this rank keeps differs in size: "
                 f"in_splits gives it {mine_in[1] - mine_in[0]} elements, out_splits "
                 f"{mine_out[1] - mine_out[0]}; entry {self.rank} of both must agree")
-        name = self.selected_algorithm("alltoall", inp.nbytes, algo)
+        name = self._plan.select("alltoall", inp.nbytes, algo)
         if name == "bruck" and len({b - a for a, b in in_bounds + out_bounds}) > 1:
             raise InvalidArgument(f"rank {self.rank}: alltoall: algo 'bruck' needs equal "
                                   "blocks for every rank (in_splits and out_splits); use "
@@ -213,7 +213,7 @@ class Collectives(Execution):
         if self.rank == root:
             outs = self._plan.output_list(output, inp, "gather")
             out = outs
-        fn = ALGORITHMS["gather"][self.selected_algorithm("gather", inp.nbytes * self.size, algo)]
+        fn = ALGORITHMS["gather"][self._plan.select("gather", inp.nbytes * self.size, algo)]
 
         def body(peers: Peers) -> None:
             fused = None
@@ -239,7 +239,7 @@ class Collectives(Execution):
         ins = None
         if self.rank == root:
             ins = self._plan.output_list(input, out, "scatter", writable=False, name="input")
-        fn = ALGORITHMS["scatter"][self.selected_algorithm("scatter", out.nbytes * self.size, algo)]
+        fn = ALGORITHMS["scatter"][self._plan.select("scatter", out.nbytes * self.size, algo)]
 
         def body(peers: Peers) -> None:
             fused = None
@@ -321,7 +321,7 @@ class Collectives(Execution):
         plans = []
         for dtype, members in groups.items():
             total = sum(b.nbytes for b in members)
-            name = self.selected_algorithm("allreduce", total, algo)
+            name = self._plan.select("allreduce", total, algo)
             plans.append((dtype, members, ALGORITHMS["allreduce"][name],
                           self._ops.reduce_spec(rop, dtype, self.size)))
 

@@ -173,6 +173,8 @@ class Communicator(Collectives):
                              token=self._token, master_addr=self._master_addr,
                              hosts=[self._hosts[m] for m in members])
         self._children.append(child)
+        # From now on two communicators (maybe two threads) share the channels.
+        self._peers.engine.share(self._executor.idle())
         return child
 
     def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> "Communicator | None":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .algorithms.primitives import Peers, collective_tag
+from .algorithms.primitives import Peers, collective_tag, tag_low_bits
 from .errors import PycollError
 from .faults import P2P, FaultHandling
 from .timeouts import as_seconds
@@ -38,6 +38,7 @@ class Execution(FaultHandling):
         self._p2p_seq = 0
         self._failed = None
         self._closed = False
+        self._tag_low: dict[str, int] = {}
 
     def _execute(self, collective: str, nbytes: int, body: Body, timeout: Any,
                  async_op: bool, sig: tuple = (None, None, None, None)) -> Work | None:
@@ -50,7 +51,7 @@ class Execution(FaultHandling):
         if self._failed is not None:
             raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
                               f"earlier ({self._failed}); create a new one (re-init)")
-        limit = as_seconds(timeout) or self.timeout   # checked before a seq is taken
+        limit = self.timeout if timeout is None else (as_seconds(timeout) or self.timeout)
         if collective in P2P:
             self._p2p_seq += 1
             seq = self._p2p_seq
@@ -100,7 +101,10 @@ class Execution(FaultHandling):
         # message takes.
         peers = self._peers
         peers.deadline = deadline
-        peers.tag = collective_tag(seq, collective, self._comm_id)
+        low = self._tag_low.get(collective)
+        if low is None:
+            low = self._tag_low[collective] = tag_low_bits(collective, self._comm_id)
+        peers.tag = collective_tag(seq, collective, low=low)
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)

@@ -74,7 +74,7 @@ class HostOps(MemoryOps):
         self._specs: dict[tuple[Any, str, int], ReduceSpec] = {}
 
     def ref(self, arr: np.ndarray) -> MemRef:
-        return MemRef.host(arr.data.cast("B"))  # the view keeps ``arr`` alive
+        return MemRef(arr.data.cast("B"))  # the view keeps ``arr`` alive
 
     def _raw(self, nbytes: int, slot: int) -> np.ndarray:
         buf = self._buffers.get(slot)

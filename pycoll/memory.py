@@ -51,33 +51,26 @@ class MemRef:
     ``owner`` keeps the memory alive while a request uses it; ``ready`` is, for device
     memory, the event (or stream) after which the bytes are valid (None: valid now).
     ``sub(offset, n)`` is cheap: no copy, same owner.
+
+    A plain ``MemRef`` is host memory seen through a byte ``memoryview`` (which itself keeps
+    its exporter alive): the hot path, one per message, so it stores two fields and takes
+    the rest from class defaults. ``DeviceMemRef`` carries everything explicitly.
     """
 
-    __slots__ = ("_view", "_ptr", "nbytes", "mem_type", "device", "owner", "ready")
+    __slots__ = ("_view", "nbytes")
+    mem_type: MemoryType = HOST
+    device: int | None = None
+    owner: Any = None
+    ready: Any = None
 
-    def __init__(self, ptr: int | None, nbytes: int, mem_type: MemoryType = HOST,
-                 device: int | None = None, owner: Any = None, ready: Any = None,
-                 view: memoryview | None = None) -> None:
+    def __init__(self, view: memoryview) -> None:
         self._view = view
-        self._ptr = ptr
-        self.nbytes = nbytes
-        self.mem_type = mem_type
-        self.device = device
-        self.owner = owner
-        self.ready = ready
+        self.nbytes = view.nbytes
 
     @classmethod
-    def host(cls, view: memoryview, owner: Any = None) -> "MemRef":
-        """A reference to host memory seen through a byte ``memoryview`` (the hot path)."""
-        ref = cls.__new__(cls)
-        ref._view = view
-        ref._ptr = None
-        ref.nbytes = view.nbytes
-        ref.mem_type = HOST
-        ref.device = None
-        ref.owner = owner
-        ref.ready = None
-        return ref
+    def host(cls, view: memoryview) -> "MemRef":
+        """A reference to host memory seen through a byte ``memoryview``."""
+        return cls(view)
 
     @classmethod
     def of(cls, obj: Any) -> "MemRef":
@@ -85,13 +78,17 @@ class MemRef:
         view = memoryview(obj)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        return cls.host(view, owner=obj)
+        return cls(view)
+
+    @staticmethod
+    def device_memory(ptr: int, nbytes: int, device: int | None, owner: Any = None,
+                      ready: Any = None, mem_type: MemoryType = CUDA) -> "DeviceMemRef":
+        """A reference to device memory (no host view)."""
+        return DeviceMemRef(ptr, nbytes, mem_type, device, owner, ready)
 
     @property
     def ptr(self) -> int:
-        if self._ptr is None:
-            self._ptr = view_address(self._view) if self._view is not None else 0
-        return self._ptr
+        return view_address(self._view)
 
     @property
     def is_host(self) -> bool:
@@ -99,25 +96,46 @@ class MemRef:
 
     def host_view(self) -> memoryview:
         """The bytes as a ``memoryview`` (host memory only)."""
-        if self._view is None:
-            raise TypeError(f"{self.mem_type.label(self.device)} memory has no host view; "
-                            "this transport does not move device memory")
         return self._view
 
     def sub(self, offset: int, nbytes: int) -> "MemRef":
         """``nbytes`` bytes from ``offset`` (same memory, same owner)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"sub({offset}, {nbytes}) outside a {self.nbytes}-byte MemRef")
-        if self._view is not None:
-            ref = MemRef.host(self._view[offset:offset + nbytes], self.owner)
-            return ref
-        return MemRef(self.ptr + offset, nbytes, self.mem_type, self.device, self.owner,
-                      self.ready)
+        return MemRef(self._view[offset:offset + nbytes])
 
     def __len__(self) -> int:
         return self.nbytes
 
     def __repr__(self) -> str:
-        where = self.mem_type.label(self.device)
-        ptr = f"0x{self._ptr:x}" if self._ptr is not None else "?"
-        return f"<MemRef {self.nbytes} B {where} at {ptr}>"
+        return f"<MemRef {self.nbytes} B {self.mem_type.label(self.device)}>"
+
+
+class DeviceMemRef(MemRef):
+    """Device memory: a pointer, no host view, and the event after which it is valid."""
+
+    __slots__ = ("_ptr", "mem_type", "device", "owner", "ready")
+
+    def __init__(self, ptr: int, nbytes: int, mem_type: MemoryType, device: int | None,
+                 owner: Any = None, ready: Any = None) -> None:
+        self._view = None        # type: ignore[assignment]
+        self.nbytes = nbytes
+        self._ptr = ptr
+        self.mem_type = mem_type
+        self.device = device
+        self.owner = owner
+        self.ready = ready
+
+    @property
+    def ptr(self) -> int:
+        return self._ptr
+
+    def host_view(self) -> memoryview:
+        raise TypeError(f"{self.mem_type.label(self.device)} memory has no host view; "
+                        "this transport does not move device memory")
+
+    def sub(self, offset: int, nbytes: int) -> "MemRef":
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"sub({offset}, {nbytes}) outside a {self.nbytes}-byte MemRef")
+        return DeviceMemRef(self._ptr + offset, nbytes, self.mem_type, self.device, self.owner,
+                            self.ready)

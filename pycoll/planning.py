@@ -113,6 +113,8 @@ class Planner:
 
     # -- scalars -----------------------------------------------------------------------------
     def check_rank(self, value: Any, what: str, collective: str) -> int:
+        if type(value) is int and 0 <= value < self.size:   # the common case, fast
+            return value
         if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                 or not 0 <= int(value) < self.size):
             raise InvalidArgument(f"rank {self.rank}: {collective}: {what}={value!r} is not a rank "

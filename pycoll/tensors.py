@@ -53,15 +53,15 @@ class Buffer(NamedTuple):
 
     @property
     def count(self) -> int:  # type: ignore[override]  # the element count, not tuple.count
-        return int(self.array.size) if self.mem_type == HOST else self.count_
+        return self.array.size if self.count_ < 0 else self.count_
 
     @property
     def nbytes(self) -> int:
-        return int(self.array.nbytes) if self.mem_type == HOST else self.count_ * self.itemsize_
+        return self.array.nbytes if self.count_ < 0 else self.count_ * self.itemsize_
 
     @property
     def itemsize(self) -> int:
-        return int(self.array.itemsize) if self.mem_type == HOST else self.itemsize_
+        return self.array.itemsize if self.count_ < 0 else self.itemsize_
 
     @property
     def where(self) -> str:
@@ -220,7 +220,15 @@ def as_buffer(obj: Any, *, name: str = "tensor", writable: bool = True) -> Buffe
 
     ``writable`` is required for buffers that receive results (in-place collectives).
     """
-    if isinstance(obj, np.ndarray):      # the hot path: no attribute probing
+    if type(obj) is np.ndarray:          # the hot path, inlined: no attribute probing
+        dtype = _DTYPE_NAMES.get(obj.dtype)
+        if dtype is not None and obj.flags.c_contiguous:
+            if writable and not obj.flags.writeable:
+                raise InvalidArgument(f"{name} is read-only, but this collective writes its "
+                                      "result into it")
+            return Buffer(obj if obj.ndim == 1 else obj.reshape(-1), dtype, "numpy")
+        buf = _host_array(obj, name, "numpy")
+    elif isinstance(obj, np.ndarray):
         buf = _host_array(obj, name, "numpy")
     elif is_torch_tensor(obj):
         buf = _from_torch(obj, name)

@@ -103,6 +103,10 @@ class Executor:
     def release(self) -> None:
         self._run_lock.release()
 
+    def idle(self) -> threading.Lock:
+        """A context manager that waits until no task of this executor is running."""
+        return self._run_lock
+
     def submit(self, task: Callable[[], None], work: Work) -> None:
         with self._cv:
             if self._closed:

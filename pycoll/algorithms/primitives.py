@@ -32,11 +32,21 @@ SEQ_BITS, COMM_BITS, CODE_BITS = 36, 20, 6
 P2P_TAG_LIMIT = 1 << 40
 
 
-def collective_tag(seq: int, collective: str, comm_id: int = 0) -> int:
-    """The negative tag of call number ``seq`` of ``collective`` (same on every rank)."""
-    word = (((seq & ((1 << SEQ_BITS) - 1)) << (COMM_BITS + CODE_BITS))
-            | (comm_id << CODE_BITS) | _COLLECTIVE_CODES.get(collective, 63))
-    return -word - 1
+SEQ_MASK = (1 << SEQ_BITS) - 1
+
+
+def tag_low_bits(collective: str, comm_id: int = 0) -> int:
+    """The part of a collective's tag that does not change from call to call."""
+    return (comm_id << CODE_BITS) | _COLLECTIVE_CODES.get(collective, 63)
+
+
+def collective_tag(seq: int, collective: str, comm_id: int = 0,
+                   low: int | None = None) -> int:
+    """The negative tag of call number ``seq`` of ``collective`` (same on every rank);
+    ``low`` is ``tag_low_bits(collective, comm_id)`` when the caller keeps it."""
+    if low is None:
+        low = tag_low_bits(collective, comm_id)
+    return -(((seq & SEQ_MASK) << (COMM_BITS + CODE_BITS)) | low) - 1
 
 
 def p2p_tag(tag: int, comm_id: int = 0) -> int:
@@ -53,7 +63,7 @@ class Peers:
     """
 
     __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "ops", "engine",
-                 "check", "layout", "_subgroup", "tag", "_lock")
+                 "check", "layout", "_subgroup", "tag", "_lock", "_ref")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
                  segment_bytes: int, ops: MemoryOps, engine: ProgressEngine,
@@ -67,6 +77,7 @@ class Peers:
         self.deadline = deadline
         self.segment_bytes = segment_bytes    # 0: each transport's own choice
         self.ops = ops
+        self._ref = ops.ref
         self.engine = engine
         self._lock = engine.lock
         self.check = check
@@ -82,13 +93,17 @@ class Peers:
 
     def isend(self, peer: int, arr: Any, tag: int | None = None) -> Request:
         ch = self.channels[peer]
-        mem = self.ops.ref(arr)
+        mem = self._ref(arr)
+        if not self.engine.shared:
+            return ch.isend(mem, self.tag if tag is None else tag)
         with self._lock:
             return ch.isend(mem, self.tag if tag is None else tag)
 
     def irecv(self, peer: int, arr: Any, tag: int | None = None) -> Request:
         ch = self.channels[peer]
-        mem = self.ops.ref(arr)
+        mem = self._ref(arr)
+        if not self.engine.shared:
+            return ch.irecv(mem, self.tag if tag is None else tag)
         with self._lock:
             return ch.irecv(mem, self.tag if tag is None else tag)
 

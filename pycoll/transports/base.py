@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from ..memory import HOST, MemoryType, MemRef
@@ -51,7 +51,7 @@ class Request:
     """One posted send or receive. ``done`` flips once; ``error`` is set on failure."""
 
     __slots__ = ("channel", "mem", "view", "tag", "nbytes", "done", "error", "bytes_done",
-                 "kind", "on_done")
+                 "kind")
 
     def __init__(self, channel: "Channel", mem: MemRef, tag: int, kind: str) -> None:
         self.channel = channel
@@ -65,20 +65,15 @@ class Request:
         self.error: BaseException | None = None
         self.bytes_done = 0
         self.kind = kind  # "send", "recv" or "put"
-        self.on_done: Callable[["Request"], None] | None = None
 
     def fail(self, error: BaseException) -> None:
         if not self.done:
             self.error = error
             self.done = True
-            if self.on_done is not None:
-                self.on_done(self)
 
     def complete(self) -> None:
         self.bytes_done = self.nbytes
         self.done = True
-        if self.on_done is not None:
-            self.on_done(self)
 
     def __repr__(self) -> str:
         return (f"<{self.kind} peer={self.channel.peer} tag={self.tag} "
@@ -155,7 +150,7 @@ class Transport(ABC):
         """Progress every channel that has work (and accept connecting peers)."""
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
-        """(fd, select.EPOLL* events) the engine may block on; None: poll only."""
+        """(fd, select.EPOLL* events) the engine may block on (``pollable`` transports)."""
         return None
 
     def register(self, mem: MemRef) -> dict[str, Any]:
@@ -168,6 +163,11 @@ class Transport(ABC):
 
     #: the channels with work (every transport keeps one; see ``ActiveSet``)
     _active: "ActiveSet"
+    #: connection setup in progress (dials, handshakes, segments to map): progress me even
+    #: when no channel has work
+    setup_pending: bool = False
+    #: ``wait_fds`` gives descriptors the engine can block on (False: poll only, e.g. shm)
+    pollable: bool = True
 
     def connections(self) -> int:
         """Channels opened so far (tcp: connected sockets)."""
@@ -217,7 +217,7 @@ class ActiveSet:
         for ch in tuple(chans.values()):
             if ch.progress():
                 moved = True
-            if not ch.busy():
+            elif not ch.busy():       # idle: leave until it gets work again
                 chans.pop(ch.peer, None)
         return moved
 

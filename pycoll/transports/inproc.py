@@ -65,6 +65,7 @@ class InprocChannel(Channel):
                  remote: "InprocTransport | None") -> None:
         self.transport = transport
         self.peer = peer
+        self._active = transport._active.channels    # join it when work arrives
         self._remote = remote
         self._match = TagMatcher()
         self._sent: deque[Request] = deque()      # large sends waiting for the peer to read
@@ -86,7 +87,7 @@ class InprocChannel(Channel):
         else:
             msg = _Message(tag, req.nbytes, None, req)
             self._sent.append(req)
-            self.transport._active.add(self)
+            self._active[self.peer] = self
         remote.deliver(self.transport.rank, msg)
         return req
 
@@ -101,7 +102,7 @@ class InprocChannel(Channel):
         if held is not None:
             self._copy(req, held[1])
         else:
-            self.transport._active.add(self)
+            self._active[self.peer] = self
         return req
 
     def _copy(self, req: Request, msg: _Message) -> None:

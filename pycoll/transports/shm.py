@@ -205,6 +205,7 @@ class ShmChannel(Channel):
                  address: dict[str, Any]) -> None:
         self.transport = transport
         self.peer = peer
+        self._active = transport._active.channels    # join it when work arrives
         self._in = inbox
         self._out: _Segment | None = None          # the peer's inbox, once it exists
         self._out_path = f"{address['prefix']}-from{transport.rank}"
@@ -256,7 +257,7 @@ class ShmChannel(Channel):
             req.fail(self._broken)
         else:
             self._sends.append(req)
-            self.transport._active.add(self)
+            self._active[self.peer] = self
             if self._out is not None:
                 self._progress_send()
         return req
@@ -334,7 +335,7 @@ class ShmChannel(Channel):
         if held is not None:
             self._deliver_held(req, *held)
             return req
-        self.transport._active.add(self)
+        self._active[self.peer] = self
         if self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()
         return req
@@ -498,6 +499,7 @@ class ShmTransport(Transport):
     """Shared-memory transport for the peers on this host."""
 
     name = "shm"
+    pollable = False
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
                                 segment_bytes=1 << 20)
 
@@ -555,7 +557,7 @@ class ShmTransport(Transport):
             inbox = _Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
             self._linked.add(path)
             ch = self._channels[peer] = ShmChannel(self, peer, inbox, address)
-            self._check_unlink = True
+            self._check_unlink = self.setup_pending = True
             self._next_finish = 0.0
         return ch
 
@@ -576,7 +578,7 @@ class ShmTransport(Transport):
                     self._unlink(ch._in.path)
                 else:
                     waiting = True
-        self._check_unlink = waiting
+        self._check_unlink = self.setup_pending = waiting
 
     def _unlink(self, path: str) -> None:
         if path in self._linked:

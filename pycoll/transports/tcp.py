@@ -121,6 +121,7 @@ class TcpChannel(Channel):
     def __init__(self, transport: "TcpTransport", peer: int) -> None:
         self.transport = transport
         self.peer = peer
+        self._active = transport._active.channels    # join it when work arrives
         self._sock: socket.socket | None = None
         self._fd = -1
         self._sends: deque[Request] = deque()
@@ -141,7 +142,7 @@ class TcpChannel(Channel):
         if self._sends:
             self._send_header = HEADER.pack(self._sends[0].tag, self._sends[0].nbytes)
             self._send_offset = 0
-        self.transport._active.add(self)
+        self._active[self.peer] = self
 
     @property
     def connected(self) -> bool:
@@ -154,7 +155,7 @@ class TcpChannel(Channel):
             req.fail(self._broken)
             return req
         self._sends.append(req)
-        self.transport._active.add(self)
+        self._active[self.peer] = self
         if len(self._sends) == 1 and self._sock is not None:
             self._send_header = HEADER.pack(tag, req.nbytes)
             self._send_offset = 0
@@ -207,7 +208,7 @@ class TcpChannel(Channel):
                 req.view[:] = body
                 req.complete()
             return req
-        self.transport._active.add(self)
+        self._active[self.peer] = self
         if self._sock is not None:
             self._progress_recv()
         return req
@@ -481,6 +482,7 @@ class TcpTransport(Transport):
             ch = self._channels[peer] = TcpChannel(self, peer)
             if peer < self.rank:
                 self._dials[peer] = _Dial(self, ch, address, deadline)
+                self.setup_pending = True
         return ch
 
     def connections(self) -> int:
@@ -563,6 +565,7 @@ class TcpTransport(Transport):
             moved = self._accept() or moved
             if self._handshakes:
                 moved = self._progress_handshakes() or moved
+        self.setup_pending = bool(self._dials or self._handshakes)
         if self._active.channels:
             moved = self._active.progress() or moved
         return moved

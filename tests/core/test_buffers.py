@@ -121,7 +121,7 @@ def test_memref_slices_share_memory():
     assert bytes(part.host_view()) == bytes(range(4, 12))
     with pytest.raises(ValueError):
         ref.sub(10, 8)
-    dev = MemRef(0x1000, 64, CUDA, device=0)
+    dev = MemRef.device_memory(0x1000, 64, device=0)
     assert dev.sub(16, 8).ptr == 0x1010 and dev.sub(16, 8).device == 0
     with pytest.raises(TypeError, match="no host view"):
         dev.host_view()
