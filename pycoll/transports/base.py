@@ -105,9 +105,11 @@ class Channel(ABC):
         """Whether anything is queued, posted or connecting (the engine keeps progressing)."""
 
     def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
-        """One-sided write of ``src`` into the peer's registered region ``remote`` (from
-        ``Transport.register`` on the peer) at ``offset``; the peer's ``notifications()``
-        then yields ``notify``. Only transports whose capabilities say ``one_sided``."""
+        """One-sided write of ``src`` into the peer's registered region ``remote`` (what
+        ``Transport.register`` returned on the peer) at ``offset``. Once the bytes are in
+        place the peer's ``notifications()`` yields ``(this rank, notify)``; the request
+        completes when the write is done. Only transports whose capabilities say
+        ``one_sided``; others raise ``TransportError``."""
         raise TransportError(f"{self.transport.name}: one-sided put is not supported",
                              peer=self.peer)
 
@@ -154,11 +156,16 @@ class Transport(ABC):
         return None
 
     def register(self, mem: MemRef) -> dict[str, Any]:
-        """Expose ``mem`` for one-sided ``put`` by peers (one-sided transports only)."""
+        """Expose ``mem`` for one-sided ``put`` by peers; returns the JSON-able record a peer
+        passes to ``Channel.put``. The transport keeps ``mem`` alive until ``deregister``."""
         raise TransportError(f"{self.name}: memory registration is not supported")
 
-    def notifications(self) -> list[int]:
-        """Notices delivered by peers' completed ``put`` calls since the last call."""
+    def deregister(self, record: dict[str, Any]) -> None:
+        """Withdraw a registration (peers' later puts into it fail)."""
+
+    def notifications(self) -> list[tuple[int, int]]:
+        """``(peer, notify)`` of every put completed into this rank's memory since the last
+        call, in the order each peer made them (progresses the channels to find them)."""
         return []
 
     #: the channels with work (every transport keeps one; see ``ActiveSet``)

@@ -13,6 +13,7 @@ it is never chosen unless named in ``PYCOLL_TRANSPORTS``.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import select
@@ -45,15 +46,18 @@ def process_token() -> str:
 
 
 class _Message:
-    """A message in flight: eager bytes, or the sender's request (read in place)."""
+    """A message in flight: eager bytes, the sender's request (read in place), or the
+    notice of a one-sided put (``notice``: the tag is the notify value)."""
 
-    __slots__ = ("tag", "nbytes", "body", "send")
+    __slots__ = ("tag", "nbytes", "body", "send", "notice")
 
-    def __init__(self, tag: int, nbytes: int, body: bytes | None, send: Request | None) -> None:
+    def __init__(self, tag: int, nbytes: int, body: bytes | None, send: Request | None,
+                 notice: bool = False) -> None:
         self.tag = tag
         self.nbytes = nbytes
         self.body = body
         self.send = send
+        self.notice = notice
 
 
 class InprocChannel(Channel):
@@ -136,12 +140,33 @@ class InprocChannel(Channel):
         match = self._match
         while box:
             msg = box.popleft()
+            if msg.notice:
+                self.transport._notices.append((self.peer, msg.tag))
+                continue
             req = match.take(msg.tag)
             if req is None:
                 match.hold(msg.tag, msg.nbytes, msg)
             else:
                 self._copy(req, msg)
         return True
+
+    def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
+        """A copy straight into the peer's registered memory (same process), then a notice
+        through the mailbox, behind every message sent before it."""
+        req = Request(self, src, notify, "put")
+        peer = self._remote
+        region = peer._registered.get(int(remote.get("addr", -1))) if peer is not None else None
+        if (peer is None or remote.get("key") != peer.key or region is None or offset < 0
+                or offset + src.nbytes > region.nbytes):
+            req.fail(TransportError(f"inproc: put of {src.nbytes} bytes at offset {offset} "
+                                    f"does not fit a region peer rank {self.peer} registered",
+                                    peer=self.peer))
+            return req
+        if src.nbytes:
+            ctypes.memmove(region.ptr + offset, src.ptr, src.nbytes)
+        peer.deliver(self.transport.rank, _Message(notify, 0, None, None, notice=True))
+        req.complete()
+        return req
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
@@ -188,7 +213,7 @@ class InprocTransport(Transport):
 
     name = "inproc"
     capabilities = Capabilities("inproc", latency_us=5.0, bandwidth_gbps=5.0,
-                                same_host_only=True, segment_bytes=1 << 20)
+                                same_host_only=True, one_sided=True, segment_bytes=1 << 20)
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -198,6 +223,8 @@ class InprocTransport(Transport):
         self._mail: dict[int, deque[_Message]] = {}
         self._channels: dict[int, InprocChannel] = {}
         self._active = ActiveSet()
+        self._registered: dict[int, MemRef] = {}
+        self._notices: list[tuple[int, int]] = []
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
         with _ENDPOINTS_LOCK:
@@ -255,10 +282,26 @@ class InprocTransport(Transport):
         except OSError:
             pass    # closed meanwhile
 
+    # -- one-sided ---------------------------------------------------------------------------
+    def register(self, mem: MemRef) -> dict[str, Any]:
+        self._registered[mem.ptr] = mem
+        return {"key": self.key, "addr": mem.ptr, "nbytes": mem.nbytes}
+
+    def deregister(self, record: dict[str, Any]) -> None:
+        self._registered.pop(int(record["addr"]), None)
+
+    def notifications(self) -> list[tuple[int, int]]:
+        for src in list(self._mail):
+            ch = self._channels.get(src)
+            if ch is not None:
+                ch._drain()
+        notices, self._notices = self._notices, []
+        return notices
+
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
         if self._sleeping:
-            self._sleeping = False
+            self._sleeping = self.setup_pending = False
             try:
                 os.eventfd_read(self._efd)
             except (BlockingIOError, OSError):
@@ -268,7 +311,7 @@ class InprocTransport(Transport):
     def wait_fds(self) -> list[tuple[int, int]] | None:
         # Called right before the engine blocks. Senders signal only a sleeping rank, so
         # say we sleep first, then look once more: mail that arrived in between wakes us.
-        self._sleeping = True
+        self._sleeping = self.setup_pending = True   # the next pass resets the eventfd
         for ch in self._active.channels.values():
             if ch.ready():   # type: ignore[attr-defined]
                 self.wake()

@@ -144,10 +144,19 @@ class ProgressEngine:
             moved = False
             if self.shared:
                 lock.acquire()
-            try:   # hot path: only transports with work or with setup in progress
+            try:   # hot path: the channels with work (ActiveSet.progress, inlined)
                 for t in transports:
-                    if (t._active.channels or t.setup_pending) and t.progress():
-                        moved = True
+                    if t.setup_pending:
+                        if t.progress():
+                            moved = True
+                        continue
+                    chans = t._active.channels
+                    if chans:
+                        for ch in tuple(chans.values()):
+                            if ch.progress():
+                                moved = True
+                            elif not ch.busy():
+                                chans.pop(ch.peer, None)
             finally:
                 if self.shared:
                     lock.release()

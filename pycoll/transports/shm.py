@@ -64,7 +64,7 @@ RNDV_WINDOW = 64
 
 SLOT_HEADER = struct.Struct("<qqqq")   # tag, total message bytes, kind, aux
 RNDV_BODY = struct.Struct("<qq")       # sender pid, sender address
-EAGER, FIRST, CONT, RNDV = 0, 1, 2, 3
+EAGER, FIRST, CONT, RNDV, NOTIFY = 0, 1, 2, 3, 4
 
 PROBE_MAGIC = 0x5059434F4C4C3031  # "PYCOLL01"
 
@@ -106,17 +106,20 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def cma_read(pid: int, remote_address: int, view: memoryview, peer: int) -> None:
-    """Copy ``len(view)`` bytes from ``remote_address`` in process ``pid`` into ``view``."""
+def cma_read(pid: int, remote_address: int, view: memoryview, peer: int,
+             write: bool = False) -> None:
+    """Copy ``len(view)`` bytes from ``remote_address`` in process ``pid`` into ``view``
+    (``write``: from ``view`` to the remote address instead)."""
     total = view.nbytes
     if total == 0:
         return
     local = view_address(view)
+    call = _libc.process_vm_writev if write else _libc.process_vm_readv
     done = 0
     while done < total:
         liov = _IoVec(local + done, total - done)
         riov = _IoVec(remote_address + done, total - done)
-        n = _libc.process_vm_readv(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
+        n = call(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
         if n <= 0:
             err = ctypes.get_errno()
             if err == 3:  # ESRCH
@@ -287,7 +290,12 @@ class ShmChannel(Channel):
             req = self._sends[0]
             n = req.nbytes
             off = self._slot_offset(out, self._head)
-            if n <= self._payload:
+            if req.kind == "put":     # the notice of a completed one-sided write
+                SLOT_HEADER.pack_into(out.data, off, 0, 0, NOTIFY, req.tag)
+                self._publish()
+                self._sends.popleft()
+                req.complete()
+            elif n <= self._payload:
                 SLOT_HEADER.pack_into(out.data, off, req.tag, n, EAGER, 0)
                 if n:
                     out.data[off + SLOT_HEADER.size: off + SLOT_HEADER.size + n] = req.view
@@ -321,6 +329,37 @@ class ShmChannel(Channel):
             moved = True
         return moved
 
+    def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
+        """Cross-memory write into the peer's registered region, then a notice slot (the
+        slot is published after the write returned, so the peer sees the bytes first)."""
+        req = Request(self, src, notify, "put")
+        if self._broken is not None:
+            req.fail(self._broken)
+            return req
+        if (int(remote.get("pid", -1)) != self._peer_pid or offset < 0
+                or offset + src.nbytes > int(remote.get("nbytes", -1))):
+            req.fail(TransportError(
+                f"shm: put of {src.nbytes} bytes at offset {offset} does not fit peer rank "
+                f"{self.peer}'s registered region {remote}", peer=self.peer))
+            return req
+        if self._in.ctrl[CMA_STATE] != 1:
+            req.fail(TransportError(f"shm: this rank may not write into peer rank {self.peer}'s "
+                                    "memory (cross-memory attach is not permitted here)",
+                                    peer=self.peer))
+            return req
+        try:
+            cma_read(self._peer_pid, int(remote["addr"]) + offset, req.view, self.peer,
+                     write=True)
+        except TransportError as err:
+            req.fail(err)
+            return req
+        req.bytes_done = req.nbytes
+        self._sends.append(req)          # the notice travels in order with other messages
+        self._active[self.peer] = self
+        if self._out is not None:
+            self._progress_send()
+        return req
+
     def _publish(self) -> None:
         self._head += 1
         self._out.ctrl[HEAD] = self._head   # type: ignore[union-attr]  # after the slot's bytes: x86 store order
@@ -331,10 +370,14 @@ class ShmChannel(Channel):
         if self._broken is not None:
             req.fail(self._broken)
             return req
-        held = self._match.post(req)
-        if held is not None:
-            self._deliver_held(req, *held)
-            return req
+        match = self._match
+        if match.unexpected:
+            held = match.post(req)
+            if held is not None:
+                self._deliver_held(req, *held)
+                return req
+        else:
+            match.posted.append(req)       # nothing held: post directly (hot path)
         self._active[self.peer] = self
         if self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()
@@ -366,13 +409,16 @@ class ShmChannel(Channel):
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
         req.complete()
 
-    def _progress_recv(self) -> bool:
+    def _progress_recv(self, drain: bool = False) -> bool:
+        """Consume arrived slots while a receive waits for them (``drain``: all of them,
+        holding unexpected messages, to find one-sided notices)."""
         moved = False
         seg = self._in
         data = seg.data
         hs = SLOT_HEADER.size
         match = self._match
-        while (match.posted or self._assembling is not None) and self._tail < seg.ctrl[HEAD]:
+        while ((drain or match.posted or self._assembling is not None)
+               and self._tail < seg.ctrl[HEAD]):
             off = self._slot_offset(seg, self._tail)
             tag, total, kind, aux = SLOT_HEADER.unpack_from(data, off)
             if kind == CONT:
@@ -396,6 +442,8 @@ class ShmChannel(Channel):
                     self._assembling = (target, atag, start)
                     if isinstance(target, Request):
                         target.bytes_done = start
+            elif kind == NOTIFY:
+                self.transport._notices.append((self.peer, aux))
             else:
                 req = match.take(tag)
                 if req is not None and not self._size_ok(req, total):
@@ -501,7 +549,7 @@ class ShmTransport(Transport):
     name = "shm"
     pollable = False
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                segment_bytes=1 << 20)
+                                one_sided=True, segment_bytes=1 << 20)
 
     def __init__(self, rank: int, *, crowded: bool = False) -> None:
         self.rank = rank
@@ -511,6 +559,8 @@ class ShmTransport(Transport):
         self._active = ActiveSet()
         self._linked: set[str] = set()
         self._probe = ctypes.c_uint64(PROBE_MAGIC ^ os.getpid())
+        self._registered: dict[int, MemRef] = {}
+        self._notices: list[tuple[int, int]] = []
         self._check_unlink = False
         self._next_finish = 0.0
 
@@ -587,6 +637,20 @@ class ShmTransport(Transport):
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+    # -- one-sided ---------------------------------------------------------------------------
+    def register(self, mem: MemRef) -> dict[str, Any]:
+        self._registered[mem.ptr] = mem
+        return {"pid": os.getpid(), "addr": mem.ptr, "nbytes": mem.nbytes}
+
+    def deregister(self, record: dict[str, Any]) -> None:
+        self._registered.pop(int(record["addr"]), None)
+
+    def notifications(self) -> list[tuple[int, int]]:
+        for ch in self._channels.values():
+            ch._progress_recv(drain=True)
+        notices, self._notices = self._notices, []
+        return notices
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:

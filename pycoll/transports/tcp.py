@@ -201,7 +201,8 @@ class TcpChannel(Channel):
         if self._broken is not None:
             req.fail(self._broken)
             return req
-        held = self._match.post(req)
+        match = self._match
+        held = match.post(req) if match.unexpected else match.posted.append(req)
         if held is not None:
             nbytes, body = held
             if self._size_ok(req, nbytes):

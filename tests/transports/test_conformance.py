@@ -375,3 +375,85 @@ def test_receive_posted_while_message_is_set_aside(variant):
     name, env = VARIANTS[variant]
     t = (variant, name, dict(env, PYCOLL_TRANSPORTS=name), HOST)
     assert run(t, _late_receive_for_set_aside_message, 2) == [True, True]
+
+
+def _one_sided(comm, mem_type):
+    """Rank 1 registers a region and sends its record; rank 0 puts two pieces into it with
+    notices; rank 1 sees the notices in order, and the bytes are in place when it does. A put
+    outside the region fails on the writer without touching the peer."""
+    import json
+
+    ch = comm.channel(1 - comm.rank)
+    transport = ch.transport
+    size = 3 << 20
+    record_bytes = np.zeros(512, dtype=np.uint8)
+    if comm.rank == 1:
+        region = _alloc(mem_type, size)
+        _host(mem_type, region)[...] = 0
+        record = json.dumps(transport.register(_ref(region))).encode()
+        record_bytes[:len(record)] = np.frombuffer(record, dtype=np.uint8)
+        _wait(comm, [ch.isend(_ref(record_bytes), tag=1)], 30)
+        notices, deadline = [], time.monotonic() + 30
+        while len(notices) < 2 and time.monotonic() < deadline:
+            notices += transport.notifications()
+            time.sleep(0.001)
+        got = _host(mem_type, region)
+        ok = (bool(np.array_equal(got[1000:1000 + (2 << 20)], _pattern(2 << 20, 5)))
+              and bool(np.array_equal(got[:16], _pattern(16, 6)))
+              and not got[16:1000].any() and not got[1000 + (2 << 20):].any())
+        _wait(comm, [ch.isend(_ref(record_bytes[:1]), tag=2)], 30)   # done: rank 0 may leave
+        return notices, ok
+    _wait(comm, [ch.irecv(_ref(record_bytes), tag=1)], 30)
+    remote = json.loads(bytes(record_bytes).rstrip(b"\0"))
+    big, small = _filled(mem_type, 2 << 20, 5), _filled(mem_type, 16, 6)
+    _wait(comm, [ch.put(_ref(big), remote, 1000, notify=42),
+                 ch.put(_ref(small), remote, 0, notify=43)], 30)
+    bad = ch.put(_ref(small), remote, size - 8, notify=44)       # 8 bytes past the end
+    refused = bad.done and "does not fit" in str(bad.error)
+    _wait(comm, [ch.irecv(_ref(record_bytes[:1]), tag=2)], 30)
+    return refused
+
+
+def _put_refused(comm, mem_type):
+    """Rank 1 exposes a region (a real registration where the transport has one); rank 0's
+    put into it must be refused with a reason."""
+    import json
+
+    ch = comm.channel(1 - comm.rank)
+    record = np.zeros(512, dtype=np.uint8)
+    if comm.rank == 1:
+        region = _alloc(mem_type, 64)
+        try:
+            remote = ch.transport.register(_ref(region))
+        except Exception:   # noqa: BLE001 - a transport without one-sided support
+            remote = {"addr": 0, "nbytes": 64}
+        raw = json.dumps(remote).encode()
+        record[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        _wait(comm, [ch.isend(_ref(record), tag=1)], 30)
+        _wait(comm, [ch.irecv(_ref(record[:1]), tag=2)], 30)
+        return "rank 1"
+    _wait(comm, [ch.irecv(_ref(record), tag=1)], 30)
+    remote = json.loads(bytes(record).rstrip(b"\0"))
+    try:
+        req = ch.put(_ref(_filled(mem_type, 16, 1)), remote, 0, notify=1)
+        message = str(req.error)
+    except Exception as e:   # noqa: BLE001 - the message is checked
+        message = str(e)
+    _wait(comm, [ch.isend(_ref(record[:1]), tag=2)], 30)
+    return message
+
+
+def test_one_sided_put_with_notification(transport):
+    variant, name = transport[0], transport[1]
+    if not registry.transport_class(name).capabilities.one_sided:
+        # Not declared: put is refused, clearly, never silently dropped.
+        assert "not supported" in run(transport, _put_refused, 2)[0]
+        return
+    if variant in ("shm-copy", "shm-tiny"):
+        # Cross-memory attach disabled (PYCOLL_SHM_CMA=0): put is refused, saying why.
+        assert "not permitted" in run(transport, _put_refused, 2)[0]
+        return
+    refused, (notices, ok) = run(transport, _one_sided, 2)
+    assert refused
+    assert notices == [(0, 42), (0, 43)]
+    assert ok

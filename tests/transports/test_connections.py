@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +46,13 @@ def data_sockets(store_port: int) -> int:
     return count
 
 
+def _store_barrier(comm, key):
+    """Wait for every rank through the store: a collective would open channels itself."""
+    comm._store.add(f"test/{key}", 1)
+    while int(comm._store.add(f"test/{key}", 0)) < comm.size:
+        time.sleep(0.005)
+
+
 def _ring_and_groups(comm):
     port = comm._store.port
     counts = {"after_init": data_sockets(port)}
@@ -62,8 +70,10 @@ def _ring_and_groups(comm):
     c = np.ones(4, dtype=np.int64)
     halves.allreduce(c, algo="ring")                 # neighbours already connected (mostly)
     counts["group_sums"] = (int(b[0]), int(c[0]))
+    _store_barrier(comm, "counted")      # every rank is done: no socket is still opening
     counts["after_group_collectives"] = data_sockets(port)
     counts["reported"] = comm.open_channels()["tcp"]
+    _store_barrier(comm, "leaving")      # nobody closes its sockets before all counted
     return counts
 
 
