@@ -15,6 +15,7 @@ Each validates its input, builds the closure that runs the algorithm, and hands 
 from __future__ import annotations
 
 import json
+import os
 import time
 import zlib
 from datetime import timedelta
@@ -74,8 +75,9 @@ class Communicator(Collectives):
         self._token = token
         self._master_addr = master_addr
         self._comm_id = _comm_id(name)
-        self._segment_bytes = env_int("PYCOLL_SEGMENT_BYTES", 0, minimum=1) \
-            if env_int("PYCOLL_SEGMENT_BYTES", 0) else 0
+        # 0: each transport's own segment size; PYCOLL_SEGMENT_BYTES overrides it job-wide
+        self._segment_bytes = (env_int("PYCOLL_SEGMENT_BYTES", 0, minimum=1)
+                               if os.environ.get("PYCOLL_SEGMENT_BYTES", "").strip() else 0)
         self._ops = HostOps()
         self._hosts = list(hosts or [host_identity()] * size)
         self._layout = node_layout(self._hosts)

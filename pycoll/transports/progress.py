@@ -29,6 +29,7 @@ import os
 import select
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Sequence
 
 from ..envvars import env_float
@@ -113,7 +114,7 @@ class ProgressEngine:
                     moved = True
         return moved
 
-    def share(self, idle: Callable[[], Any]) -> None:
+    def share(self, idle: AbstractContextManager[Any]) -> None:
         """From now on several communicators (threads) use these channels: take the lock.
         ``idle`` is entered while switching, so that no unlocked pass is still running."""
         if not self.shared:
@@ -194,6 +195,9 @@ class ProgressEngine:
                         if t.progress():      # idle transports too: peers dialing in
                             moved = True
                         t.check_alive()
+                    for r in requests:        # and the channels this wait depends on,
+                        if not r.done:        # active or not (a broken one raises)
+                            r.channel.check_alive()
                 if check is not None:
                     check()
                 if moved:

@@ -32,185 +32,36 @@ this transport does not issue, so its probe refuses them (tcp is used instead).
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import platform
 import secrets
 import select
-import shutil
-import struct
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from ..envvars import env_bool, env_int
 from ..errors import TransportError
-from ..memory import MemRef, view_address
+from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
                    size_mismatch)
 from .matching import TagMatcher
-
-PAGE = 4096
-# Control words (uint64 indices into the control page). Writers: S = sender, R = receiver.
-HEAD = 0            # S: slots published
-TAIL = 8            # R: slots consumed (own cache line)
-ATTACHED = 16       # S: sender has mapped the segment
-SENDER_CLOSED = 24  # S
-RECEIVER_CLOSED = 32  # R
-CMA_STATE = 40      # R: 1 = receiver can read sender's memory, 2 = it cannot
-DONE_BASE = 64      # R: rendezvous completion words, RNDV_WINDOW of them
-RNDV_WINDOW = 64
-
-SLOT_HEADER = struct.Struct("<qqqq")   # tag, total message bytes, kind, aux
-RNDV_BODY = struct.Struct("<qq")       # sender pid, sender address
-EAGER, FIRST, CONT, RNDV, NOTIFY = 0, 1, 2, 3, 4
-
-PROBE_MAGIC = 0x5059434F4C4C3031  # "PYCOLL01"
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass(frozen=True)
-class ShmSettings:
-    """Tunables, read from the environment when a transport is opened."""
-
-    # 8 x 256 KiB: messages up to 256 KiB go eager. Cross-memory attach pins the peer's
-    # pages on every call (~10 us for 64 KiB here, against ~2 us for two cached copies), so
-    # it only pays once messages are large enough to come from DRAM.
-    slot_bytes: int = 256 * 1024
-    num_slots: int = 8
-    cma: bool = True                 # use process_vm_readv for large messages when permitted
-    # Below ~2 MiB, streaming through the (cache-resident) slots beats one cross-memory copy:
-    # measured here, a 2-rank ring allreduce of 1-4 MiB ran ~2x faster with fragments. Above
-    # it, one copy instead of two wins (a 2-rank broadcast: ~11 GB/s against 3-8). When ranks
-    # outnumber cores, CPU time is what runs out, so the copy saved wins from 1 MiB (4 ranks
-    # on 2 cores: ~3.2 GB/s against ~2.3 for a 256 MiB allreduce).
-    cma_threshold: int = 2 << 20
-
-    @classmethod
-    def from_env(cls, crowded: bool = False) -> "ShmSettings":
-        threshold = (1 << 20) if crowded else cls.cma_threshold
-        return cls(env_int("PYCOLL_SHM_SLOT_BYTES", cls.slot_bytes, minimum=64),
-                   env_int("PYCOLL_SHM_SLOTS", cls.num_slots, minimum=1),
-                   env_bool("PYCOLL_SHM_CMA", True),
-                   env_int("PYCOLL_SHM_CMA_THRESHOLD", threshold, minimum=0))
-
-
-def seq_span(next_seq: int, pending: dict[int, Any]) -> int:
-    """How far the next rendezvous sequence number is from the oldest pending one."""
-    return next_seq - min(pending)
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-def cma_read(pid: int, remote_address: int, view: memoryview, peer: int,
-             write: bool = False) -> None:
-    """Copy ``len(view)`` bytes from ``remote_address`` in process ``pid`` into ``view``
-    (``write``: from ``view`` to the remote address instead)."""
-    total = view.nbytes
-    if total == 0:
-        return
-    local = view_address(view)
-    call = _libc.process_vm_writev if write else _libc.process_vm_readv
-    done = 0
-    while done < total:
-        liov = _IoVec(local + done, total - done)
-        riov = _IoVec(remote_address + done, total - done)
-        n = call(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
-        if n <= 0:
-            err = ctypes.get_errno()
-            if err == 3:  # ESRCH
-                raise peer_lost(peer, f"process {pid} exited during a shared-memory read")
-            raise TransportError(f"process_vm_readv from peer rank {peer} (pid {pid}) failed: "
-                                 f"{os.strerror(err)}", peer=peer)
-        done += n
-
-
-class _Segment:
-    """One mapped inbox: a control page plus a ring of slots."""
-
-    def __init__(self, path: str, mm: mmap.mmap, num_slots: int, slot_bytes: int) -> None:
-        self.path = path
-        self.num_slots = num_slots
-        self.slot_bytes = slot_bytes
-        self.size = PAGE + num_slots * slot_bytes
-        self.mm = mm
-        self.ctrl = memoryview(mm)[:PAGE].cast("Q")
-        self.data = memoryview(mm)
-
-    @classmethod
-    def create(cls, path: str, num_slots: int, slot_bytes: int, cma_state: int) -> "_Segment":
-        """Create, size and initialise under a temporary name, then rename into place."""
-        size = PAGE + num_slots * slot_bytes
-        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                free = shutil.disk_usage(os.path.dirname(path)).free
-                raise TransportError(
-                    f"shm: cannot reserve {size} bytes in {os.path.dirname(path)} ({e.strerror}; "
-                    f"{free} bytes free): enlarge it (docker: --shm-size), free space, or use "
-                    "PYCOLL_TRANSPORTS=tcp") from None
-            mm = mmap.mmap(fd, size)
-            seg = cls(path, mm, num_slots, slot_bytes)
-            seg.ctrl[CMA_STATE] = cma_state
-            os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        finally:
-            os.close(fd)
-        return seg
-
-    @classmethod
-    def open(cls, path: str, num_slots: int, slot_bytes: int) -> "_Segment | None":
-        """Map a peer's inbox; None while the peer has not created it yet."""
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return None
-        try:
-            size = PAGE + num_slots * slot_bytes
-            if os.fstat(fd).st_size != size:
-                raise TransportError(f"shm: segment {path} has the wrong size (expected {size})")
-            return cls(path, mmap.mmap(fd, size), num_slots, slot_bytes)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        self.ctrl.release()
-        self.data.release()
-        self.mm.close()
-
-
-class _Rndv(NamedTuple):
-    """A rendezvous notice held for a receive not yet posted: where to read the bytes."""
-
-    pid: int
-    address: int
-    seq: int
-
+from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
+                          PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
+                          SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, RndvNotice, Segment,
+                          ShmSettings, cma_read, seq_span)
 
 class ShmChannel(Channel):
     """Messages to and from one same-host peer through two inbox segments."""
 
     transport: "ShmTransport"
 
-    def __init__(self, transport: "ShmTransport", peer: int, inbox: _Segment,
+    def __init__(self, transport: "ShmTransport", peer: int, inbox: Segment,
                  address: dict[str, Any]) -> None:
         self.transport = transport
         self.peer = peer
         self._active = transport._active.channels    # join it when work arrives
         self._in = inbox
-        self._out: _Segment | None = None          # the peer's inbox, once it exists
+        self._out: Segment | None = None          # the peer's inbox, once it exists
         self._out_path = f"{address['prefix']}-from{transport.rank}"
         self._out_geometry = (int(address["slots"]), int(address["slot_bytes"]))
         self._peer_pid = int(address["pid"])
@@ -240,7 +91,7 @@ class ShmChannel(Channel):
     def _open_outbox(self) -> bool:
         """Map the peer's inbox for us once it exists; True when the channel can send."""
         try:
-            out = _Segment.open(self._out_path, *self._out_geometry)
+            out = Segment.open(self._out_path, *self._out_geometry)
         except (OSError, TransportError) as e:
             self._break(TransportError(f"shm: cannot map peer rank {self.peer}'s segment: {e}",
                                        peer=self.peer))
@@ -266,7 +117,7 @@ class ShmChannel(Channel):
         return req
 
     @staticmethod
-    def _slot_offset(seg: _Segment, index: int) -> int:
+    def _slot_offset(seg: Segment, index: int) -> int:
         return PAGE + (index % seg.num_slots) * seg.slot_bytes
 
     def _progress_send(self) -> bool:
@@ -386,7 +237,7 @@ class ShmChannel(Channel):
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
         if not self._size_ok(req, nbytes):
             return
-        if isinstance(body, _Rndv):
+        if isinstance(body, RndvNotice):
             self._rndv_read(req, body.pid, body.address, body.seq)
         else:
             req.view[:] = body
@@ -405,6 +256,7 @@ class ShmChannel(Channel):
             cma_read(pid, address, req.view, self.peer)
         except TransportError as err:
             self._break(err)
+            req.fail(err)       # already matched, so no longer among the posted receives
             return
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
         req.complete()
@@ -458,7 +310,7 @@ class ShmChannel(Channel):
                 elif kind == RNDV:
                     pid, address = RNDV_BODY.unpack_from(data, off + hs)
                     if req is None:
-                        match.hold(tag, total, _Rndv(pid, address, aux))
+                        match.hold(tag, total, RndvNotice(pid, address, aux))
                     else:
                         self._rndv_read(req, pid, address, aux)
                 else:  # FIRST fragment
@@ -540,7 +392,6 @@ class ShmChannel(Channel):
             self._pid_poll = None
 
 
-SHM_DIR = "/dev/shm"
 
 
 class ShmTransport(Transport):
@@ -604,7 +455,7 @@ class ShmTransport(Transport):
         if ch is None:
             cma = 1 if self._cma_works(int(address["pid"]), int(address["probe"])) else 2
             path = f"{self._prefix}-from{peer}"
-            inbox = _Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
+            inbox = Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
             self._linked.add(path)
             ch = self._channels[peer] = ShmChannel(self, peer, inbox, address)
             self._check_unlink = self.setup_pending = True

@@ -1,0 +1,213 @@
+"""TCP connection setup: addresses, socket tuning, the job-membership handshake, lazy dials.
+
+The higher rank of a pair dials (``Dial``, non-blocking: connect, send ``HELLO`` with
+``HMAC(token, listener nonce : rank)``, await a one-byte ack); the lower rank's transport
+accepts and checks it (``Handshake``). Split out of ``tcp.py`` so that file reads like the
+other transports: a channel and a transport.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import select
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..envvars import env_choice, env_int
+from ..errors import TransportError
+
+if TYPE_CHECKING:
+    from .tcp import TcpChannel, TcpTransport
+
+HELLO = struct.Struct("<8sI32s")         # magic, rank, proof
+MAGIC = b"PYCOLLv1"
+
+
+def proof(token: str | None, nonce: str, rank: int) -> bytes:
+    key = (token or "").encode()
+    return hmac.new(key, f"{nonce}:{rank}".encode(), hashlib.sha256).digest()
+
+
+def interface_address(ifname: str, family: int) -> str:
+    """The first address of network interface ``ifname`` (``PYCOLL_SOCKET_IFNAME``)."""
+    if family == socket.AF_INET6:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if fields[-1] == ifname:
+                    raw = fields[0]
+                    addr = ":".join(raw[i:i + 4] for i in range(0, 32, 4))
+                    return str(ipaddress.IPv6Address(addr))
+        raise TransportError(f"interface {ifname!r} has no IPv6 address (PYCOLL_SOCKET_IFNAME)")
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", ifname.encode()[:15]))
+        except OSError as e:
+            raise TransportError(f"interface {ifname!r} has no IPv4 address "
+                                 f"(PYCOLL_SOCKET_IFNAME): {e}") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
+    """Pick (address, family) for the data port.
+
+    ``PYCOLL_SOCKET_IFNAME`` names the interface; ``PYCOLL_SOCKET_FAMILY`` (ipv4/ipv6) the
+    family. Otherwise use the local address the kernel would use to reach the master, which
+    on a single host is loopback.
+    """
+    fam_name = env_choice("PYCOLL_SOCKET_FAMILY", "", ("ipv4", "ipv6", "inet", "inet6", "4", "6"))
+    target = master_addr or "127.0.0.1"
+    if fam_name in ("ipv6", "inet6", "6"):
+        family = socket.AF_INET6
+    elif fam_name in ("ipv4", "inet", "4"):
+        family = socket.AF_INET
+    else:
+        family = socket.getaddrinfo(target, None)[0][0]
+    ifname = os.environ.get("PYCOLL_SOCKET_IFNAME", "").strip()
+    if ifname:
+        return interface_address(ifname, family), family
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((target if family == socket.getaddrinfo(target, None)[0][0]
+                       else ("::1" if family == socket.AF_INET6 else "127.0.0.1"), 9))
+            return s.getsockname()[0], family
+        except OSError:
+            return ("::1" if family == socket.AF_INET6 else "127.0.0.1"), family
+
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    size = env_int("PYCOLL_SOCKET_BUFFER", 4 << 20, minimum=4096)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass
+
+
+#: how long an accepted connection may take to prove it belongs to the job
+HANDSHAKE_SECONDS = 10.0
+#: connections still handshaking at once; beyond it the oldest is dropped (floods)
+MAX_HANDSHAKES = 256
+#: how often an idle transport looks for peers dialing in (a busy one: every pass)
+ACCEPT_INTERVAL = 0.01
+
+
+class Dial:
+    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack."""
+
+    def __init__(self, transport: "TcpTransport", channel: TcpChannel, addr: dict[str, Any],
+                 deadline: float) -> None:
+        self.transport = transport
+        self.channel = channel
+        self.addr = addr
+        self.deadline = deadline
+        self.sock: socket.socket | None = None
+        self.state = "idle"            # idle -> connecting -> ack
+        self.retry_at = 0.0
+        self.delay = 0.01
+        self.hello = HELLO.pack(MAGIC, transport.rank,
+                                proof(transport._token, str(addr["nonce"]), transport.rank))
+
+    def _fail(self, why: str) -> None:
+        peer = self.channel.peer
+        self.channel._break(TransportError(
+            f"tcp: could not connect to peer rank {peer} at {self.addr['host']}:"
+            f"{self.addr['port']}: {why}; check that the address is reachable from this host "
+            "(PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer))
+
+    def _retry(self, why: str) -> bool:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        now = time.monotonic()
+        if now + self.delay > self.deadline:
+            self._fail(f"{why} (until the deadline)")
+            return True
+        self.retry_at = now + self.delay * (0.5 + secrets.randbelow(1000) / 1000)
+        self.delay = min(self.delay * 2, 1.0)
+        self.state = "idle"
+        return False
+
+    def events(self) -> int:
+        return select.EPOLLOUT if self.state == "connecting" else select.EPOLLIN
+
+    def progress(self) -> bool:
+        """Advance; True once finished (connected or failed)."""
+        if self.channel._broken is not None:
+            if self.sock is not None:
+                self.sock.close()
+            return True
+        if self.state == "idle":
+            if time.monotonic() < self.retry_at:
+                return False
+            try:
+                info = socket.getaddrinfo(self.addr["host"], self.addr["port"],
+                                          type=socket.SOCK_STREAM)[0]
+                self.sock = socket.socket(info[0], socket.SOCK_STREAM)
+                self.sock.setblocking(False)
+                tune(self.sock)
+                err = self.sock.connect_ex(info[4])
+            except OSError as e:
+                return self._retry(str(e))
+            if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+                return self._retry(os.strerror(err))
+            self.state = "connecting"
+        sock = self.sock
+        assert sock is not None
+        if self.state == "connecting":
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLOUT)
+            if not p.poll(0):
+                if time.monotonic() > self.deadline:
+                    self._fail("no answer before the deadline")
+                    sock.close()
+                    return True
+                return False
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                return self._retry(os.strerror(err))
+            try:
+                sock.sendall(self.hello)     # 44 bytes into an empty socket buffer
+            except OSError as e:
+                return self._retry(str(e))
+            self.state = "ack"
+        try:
+            answer = sock.recv(1)
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() > self.deadline:
+                self._fail("the peer accepted the connection but never answered the handshake")
+                sock.close()
+                return True
+            return False
+        except OSError as e:
+            return self._retry(str(e))
+        if answer != b"\x01":
+            sock.close()
+            peer = self.channel.peer
+            self.channel._break(TransportError(
+                f"tcp: peer rank {peer} at {self.addr['host']}:{self.addr['port']} refused this "
+                "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
+                peer=peer))
+            return True
+        self.channel.attach(sock)
+        return True
+
+
+class Handshake:
+    """An accepted connection that has not yet proved which rank of the job it is."""
+
+    __slots__ = ("sock", "buf", "since")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.since = time.monotonic()
