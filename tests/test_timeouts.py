@@ -50,3 +50,28 @@ def test_default_name_is_timeout():
         as_seconds(-3)
     with pytest.raises(pycoll.InvalidArgument, match=r"^timeout must be a number of seconds"):
         as_seconds("3")
+
+
+def _with_timedeltas(comm):
+    import numpy as np
+
+    a = np.ones(4, dtype=np.float32)
+    comm.allreduce(a, timeout=timedelta(seconds=20))
+    sub = comm.split(0, timeout=timedelta(seconds=20))
+    b = np.ones(2, dtype=np.int64)
+    sub.broadcast(b, root=0, timeout=timedelta(milliseconds=20_000))
+    refused = None
+    try:
+        comm.allreduce(a, timeout=timedelta(seconds=-1))
+    except pycoll.InvalidArgument as e:
+        refused = str(e)
+    comm.barrier()            # the refused call took no sequence number: ranks stay in step
+    return float(a[0]), int(b[0]), refused
+
+
+def test_collectives_accept_timedelta():
+    from pycoll.testing import run_ranks
+
+    for total, value, refused in run_ranks(_with_timedeltas, 2):
+        assert (total, value) == (2.0, 1)
+        assert refused is not None and "timeout" in refused
