@@ -82,7 +82,7 @@ def _decode_table(raw: str, rank: int, size: int) -> RankTable:
                      [probes[p] for _, _, p in rows], rows)
 
 
-def open_transports(rank: int, names: Sequence[str], records: dict[str, dict], *,
+def open_transports(rank: int, size: int, names: Sequence[str], records: dict[str, dict], *,
                     token: str | None, master_addr: str | None,
                     accepts: Callable[[str, int], bool]) -> dict[str, Transport]:
     """Open every transport that probed usable (cheap: a listener, a path prefix)."""
@@ -94,7 +94,7 @@ def open_transports(rank: int, names: Sequence[str], records: dict[str, dict], *
             cls = registry.transport_class(name)
             if name == "tcp":
                 opened[name] = cls(rank, token=token, master_addr=master_addr,  # type: ignore[call-arg]
-                                   accepts=lambda peer: accepts("tcp", peer))
+                                   accepts=lambda peer: accepts("tcp", peer), size=size)
             else:
                 opened[name] = cls(rank)  # type: ignore[call-arg]
     except BaseException:
@@ -124,6 +124,7 @@ class Connections:
         self.channels = ChannelMap(self._open)
         self._choice: dict[int, str] = {}
         self._addresses: dict[int, dict] = {}
+        self._address_store: Any = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -138,7 +139,7 @@ class Connections:
                                   + "; ".join(f"{n}: {why}" for n, why in missing.items()))
         holder: list[Connections] = []
         transports = open_transports(
-            rank, order, records, token=token, master_addr=master_addr,
+            rank, size, order, records, token=token, master_addr=master_addr,
             accepts=lambda name, peer: bool(holder) and holder[0].transport_for(peer) == name)
         try:
             hello = {"host": host or host_identity(rank), "machine": machine_identity(),
@@ -213,23 +214,27 @@ class Connections:
 
     # -- channels ----------------------------------------------------------------------------
     def _address(self, peer: int) -> dict:
+        """The peer's published addresses. Read through a store connection of our own: the
+        communicator's may be held by another thread for a long blocking call (a ``split``
+        waiting for ranks that first need this very channel)."""
         found = self._addresses.get(peer)
         if found is None:
-            raw = self.store.get(f"hello/{peer}", timeout=self.timeout)
+            if self._address_store is None:
+                from .abort import _clone_client
+                self._address_store = _clone_client(self.store, self.timeout)
+            raw = self._address_store.get(f"hello/{peer}", timeout=self.timeout)
             found = self._addresses[peer] = json.loads(raw)["addr"]
         return found
 
     def _open(self, peer: int) -> Channel:
         if not 0 <= peer < self.size or peer == self.rank:
             raise KeyError(peer)
-        with self._lock:
-            name = self.transport_for(peer)
-            transport = self.transports[name]
-            address = self._address(peer)[name]
-            with self.engine.lock:
-                ch = transport.connect(peer, address, time.monotonic() + self.timeout)
-            debug.logger.info("channel to rank %d over %s (opened on first use)", peer, name)
-            return ch
+        name = self.transport_for(peer)
+        address = self._address(peer)[name]       # no lock held across the store round trip
+        with self._lock, self.engine.lock:
+            ch = self.transports[name].connect(peer, address, time.monotonic() + self.timeout)
+        debug.logger.info("channel to rank %d over %s (opened on first use)", peer, name)
+        return ch
 
     def open_counts(self) -> dict[str, int]:
         """Channels opened so far, per transport (tcp: connected sockets)."""
@@ -241,6 +246,14 @@ class Connections:
                 t.close()
         self.engine.close()
         self.channels.clear()
+        extra, self._address_store = self._address_store, None
+        if extra is not None:   # close our own connection, never the communicator's
+            mine = getattr(extra, "underlying_store", extra)
+            if mine is not getattr(self.store, "underlying_store", self.store):
+                try:
+                    mine.close()
+                except Exception:   # noqa: BLE001 - teardown must not fail
+                    pass
 
 
 class ChannelMap(dict):

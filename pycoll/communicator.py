@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import zlib
 from datetime import timedelta
 from typing import Any, Sequence
 
@@ -44,10 +43,9 @@ COMM_ID_BITS = 20
 Timeout = float | timedelta | None
 
 
-def _comm_id(name: str) -> int:
-    """A communicator's id in message tags: 0 for a root, a hash of the name for a group
-    (every member knows the name; groups sharing channels then never match each other)."""
-    return 0 if "." not in name else 1 + zlib.crc32(name.encode()) % ((1 << COMM_ID_BITS) - 1)
+def _wrap_id(n: int) -> int:
+    """Group ids run 1 .. 2**20 - 1 in message tags (0 is the root's)."""
+    return 1 + (n - 1) % ((1 << COMM_ID_BITS) - 1)
 
 
 class Communicator(Collectives):
@@ -62,7 +60,8 @@ class Communicator(Collectives):
                  connections: Connections | None = None, members: Sequence[int] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, owns_store: bool = False,
                  token: str | None = None, master_addr: str | None = None,
-                 hosts: Sequence[str] | None = None) -> None:
+                 hosts: Sequence[str] | None = None, comm_id: int = 0,
+                 root_name: str | None = None) -> None:
         self.rank = rank
         self.size = size
         self.name = name
@@ -74,7 +73,11 @@ class Communicator(Collectives):
         self._members = list(range(size)) if members is None else list(members)
         self._token = token
         self._master_addr = master_addr
-        self._comm_id = _comm_id(name)
+        # Message tags carry the communicator's id: a root is 0, every group of the tree gets
+        # a distinct one (allocated through the store), so groups sharing channels never
+        # match each other's messages.
+        self._comm_id = comm_id
+        self._root_name = root_name or name
         # 0: each transport's own segment size; PYCOLL_SEGMENT_BYTES overrides it job-wide
         self._segment_bytes = (env_int("PYCOLL_SEGMENT_BYTES", 0, minimum=1)
                                if os.environ.get("PYCOLL_SEGMENT_BYTES", "").strip() else 0)
@@ -82,6 +85,7 @@ class Communicator(Collectives):
         self._hosts = list(hosts or [host_identity()] * size)
         self._layout = node_layout(self._hosts)
         self._groups_made = 0
+        self._group_names: set[str] = set()
         self._children: list[Communicator] = []
         self._hier: dict[str, Peers | None] = {}
         caps = connections.capabilities_in_use(self._members) if connections else []
@@ -151,29 +155,43 @@ class Communicator(Collectives):
                                       or not isinstance(value, (int, np.integer))):
                 raise InvalidArgument(f"rank {self.rank}: split: {what} must be an int "
                                       f"(or None for color), not {value!r}")
-        if name is None:
-            self._groups_made += 1
-            name = f"split{self._groups_made}"
+        self._groups_made += 1
+        n = self._groups_made                # the same on every rank: splits are collective
+        name = f"split{n}" if name is None else str(name)
+        if name in self._group_names:
+            raise InvalidArgument(f"rank {self.rank}: split: communicator {self.name} already "
+                                  f"made a group named {name!r}; group names must be unique")
+        self._group_names.add(name)
+        scoped = None
         if self.size == 1 or self._store is None:
             records = [{"color": color, "key": key}]
         else:
             from rendezvous import PrefixStore
             scoped = PrefixStore(f"pycoll/{self.name}/", self._store)
-            scoped.set(f"group/{name}/{self.rank}",
+            scoped.set(f"group/{n}/{self.rank}",
                        json.dumps({"color": None if color is None else int(color),
                                    "key": int(key)}))
-            raw = scoped.multi_get([f"group/{name}/{r}" for r in range(self.size)],
+            raw = scoped.multi_get([f"group/{n}/{r}" for r in range(self.size)],
                                    timeout=limit)
             records = [json.loads(v) for v in raw]
         if color is None or color < 0:
             return None
         members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
                          key=lambda r: (records[r]["key"], r))
+        if scoped is None:
+            comm_id = _wrap_id(n)
+        else:                                # the group's first member draws a fresh id
+            id_key = f"group/{n}/{int(color)}/id"
+            if self.rank == members[0]:
+                drawn = int(self._store.add(f"pycoll/{self._root_name}/group_ids", 1))
+                scoped.set(id_key, str(_wrap_id(drawn)))
+            comm_id = int(scoped.get(id_key, timeout=limit))
         child = Communicator(members.index(self.rank), len(members), store=self._store,
                              name=f"{self.name}.{name}.{color}", connections=self._conn,
                              members=[self._members[m] for m in members], timeout=limit,
                              token=self._token, master_addr=self._master_addr,
-                             hosts=[self._hosts[m] for m in members])
+                             hosts=[self._hosts[m] for m in members], comm_id=comm_id,
+                             root_name=self._root_name)
         self._children.append(child)
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._executor.idle())
@@ -273,6 +291,7 @@ class Communicator(Collectives):
         sub = self._hier[kind]
         if sub is not None:
             sub.deadline, sub.tag = self._peers.deadline, self._peers.tag
+            sub.posted = self._peers.posted      # a failure abandons these requests too
         return sub
 
     # -- teardown ----------------------------------------------------------------------------

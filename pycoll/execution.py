@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from .algorithms.primitives import Peers, collective_tag, tag_low_bits
-from .errors import PycollError
+from .errors import PycollError, TransportError
 from .faults import P2P, FaultHandling
 from .timeouts import as_seconds
 from .work import Executor, Work
@@ -101,6 +101,7 @@ class Execution(FaultHandling):
         # message takes.
         peers = self._peers
         peers.deadline = deadline
+        peers.posted.clear()
         low = self._tag_low.get(collective)
         if low is None:
             low = self._tag_low[collective] = tag_low_bits(collective, self._comm_id)
@@ -110,6 +111,7 @@ class Execution(FaultHandling):
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
             body(peers)
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
+            self._abandon(peers, collective, seq)
             err = self._collective_failed(collective, seq, limit, e, rec)
             if err is e:
                 raise
@@ -117,6 +119,21 @@ class Execution(FaultHandling):
         if rec is not None:
             rec[6] = time.monotonic()   # completed
             rec[7] = None       # drop the closure: never keep a user's tensor alive
+
+    def _abandon(self, peers: Peers, collective: str, seq: int) -> None:
+        """Break the channels that still carry requests of a failed call (see
+        ``Channel.abandon``); other pairs stay usable."""
+        pending = [r for r in peers.posted if not r.done]
+        peers.posted.clear()
+        if not pending:
+            return
+        error = TransportError(
+            f"rank {self.rank}: this channel was closed after {collective} #{seq} failed with "
+            f"messages still in flight on it (communicator {self.name}); the pair is out of "
+            "step: create a new communicator", peer=None)
+        with peers.engine.lock:
+            for ch in {id(r.channel): r.channel for r in pending}.values():
+                ch.abandon(error)
 
     def _stop_execution(self) -> None:
         self._closed = True

@@ -63,7 +63,7 @@ class Peers:
     """
 
     __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "ops", "engine",
-                 "check", "layout", "_subgroup", "tag", "_lock", "_ref")
+                 "check", "layout", "_subgroup", "tag", "_lock", "_ref", "posted")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
                  segment_bytes: int, ops: MemoryOps, engine: ProgressEngine,
@@ -84,6 +84,9 @@ class Peers:
         self.layout = layout          # (node index, local index) of every rank
         self._subgroup = subgroup
         self.tag = tag or 0           # this call's tag; primitives use it unless told otherwise
+        #: every request of the running call: if the call fails, their channels are broken,
+        #: so that no late message lands in a user's buffer after the error was raised
+        self.posted: list[Request] = []
 
     def subgroup(self, kind: str) -> "Peers | None":
         """The ranks of this one's node (``"node"``) or of the same local index on every
@@ -95,17 +98,23 @@ class Peers:
         ch = self.channels[peer]
         mem = self._ref(arr)
         if not self.engine.shared:
-            return ch.isend(mem, self.tag if tag is None else tag)
-        with self._lock:
-            return ch.isend(mem, self.tag if tag is None else tag)
+            req = ch.isend(mem, self.tag if tag is None else tag)
+        else:
+            with self._lock:
+                req = ch.isend(mem, self.tag if tag is None else tag)
+        self.posted.append(req)
+        return req
 
     def irecv(self, peer: int, arr: Any, tag: int | None = None) -> Request:
         ch = self.channels[peer]
         mem = self._ref(arr)
         if not self.engine.shared:
-            return ch.irecv(mem, self.tag if tag is None else tag)
-        with self._lock:
-            return ch.irecv(mem, self.tag if tag is None else tag)
+            req = ch.irecv(mem, self.tag if tag is None else tag)
+        else:
+            with self._lock:
+                req = ch.irecv(mem, self.tag if tag is None else tag)
+        self.posted.append(req)
+        return req
 
     def wait(self, requests: Sequence[Request]) -> None:
         """Wait for ``requests``; every channel with work progresses meanwhile."""

@@ -117,6 +117,15 @@ class Channel(ABC):
         """Raise PeerLost if the peer is known to be gone (called while idle)."""
 
     @abstractmethod
+    def _break(self, error: BaseException) -> None:
+        """Fail every pending request with ``error``; the channel stays broken."""
+
+    def abandon(self, error: BaseException) -> None:
+        """A call that had requests here failed: the pair is out of step (a late message
+        could land in a buffer the user got back with an error), so break it."""
+        self._break(error)
+
+    @abstractmethod
     def close(self) -> None:
         """Release the channel; pending requests fail."""
 

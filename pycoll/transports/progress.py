@@ -101,6 +101,7 @@ class ProgressEngine:
         self.shared = False
         self._epoll: select.epoll | None = None
         self._registered: dict[int, int] = {}
+        self._block_lock = threading.Lock()
 
     def add(self, transport: Transport) -> None:
         self.transports.append(transport)
@@ -226,6 +227,15 @@ class ProgressEngine:
         return fds
 
     def _block(self, fds: list[tuple[int, int]], timeout: float) -> None:
+        with self._block_lock:   # threads sharing the engine share its epoll bookkeeping
+            ep = self._sync_epoll(fds)
+        if ep is not None:
+            ep.poll(timeout)     # several threads may wait on one epoll at once
+        else:
+            time.sleep(min(timeout, MAX_SLEEP_SECONDS))
+
+    def _sync_epoll(self, fds: list[tuple[int, int]]) -> "select.epoll | None":
+        """Register exactly ``fds`` with the engine's epoll; None when there are none."""
         ep = self._epoll
         if ep is None:
             ep = self._epoll = select.epoll()
@@ -252,10 +262,7 @@ class ProgressEngine:
             except OSError:
                 continue
             registered[fd] = events
-        if wanted:
-            ep.poll(timeout)
-        else:
-            time.sleep(min(timeout, MAX_SLEEP_SECONDS))
+        return ep if wanted else None
 
     def close(self) -> None:
         if self._epoll is not None:

@@ -260,8 +260,9 @@ class TcpTransport(Transport):
                                 segment_bytes=1 << 20)
 
     def __init__(self, rank: int, *, token: str | None = None, master_addr: str | None = None,
-                 accepts: Callable[[int], bool] | None = None) -> None:
+                 accepts: Callable[[int], bool] | None = None, size: int = 1 << 31) -> None:
         self.rank = rank
+        self._size = size
         self._token = token
         self._accepts = accepts or (lambda peer: True)
         self._nonce = secrets.token_hex(16)
@@ -276,6 +277,7 @@ class TcpTransport(Transport):
         self._dials: dict[int, Dial] = {}
         self._handshakes: dict[int, Handshake] = {}
         self._next_accept = 0.0
+        self._awaiting = False       # a channel with work waits for its peer to dial in
         self.host = host
 
     # -- registry ------------------------------------------------------------------------
@@ -297,7 +299,9 @@ class TcpTransport(Transport):
             ch = self._channels[peer] = TcpChannel(self, peer)
             if peer < self.rank:
                 self._dials[peer] = Dial(self, ch, address, deadline)
-                self.setup_pending = True
+            else:
+                self._awaiting = True
+            self.setup_pending = True
         return ch
 
     def connections(self) -> int:
@@ -349,22 +353,28 @@ class TcpTransport(Transport):
             if len(hs.buf) < HELLO.size:
                 continue
             del self._handshakes[fd]
-            magic, rank, claimed = HELLO.unpack(bytes(hs.buf))
-            existing = self._channels.get(rank)
-            if (magic != MAGIC or rank <= self.rank or not self._accepts(rank)
-                    or (existing is not None and existing.connected)
-                    or not hmac.compare_digest(claimed, proof(self._token, self._nonce, rank))):
+            if not self._admit(hs):
                 hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
-                continue
-            try:
-                hs.sock.send(b"\x01")
-            except OSError:
-                hs.sock.close()
-                continue
-            tune(hs.sock)
-            ch = existing or self._channels.setdefault(rank, TcpChannel(self, rank))
-            ch.attach(hs.sock)
         return moved
+
+    def _admit(self, hs: Handshake) -> bool:
+        """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
+        other code), then that the rank may dial us; attach the socket if all holds."""
+        try:
+            magic, rank, claimed = HELLO.unpack(bytes(hs.buf))
+            if (magic != MAGIC or not self.rank < rank < self._size
+                    or not hmac.compare_digest(claimed, proof(self._token, self._nonce, rank))):
+                return False
+            existing = self._channels.get(rank)
+            if (existing is not None and existing.connected) or not self._accepts(rank):
+                return False
+            hs.sock.send(b"\x01")
+            tune(hs.sock)
+        except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
+            return False
+        ch = existing or self._channels.setdefault(rank, TcpChannel(self, rank))
+        ch.attach(hs.sock)
+        return True
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -374,13 +384,15 @@ class TcpTransport(Transport):
                 if dial.progress():
                     del self._dials[peer]
                     moved = True
-        now = time.monotonic() if not self._handshakes else 0.0
-        if self._handshakes or now >= self._next_accept:
+        now = time.monotonic() if not (self._handshakes or self._awaiting) else 0.0
+        if self._handshakes or self._awaiting or now >= self._next_accept:
             self._next_accept = now + ACCEPT_INTERVAL
             moved = self._accept() or moved
             if self._handshakes:
                 moved = self._progress_handshakes() or moved
-        self.setup_pending = bool(self._dials or self._handshakes)
+        self._awaiting = any(ch._sock is None and ch.busy() and ch._broken is None  # type: ignore[attr-defined]
+                             for ch in self._active.channels.values())
+        self.setup_pending = bool(self._dials or self._handshakes or self._awaiting)
         if self._active.channels:
             moved = self._active.progress() or moved
         return moved

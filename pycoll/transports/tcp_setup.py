@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..envvars import env_choice, env_int
 from ..errors import TransportError
+from .base import peer_lost
 
 if TYPE_CHECKING:
     from .tcp import TcpChannel, TcpTransport
@@ -173,6 +174,14 @@ class Dial:
                     return True
                 return False
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err == errno.ECONNREFUSED:
+                # The listener existed before its address was published: refused means the
+                # process is gone or has closed its communicator, not "not yet".
+                sock.close()
+                self.channel._break(peer_lost(
+                    self.channel.peer, f"its data port {self.addr['host']}:{self.addr['port']} "
+                    "refused the connection (the process exited or closed its communicator)"))
+                return True
             if err:
                 return self._retry(os.strerror(err))
             try:
@@ -190,6 +199,8 @@ class Dial:
             return False
         except OSError as e:
             return self._retry(str(e))
+        if answer == b"" and time.monotonic() < self.deadline:
+            return self._retry("the peer closed the connection during the handshake")
         if answer != b"\x01":
             sock.close()
             peer = self.channel.peer

@@ -1,7 +1,11 @@
-"""Groups: new_group and split give independent communicators with their own channels."""
+"""Groups: new_group and split make communicators that share their parent's channels (renumbered), with ids that keep their messages apart."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
+
+import pycoll
 
 from pycoll.testing import run_ranks
 
@@ -57,3 +61,72 @@ def test_alltoall_in_place():
     size = 3
     for rank, got in enumerate(run_ranks(_inplace_alltoall, size)):
         assert got == [100 * src + 3 * rank + k for src in range(size) for k in range(3)]
+
+
+def _async_then_split(comm):
+    """A collective still running on the worker thread needs a new channel (its address
+    comes from the store) while the caller's thread waits in split's store round: the two
+    must not wait for each other (regression: they shared one store connection)."""
+    a = np.full(1 << 10, float(comm.rank), dtype=np.float32)
+    work = comm.broadcast(a, root=comm.size - 1, async_op=True)
+    g = comm.split(comm.rank % 2)
+    work.wait(timeout=30)
+    b = np.ones(3)
+    g.allreduce(b)
+    return float(a[0]), float(b[0])
+
+
+def test_async_collective_and_split_do_not_deadlock():
+    for rank, (got, total) in enumerate(run_ranks(_async_then_split, 4, collective_timeout=20)):
+        assert got == 3.0 and total == 2.0, rank
+
+
+def _group_failure_breaks_the_pair(comm):
+    """A group's collective fails with a message still in flight on a channel it shares
+    with the world: that pair is broken, so the late message can never land in the user's
+    buffer; the world says so instead of computing with it."""
+    g = comm.new_group([0, 1])
+    comm.barrier()
+    a = np.full(4, 7.0 if comm.rank == 1 else 0.0)
+    if comm.rank == 0:
+        try:
+            g.broadcast(a, root=1, timeout=0.3)
+        except pycoll.PycollError:
+            pass
+        a[:] = 42.0
+    else:
+        time.sleep(1.0)
+        g.broadcast(a, root=1)
+    try:
+        comm.barrier()
+        comm.barrier()
+        return "no error", a.tolist()
+    except pycoll.PycollError as e:
+        return type(e).__name__, a.tolist()
+
+
+def test_failed_group_collective_never_leaks_late_data():
+    outcomes = run_ranks(_group_failure_breaks_the_pair, 2, expect_failure=True,
+                         collective_timeout=10)
+    kind, value = outcomes[0]
+    assert kind == "ok", value
+    error, buf = value
+    assert error != "no error"
+    assert buf == [42.0] * 4          # the late broadcast data never arrived
+
+
+def _group_ids(comm):
+    groups = [comm.new_group(list(range(comm.size))) for _ in range(40)]
+    ids = [g._comm_id for g in groups]
+    try:
+        comm.split(0, name="split3")           # the name of the third group above
+        dup = None
+    except pycoll.InvalidArgument as e:
+        dup = str(e)
+    return ids, dup
+
+
+def test_group_ids_are_unique_and_names_cannot_repeat():
+    for ids, dup in run_ranks(_group_ids, 2):
+        assert len(set(ids)) == 40 and 0 not in ids
+        assert dup is not None and "unique" in dup

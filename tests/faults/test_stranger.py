@@ -49,6 +49,7 @@ def _strangers(store_port, stop, log):
         "garbage": os.urandom(hello.size),
         "wrong-magic": hello.pack(b"NOTPYCOL", 1, b"\0" * 32),
         "forged-proof": hello.pack(b"PYCOLLv1", 1, os.urandom(32)),   # claims rank 1
+        "no-such-rank": hello.pack(b"PYCOLLv1", 1000, os.urandom(32)),  # rank >= world size
         "short": b"PYCOLLv1",                                     # half a hello, then silence
     }
     for name, data in payloads.items():
@@ -101,7 +102,7 @@ def test_stranger_during_setup_is_dropped(tmp_path):
     assert results == [(3.0, 3.0, "tcp")] * 2
     # Every stranger knocked; on a loaded machine the last ones may arrive after setup, when
     # the listener is already closed (connection refused or reset): that is fine too.
-    names = ["silent", "garbage", "wrong-magic", "forged-proof", "short"]
+    names = ["silent", "garbage", "wrong-magic", "forged-proof", "no-such-rank", "short"]
     assert [entry.split(":")[0] for entry in log] == names, log
     assert log[0] == "silent", log      # the first one did get in while setup waited
     # After the job the listener is closed: nobody can connect any more.

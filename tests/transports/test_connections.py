@@ -13,6 +13,8 @@ import textwrap
 import time
 
 import numpy as np
+
+import pycoll
 import pytest
 
 from pycoll.testing import run_ranks
@@ -127,3 +129,36 @@ def test_more_than_1024_open_files(tmp_path, transport):
     assert proc.returncode == 0, proc.stderr
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert lines == [f"RESULT rank={r} sum=6 {transport}" for r in range(3)], proc.stdout
+
+
+def _dial_a_dead_peer(comm):
+    """Rank 0 dies before rank 1 ever talked to it: rank 1's first dial is refused, and a
+    refused dial means the peer is gone (its port existed before its address was published),
+    so rank 1 raises PeerLost at once instead of retrying until the deadline."""
+    import os
+    import signal
+    import time as clock
+
+    comm._store.add("test/ready", 1)
+    if comm.rank == 0:
+        while int(comm._store.add("test/ready", 0)) < 2:
+            clock.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    while int(comm._store.add("test/ready", 0)) < 2:
+        clock.sleep(0.01)
+    clock.sleep(0.5)                  # rank 0 is dead by now
+    start = clock.monotonic()
+    try:
+        comm.recv(np.empty(4), src=0)
+    except pycoll.PeerLost as e:
+        return clock.monotonic() - start, str(e)
+    return None
+
+
+def test_refused_dial_is_a_lost_peer():
+    outcomes = run_ranks(_dial_a_dead_peer, 2, env={"PYCOLL_TRANSPORT": "tcp"},
+                         expect_failure=True, collective_timeout=20)
+    kind, value = outcomes[1]
+    assert kind == "ok", value
+    elapsed, message = value
+    assert elapsed < 5 and "refused the connection" in message, value
