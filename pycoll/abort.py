@@ -73,7 +73,7 @@ def abort_key(name: str) -> str:
     return f"pycoll/{name}/abort"
 
 
-def _clone_client(store: Any, timeout: float) -> Any:
+def clone_client(store: Any, timeout: float) -> Any:
     """A second connection to the same store server, or the store itself if it cannot clone."""
     try:
         from rendezvous import PrefixStore, TCPStore
@@ -84,7 +84,7 @@ def _clone_client(store: Any, timeout: float) -> Any:
         return TCPStore(store.host, store.port, token=token if token is not None else "",
                         timeout=timeout)
     if isinstance(store, PrefixStore):
-        return PrefixStore(store.prefix, _clone_client(store.underlying_store, timeout))
+        return PrefixStore(store.prefix, clone_client(store.underlying_store, timeout))
     return store
 
 
@@ -116,7 +116,7 @@ class AbortWatch:
     # -- the dedicated client ----------------------------------------------------------------
     def client(self) -> Any:
         if self._client is None:
-            client = _clone_client(self.store, self.timeout)
+            client = clone_client(self.store, self.timeout)
             self._owns_client = client is not self.store
             self._client = client
         return self._client

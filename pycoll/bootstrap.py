@@ -25,7 +25,7 @@ from . import debug
 from .errors import InvalidArgument
 from .topology import host_identity, machine_identity
 from .transports import registry
-from .transports.base import Capabilities, Channel, PeerInfo, Transport
+from .transports.base import Capabilities, Channel, OpenContext, PeerInfo, Transport
 from .transports.progress import ProgressEngine, WaitPolicy
 
 
@@ -82,21 +82,14 @@ def _decode_table(raw: str, rank: int, size: int) -> RankTable:
                      [probes[p] for _, _, p in rows], rows)
 
 
-def open_transports(rank: int, size: int, names: Sequence[str], records: dict[str, dict], *,
-                    token: str | None, master_addr: str | None,
-                    accepts: Callable[[str, int], bool]) -> dict[str, Transport]:
+def open_transports(ctx: OpenContext, names: Sequence[str],
+                    records: dict[str, dict]) -> dict[str, Transport]:
     """Open every transport that probed usable (cheap: a listener, a path prefix)."""
     opened: dict[str, Transport] = {}
     try:
         for name in names:
-            if name not in records:
-                continue
-            cls = registry.transport_class(name)
-            if name == "tcp":
-                opened[name] = cls(rank, token=token, master_addr=master_addr,  # type: ignore[call-arg]
-                                   accepts=lambda peer: accepts("tcp", peer), size=size)
-            else:
-                opened[name] = cls(rank)  # type: ignore[call-arg]
+            if name in records:
+                opened[name] = registry.transport_class(name)(ctx)
     except BaseException:
         for t in opened.values():
             t.close()
@@ -138,9 +131,9 @@ class Connections:
             raise InvalidArgument(f"rank {rank}: no allowed transport is usable here: "
                                   + "; ".join(f"{n}: {why}" for n, why in missing.items()))
         holder: list[Connections] = []
-        transports = open_transports(
-            rank, size, order, records, token=token, master_addr=master_addr,
-            accepts=lambda name, peer: bool(holder) and holder[0].transport_for(peer) == name)
+        ctx = OpenContext(rank, size, token, master_addr,
+                          lambda name, peer: bool(holder) and holder[0].transport_for(peer) == name)
+        transports = open_transports(ctx, order, records)
         try:
             hello = {"host": host or host_identity(rank), "machine": machine_identity(),
                      "pid": os.getpid(), "size": size, "tp": records,
@@ -163,9 +156,8 @@ class Connections:
         # Real processes per machine (virtual node layouts aside) decide how waiters spin.
         me = table.machines[rank]
         WaitPolicy.configure(sum(m == me for m in table.machines))
-        configure = getattr(transports.get("shm"), "configure", None)
-        if configure is not None:
-            configure(WaitPolicy.crowded)
+        for t in transports.values():
+            t.configure(WaitPolicy.crowded)
         return conn
 
     # -- choices -----------------------------------------------------------------------------
@@ -220,8 +212,8 @@ class Connections:
         found = self._addresses.get(peer)
         if found is None:
             if self._address_store is None:
-                from .abort import _clone_client
-                self._address_store = _clone_client(self.store, self.timeout)
+                from .abort import clone_client
+                self._address_store = clone_client(self.store, self.timeout)
             raw = self._address_store.get(f"hello/{peer}", timeout=self.timeout)
             found = self._addresses[peer] = json.loads(raw)["addr"]
         return found

@@ -50,10 +50,6 @@ class MemoryOps:
         """``count`` elements of ``dtype`` of reusable scratch space in ``slot``."""
         raise NotImplementedError
 
-    def empty(self, count: int, dtype: Any) -> Any:
-        """A fresh array (owned by the caller, not reused)."""
-        raise NotImplementedError
-
     def copy(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` (same length and dtype)."""
         raise NotImplementedError
@@ -92,9 +88,6 @@ class HostOps(MemoryOps):
             if count <= 4096 and len(self._views) < 256:   # small views cached: hot path
                 self._views[key] = view
         return view
-
-    def empty(self, count: int, dtype: np.dtype) -> np.ndarray:
-        return np.empty(count, dtype=dtype)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src

@@ -68,11 +68,6 @@ class MemRef:
         self.nbytes = view.nbytes
 
     @classmethod
-    def host(cls, view: memoryview) -> "MemRef":
-        """A reference to host memory seen through a byte ``memoryview``."""
-        return cls(view)
-
-    @classmethod
     def of(cls, obj: Any) -> "MemRef":
         """Host memory of any buffer-protocol object (bytes, bytearray, numpy...)."""
         view = memoryview(obj)
@@ -89,10 +84,6 @@ class MemRef:
     @property
     def ptr(self) -> int:
         return view_address(self._view)
-
-    @property
-    def is_host(self) -> bool:
-        return self.mem_type == HOST
 
     def host_view(self) -> memoryview:
         """The bytes as a ``memoryview`` (host memory only)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from ..memory import HOST, MemoryType, MemRef
@@ -116,6 +116,17 @@ class Channel(ABC):
     def check_alive(self) -> None:
         """Raise PeerLost if the peer is known to be gone (called while idle)."""
 
+    def _size_ok(self, req: Request, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` fits the matched receive ``req``. If not, the
+        ranks disagree on sizes or on the collective: the channel breaks and ``req``, which
+        matching already took off the posted receives, fails with it."""
+        if nbytes == req.nbytes:
+            return True
+        error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
+        self._break(error)
+        req.fail(error)
+        return False
+
     @abstractmethod
     def _break(self, error: BaseException) -> None:
         """Fail every pending request with ``error``; the channel stays broken."""
@@ -136,6 +147,14 @@ class Transport(ABC):
     #: the registry name (``PYCOLL_TRANSPORTS`` uses it)
     name: str = ""
     capabilities: Capabilities
+
+    @abstractmethod
+    def __init__(self, ctx: OpenContext) -> None:
+        """Open (cheaply: a listener, a path prefix); channels come later, on first use."""
+
+    def configure(self, crowded: bool) -> None:
+        """Adopt the job's rank layout, known after the bootstrap (``crowded``: more ranks
+        on this machine than cores)."""
 
     @classmethod
     @abstractmethod
@@ -189,10 +208,6 @@ class Transport(ABC):
         """Channels opened so far (tcp: connected sockets)."""
         return len(getattr(self, "_channels", ()))
 
-    def busy(self) -> bool:
-        """Whether any channel has work (the engine then keeps progressing this transport)."""
-        return bool(self._active.channels)
-
     def check_alive(self) -> None:
         """Raise PeerLost for a channel whose peer is known to be gone (called while idle)."""
         self._active.check_alive()
@@ -200,6 +215,23 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close every channel and release sockets and memory segments."""
+
+
+def _anyone(name: str, peer: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class OpenContext:
+    """What every transport is opened with (one constructor shape for all of them)."""
+
+    rank: int
+    size: int
+    token: str | None = None           # the job secret (tcp proves membership with it)
+    master_addr: str | None = None     # where the store is (tcp binds the interface reaching it)
+    #: ``accepts(transport name, peer)``: may this peer connect to us over that transport
+    #: (the registry's choice for the pair, so a peer cannot use an unchosen transport)
+    accepts: Callable[[str, int], bool] = _anyone
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..errors import TransportError
 from ..memory import MemRef
-from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
-                   size_mismatch)
+from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
+                   peer_lost, size_mismatch)
 from .matching import TagMatcher
 
 EAGER_BYTES = 64 * 1024
@@ -110,10 +110,7 @@ class InprocChannel(Channel):
         return req
 
     def _copy(self, req: Request, msg: _Message) -> None:
-        if msg.nbytes != req.nbytes:
-            error = size_mismatch(self.peer, req.tag, msg.nbytes, req.nbytes)
-            self._break(error)
-            req.fail(error)
+        if not self._size_ok(req, msg.nbytes):
             if msg.send is not None:
                 msg.send.fail(size_mismatch(self.transport.rank, msg.tag, msg.nbytes, req.nbytes))
                 self._signal_peer()
@@ -215,8 +212,8 @@ class InprocTransport(Transport):
     capabilities = Capabilities("inproc", latency_us=5.0, bandwidth_gbps=5.0,
                                 same_host_only=True, one_sided=True, segment_bytes=1 << 20)
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = rank = ctx.rank
         self.key = f"{process_token()}/{secrets.token_hex(8)}/{rank}"
         self.closed = False
         self._lock = threading.Lock()

@@ -146,19 +146,13 @@ class ProgressEngine:
             moved = False
             if self.shared:
                 lock.acquire()
-            try:   # hot path: the channels with work (ActiveSet.progress, inlined)
+            try:   # hot path: only the channels with work, unless a transport is setting up
                 for t in transports:
                     if t.setup_pending:
                         if t.progress():
                             moved = True
-                        continue
-                    chans = t._active.channels
-                    if chans:
-                        for ch in tuple(chans.values()):
-                            if ch.progress():
-                                moved = True
-                            elif not ch.busy():
-                                chans.pop(ch.peer, None)
+                    elif t._active.channels and t._active.progress():
+                        moved = True
             finally:
                 if self.shared:
                     lock.release()

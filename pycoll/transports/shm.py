@@ -42,8 +42,8 @@ from typing import Any
 
 from ..errors import TransportError
 from ..memory import MemRef
-from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
-                   size_mismatch)
+from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
+                   peer_lost)
 from .matching import TagMatcher
 from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
                           PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
@@ -243,14 +243,6 @@ class ShmChannel(Channel):
             req.view[:] = body
             req.complete()
 
-    def _size_ok(self, req: Request, nbytes: int) -> bool:
-        if nbytes == req.nbytes:
-            return True
-        error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
-        self._break(error)
-        req.fail(error)     # already matched, so no longer among the posted receives
-        return False
-
     def _rndv_read(self, req: Request, pid: int, address: int, seq: int) -> None:
         try:
             cma_read(pid, address, req.view, self.peer)
@@ -402,9 +394,9 @@ class ShmTransport(Transport):
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
                                 one_sided=True, segment_bytes=1 << 20)
 
-    def __init__(self, rank: int, *, crowded: bool = False) -> None:
-        self.rank = rank
-        self.settings = ShmSettings.from_env(crowded)
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = rank = ctx.rank
+        self.settings = ShmSettings.from_env(crowded=False)   # see configure
         self._prefix = f"{SHM_DIR}/pycoll-{os.getpid()}-{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}
         self._active = ActiveSet()

@@ -24,12 +24,12 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import TransportError
 from ..memory import MemRef
-from .base import (ActiveSet, Capabilities, Channel, PeerInfo, Request, Transport, peer_lost,
-                   size_mismatch)
+from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
+                   peer_lost)
 from .matching import TagMatcher
 from .tcp_setup import (ACCEPT_INTERVAL, HANDSHAKE_SECONDS, HELLO, MAGIC, MAX_HANDSHAKES, Dial,
                         Handshake, choose_bind_address, proof, tune)
@@ -139,14 +139,6 @@ class TcpChannel(Channel):
         if self._sock is not None:
             self._progress_recv()
         return req
-
-    def _size_ok(self, req: Request, nbytes: int) -> bool:
-        if nbytes == req.nbytes:
-            return True
-        error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
-        self._break(error)
-        req.fail(error)     # already matched, so no longer among the posted receives
-        return False
 
     def _recv_into(self, view: memoryview) -> int:
         n = self._sock.recv_into(view)  # type: ignore[union-attr]
@@ -259,12 +251,12 @@ class TcpTransport(Transport):
     capabilities = Capabilities("tcp", latency_us=25.0, bandwidth_gbps=3.0, same_host_only=False,
                                 segment_bytes=1 << 20)
 
-    def __init__(self, rank: int, *, token: str | None = None, master_addr: str | None = None,
-                 accepts: Callable[[int], bool] | None = None, size: int = 1 << 31) -> None:
-        self.rank = rank
-        self._size = size
-        self._token = token
-        self._accepts = accepts or (lambda peer: True)
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = ctx.rank
+        self._size = ctx.size
+        self._token = ctx.token
+        self._accepts = ctx.accepts
+        master_addr = ctx.master_addr
         self._nonce = secrets.token_hex(16)
         host, family = choose_bind_address(master_addr)
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -366,7 +358,7 @@ class TcpTransport(Transport):
                     or not hmac.compare_digest(claimed, proof(self._token, self._nonce, rank))):
                 return False
             existing = self._channels.get(rank)
-            if (existing is not None and existing.connected) or not self._accepts(rank):
+            if (existing is not None and existing.connected) or not self._accepts(self.name, rank):
                 return False
             hs.sock.send(b"\x01")
             tune(hs.sock)
