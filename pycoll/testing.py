@@ -14,10 +14,37 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
 import signal
+import socket
 import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free now, for a server a test starts a moment later.
+
+    Drawn below the kernel's ephemeral range (``ip_local_port_range``): a port the kernel
+    hands out itself (``bind(0)``) can be taken meanwhile by any outgoing connection of the
+    job's own ranks, and the server then fails with "address already in use".
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:   # a crowded range: let the kernel choose
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 class RankFailure(AssertionError):

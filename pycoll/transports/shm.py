@@ -86,6 +86,7 @@ class ShmChannel(Channel):
         self._assembling: tuple[Any, int, int] | None = None     # (target request|bytearray, tag, offset)
         self._broken: BaseException | None = None
         self._cma_threshold = transport.settings.cma_threshold
+        self._settling = True          # until both inboxes are mapped and ours unlinked
         self._payload = 0
 
     def _open_outbox(self) -> bool:
@@ -102,10 +103,30 @@ class ShmChannel(Channel):
         self._use_cma = out.ctrl[CMA_STATE] == 1
         self._payload = out.slot_bytes - SLOT_HEADER.size
         self._out = out
+        try:   # both sides have it mapped now: drop the name (a crash leaves nothing behind)
+            os.unlink(self._out_path)
+        except OSError:
+            pass   # the creator did already (or another user owns it: it will, at close)
         return True
 
     # -- sending -------------------------------------------------------------------------
+    def settle(self) -> bool:
+        """Finish connecting: map the peer's inbox as soon as it exists (even before
+        sending: then the peer can unlink it) and unlink ours once the peer has mapped it,
+        so that a crash leaves nothing in /dev/shm. Tried on every use of the channel until
+        done (a rank whose messages always arrive before it waits never runs a progress
+        pass) and by the transport's progress; True once settled."""
+        if self._out is None and self._broken is None:
+            self._open_outbox()
+        if self.mapped_by_peer():
+            self.transport._unlink(self._in.path)
+        self._settling = self._broken is None and (
+            self._out is None or self._in.path in self.transport._linked)
+        return not self._settling
+
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
+        if self._settling:
+            self.settle()
         req = Request(self, mem, tag, "send")
         if self._broken is not None:
             req.fail(self._broken)
@@ -217,6 +238,8 @@ class ShmChannel(Channel):
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
+        if self._settling:
+            self.settle()
         req = Request(self, mem, tag, "recv")
         if self._broken is not None:
             req.fail(self._broken)
@@ -455,23 +478,14 @@ class ShmTransport(Transport):
         return ch
 
     def _finish_connections(self) -> None:
-        """Map each peer's inbox as soon as it exists (even before sending: then the peer
-        can unlink it), and unlink our inboxes once the peer has mapped them, so a crash
-        leaves nothing in /dev/shm. Polled at most every millisecond while pending."""
+        """Settle every channel still connecting (``ShmChannel.settle``); polled at most
+        every millisecond while any is."""
         now = time.monotonic()
         if now < self._next_finish:
             return
         self._next_finish = now + 1e-3
-        waiting = False
-        for ch in self._channels.values():
-            if ch._out is None and ch._broken is None and not ch._open_outbox():
-                waiting = True
-            if ch._in.path in self._linked:
-                if ch.mapped_by_peer():
-                    self._unlink(ch._in.path)
-                else:
-                    waiting = True
-        self._check_unlink = self.setup_pending = waiting
+        waiting = [ch for ch in self._channels.values() if ch._settling and not ch.settle()]
+        self._check_unlink = self.setup_pending = bool(waiting)
 
     def _unlink(self, path: str) -> None:
         if path in self._linked:

@@ -6,18 +6,13 @@ nccl-tests logs (not the ones in pycoll.bench.report), so the tests check the fo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
+from pycoll.testing import free_port  # noqa: F401 - re-exported for the tests
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra) -> dict:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from pycoll.testing import free_port
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, pycoll, os
@@ -19,12 +20,6 @@ SCRIPT = textwrap.dedent("""
                  f"sum={int(a[0])} transport={comm.transport_summary()}\\n").encode())
     pycoll.finalize()
 """)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env() -> dict[str, str]:
@@ -79,13 +74,13 @@ LAUNCHER_ENVS = {
 @pytest.mark.parametrize("launcher", list(LAUNCHER_ENVS))
 def test_init_from_launcher_environment(tmp_path, launcher):
     size = 3
-    outputs = _run_ranks_with_env(tmp_path, size, LAUNCHER_ENVS[launcher](_free_port(), size))
+    outputs = _run_ranks_with_env(tmp_path, size, LAUNCHER_ENVS[launcher](free_port(), size))
     for rank, out in enumerate(outputs):
         assert f"RESULT rank={rank} size=3 sum=6 transport=shm" in out
 
 
 def test_explicit_arguments_and_tcp(tmp_path):
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "job.py"
     script.write_text(SCRIPT.replace(
         "pycoll.init(timeout=30)",

@@ -19,6 +19,8 @@ from typing import Iterator, Optional
 
 from rendezvous import protocol as P
 
+from pycoll.testing import free_port as testing_free_port
+
 HOST = "127.0.0.1"
 
 PRELUDE = textwrap.dedent(
@@ -136,9 +138,7 @@ def cli_server(*extra: str, host: str = HOST, env: Optional[dict] = None) -> Ite
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return testing_free_port(HOST)
 
 
 # ---------------------------------------------------------------------- raw protocol
