@@ -16,7 +16,7 @@ from .algorithms.primitives import P2P_TAG_LIMIT, Peers, p2p_tag
 from .errors import InvalidArgument
 from .execution import Execution
 from .reduction import OpLike, check_op_dtype, parse_op, prepare
-from .work import Work
+from .work import Outcome, Work
 
 if TYPE_CHECKING:
     from .memops import HostOps
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class Collectives(Execution):
     """allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
-    barrier, send/recv, batched point-to-point and coalesced allreduce."""
+    barrier, send/recv and batched point-to-point (the fused ones: ``fused.py``)."""
 
     _plan: "Planner"
     _ops: "HostOps"
@@ -58,7 +58,7 @@ class Collectives(Execution):
             algorithm(peers, arr, spec)
 
         return self._execute("allreduce", buf.nbytes, body, timeout, async_op,
-                             (buf.dtype, buf.count, rop, None))
+                             (buf.dtype, buf.count, rop, None), tensor)
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
@@ -83,7 +83,7 @@ class Collectives(Execution):
                 fn(peers, arr, root)
 
         return self._execute("broadcast", buf.nbytes, body, timeout, async_op,
-                             (buf.dtype, buf.count, None, root))
+                             (buf.dtype, buf.count, None, root), tensor)
 
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -107,7 +107,7 @@ class Collectives(Execution):
                 fn(peers, arr, root, spec)
 
         return self._execute("reduce", buf.nbytes, body, timeout, async_op,
-                             (buf.dtype, buf.count, rop, root))
+                             (buf.dtype, buf.count, rop, root), tensor)
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -134,7 +134,7 @@ class Collectives(Execution):
                     o.array[...] = fused[bounds[i][0]:bounds[i][1]]
 
         return self._execute("allgather", fused.nbytes, body, timeout, async_op,
-                             (inp.dtype, inp.count, None, None))
+                             (inp.dtype, inp.count, None, None), output)
 
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
@@ -164,7 +164,7 @@ class Collectives(Execution):
             out.array[...] = work[self.rank * count:(self.rank + 1) * count]
 
         return self._execute("reduce_scatter", out.nbytes * self.size, body, timeout, async_op,
-                             (out.dtype, out.count, rop, None))
+                             (out.dtype, out.count, rop, None), output)
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
                  in_splits: Sequence[int] | None = None, *, algo: str | None = None,
@@ -202,7 +202,7 @@ class Collectives(Execution):
                 fn(peers, out.array, src, out_bounds, in_bounds)
 
         return self._execute("alltoall", inp.nbytes, body, timeout, async_op,
-                             (inp.dtype, None, None, None))
+                             (inp.dtype, None, None, None), output)
 
     def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -229,7 +229,8 @@ class Collectives(Execution):
                     o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
 
         return self._execute("gather", inp.nbytes * self.size, body, timeout, async_op,
-                             (inp.dtype, inp.count, None, root))
+                             (inp.dtype, inp.count, None, root),
+                             output if self.rank == root else None)
 
     def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -251,7 +252,7 @@ class Collectives(Execution):
                 fn(peers, fused, out.array, root)
 
         return self._execute("scatter", out.nbytes * self.size, body, timeout, async_op,
-                             (out.dtype, out.count, None, root))
+                             (out.dtype, out.count, None, root), output)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
              async_op: bool = False) -> Work | None:
@@ -265,17 +266,36 @@ class Collectives(Execution):
 
         return self._execute("send", buf.nbytes, body, timeout, async_op)
 
-    def recv(self, tensor: Any, src: int, tag: int = 0, *, timeout: float | None = None,
-             async_op: bool = False) -> Work | None:
-        """Receive into ``tensor`` the next message from rank ``src`` with ``tag``."""
+    def recv(self, tensor: Any, src: int | None = None, tag: int = 0, *,
+             timeout: float | None = None, async_op: bool = False) -> Work | int | None:
+        """Receive into ``tensor`` the next message from rank ``src`` with ``tag``.
+
+        ``src=None`` receives from any source (MPI_ANY_SOURCE, torch's ``recv`` without
+        ``src``): the first message with ``tag`` from whichever rank, one message only;
+        each source's messages still arrive in the order it sent them. The synchronous call
+        returns the sender's rank; ``Work.source_rank()`` tells it for ``async_op=True``.
+        """
         buf = self._plan.buffer(tensor, "recv")
         self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
         arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        outcome = Outcome(tensor, None if src is None else int(src))
+        if src is not None:
+            def body(peers: Peers) -> None:
+                peers.wait([peers.irecv(src, arr, wire)])
+        else:
+            size, rank = self.size, self.rank
+            start = self._p2p_seq      # rotate who is asked first: no source is starved
 
-        def body(peers: Peers) -> None:
-            peers.wait([peers.irecv(src, arr, wire)])
+            def body(peers: Peers) -> None:
+                others = [(rank + 1 + (start + i) % (size - 1)) % size for i in range(size - 1)]
+                reqs, group = peers.irecv_any(others, arr, wire)
+                peers.wait_any(reqs, group)
+                won = group.matched
+                assert won is not None       # wait_any returns only once a message landed
+                outcome.source = others[reqs.index(won)]
 
-        return self._execute("recv", buf.nbytes, body, timeout, async_op)
+        work = self._execute("recv", buf.nbytes, body, timeout, async_op, output=outcome)
+        return work if async_op else outcome.source
 
     def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -302,42 +322,3 @@ class Collectives(Execution):
                         for is_send, a, p, t in plan])
 
         return self._execute("batch_p2p", total, body, timeout, async_op)
-
-    def allreduce_coalesced(self, tensors: Sequence[Any], op: OpLike = "sum", *,
-                            algo: str | None = None, timeout: float | None = None,
-                            async_op: bool = False) -> Work | None:
-        """Allreduce many tensors through few transfers (Horovod's tensor fusion).
-
-        Tensors are grouped by dtype, packed into one buffer per group, reduced together and
-        unpacked: one collective's latency instead of one per tensor.
-        """
-        bufs = [self._plan.buffer(t, "allreduce_coalesced", name=f"tensors[{i}]")
-                for i, t in enumerate(tensors)]
-        rop = parse_op(op)
-        groups: dict[str, list] = {}
-        for b in bufs:
-            check_op_dtype(rop, b.dtype)
-            groups.setdefault(b.dtype, []).append(b)
-        plans = []
-        for dtype, members in groups.items():
-            total = sum(b.nbytes for b in members)
-            name = self._plan.select("allreduce", total, algo)
-            plans.append((dtype, members, ALGORITHMS["allreduce"][name],
-                          self._ops.reduce_spec(rop, dtype, self.size)))
-
-        def body(peers: Peers) -> None:
-            for dtype, members, fn, spec in plans:
-                fused = np.concatenate([b.array for b in members])
-                prepare(rop, dtype, fused)
-                if self.size == 1 or fused.size == 0:
-                    spec.finish(fused)
-                else:
-                    fn(peers, fused, spec)
-                start = 0
-                for b in members:
-                    b.array[...] = fused[start:start + b.count]
-                    start += b.count
-
-        total = sum(b.nbytes for b in bufs)
-        return self._execute("allreduce_coalesced", total, body, timeout, async_op,
-                             (",".join(sorted(groups)), [b.count for b in bufs], rop, None))

@@ -26,7 +26,7 @@ from . import debug
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers
 from .bootstrap import ChannelView, Connections
-from .collectives import Collectives
+from .fused import FusedCollectives
 from .envvars import env_int
 from .errors import InvalidArgument
 from .memops import HostOps
@@ -48,7 +48,7 @@ def _wrap_id(n: int) -> int:
     return 1 + (n - 1) % ((1 << COMM_ID_BITS) - 1)
 
 
-class Communicator(Collectives):
+class Communicator(FusedCollectives):
     """A group of ranks that run collectives together.
 
     Create one with ``pycoll.init()`` (the world), ``Communicator.create`` (any store), or

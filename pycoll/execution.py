@@ -41,10 +41,12 @@ class Execution(FaultHandling):
         self._tag_low: dict[str, int] = {}
 
     def _execute(self, collective: str, nbytes: int, body: Body, timeout: Any,
-                 async_op: bool, sig: tuple = (None, None, None, None)) -> Work | None:
+                 async_op: bool, sig: tuple = (None, None, None, None),
+                 output: Any = None) -> Work | None:
         """Number, record and run one operation (inline when idle, else queued).
 
         ``sig`` is (dtype, element count, op, root): what DETAIL compares across ranks.
+        ``output`` is what ``Work.result()`` returns (an ``Outcome`` when the body fills it).
         """
         if self._closed:
             raise PycollError(f"rank {self.rank}: {collective} called after finalize()")
@@ -78,7 +80,7 @@ class Execution(FaultHandling):
         def task() -> None:
             self._run(collective, seq, nbytes, body, limit, rec, fp)
 
-        work = Work(collective, seq, self.rank)
+        work = Work(collective, seq, self.rank, output)
         if rec is not None:
             rec[4] = time.monotonic()   # scheduled (queued behind other collectives)
         self._executor.submit(task, work)

@@ -122,9 +122,15 @@ class Planner:
         return int(value)
 
     def check_peer(self, peer: Any, what: str, op: str, tag: Any, limit: int) -> None:
-        self.check_rank(peer, what, op)
-        if int(peer) == self.rank:
-            raise InvalidArgument(f"rank {self.rank}: {op} to/from itself ({what}={peer})")
+        """``peer`` is another rank (None: any source, which needs another rank to exist)."""
+        if peer is None:
+            if self.size < 2:
+                raise InvalidArgument(f"rank {self.rank}: {op} from any source in a "
+                                      "communicator of one rank would never complete")
+        else:
+            self.check_rank(peer, what, op)
+            if int(peer) == self.rank:
+                raise InvalidArgument(f"rank {self.rank}: {op} to/from itself ({what}={peer})")
         if (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))
                 or not 0 <= tag < limit):
             raise InvalidArgument(f"rank {self.rank}: {op}: tag must be an int in "

@@ -19,13 +19,16 @@ from .errors import InvalidArgument, InvalidDtype
 
 _INTEGER = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})
 _FLOAT = frozenset({"float16", "bfloat16", "float32", "float64"})
+# Complex numbers have a sum, a product and a scaling, but no order and no bits: min, max and
+# the bitwise ops are refused on them (torch refuses them too).
+_COMPLEX = frozenset({"complex64", "complex128"})
 
 # op name -> (ufunc, dtypes it accepts)
 _UFUNCS: dict[str, tuple[np.ufunc, frozenset]] = {
-    "sum": (np.add, _INTEGER | _FLOAT | {"bool"}),
-    "avg": (np.add, _INTEGER | _FLOAT),
-    "premul_sum": (np.add, _FLOAT),
-    "prod": (np.multiply, _INTEGER | _FLOAT | {"bool"}),
+    "sum": (np.add, _INTEGER | _FLOAT | _COMPLEX | {"bool"}),
+    "avg": (np.add, _INTEGER | _FLOAT | _COMPLEX),
+    "premul_sum": (np.add, _FLOAT | _COMPLEX),
+    "prod": (np.multiply, _INTEGER | _FLOAT | _COMPLEX | {"bool"}),
     "min": (np.minimum, _INTEGER | _FLOAT | {"bool"}),
     "max": (np.maximum, _INTEGER | _FLOAT | {"bool"}),
     "band": (np.bitwise_and, _INTEGER | {"bool"}),
@@ -112,6 +115,10 @@ def check_op_dtype(op: ReduceOp, dtype: str) -> None:
     """Raise InvalidDtype if ``op`` is not defined on ``dtype`` (before any communication)."""
     allowed = _UFUNCS[op.name][1]
     if dtype not in allowed:
+        if dtype in _COMPLEX:
+            raise InvalidDtype(f"op {op.name!r} is not defined for complex numbers ({dtype}): "
+                               "they have no order and no bits; complex tensors take sum, avg, "
+                               "prod and premul_sum")
         raise InvalidDtype(f"op {op.name!r} is not supported for dtype {dtype}; it accepts "
                            + ", ".join(sorted(allowed)))
 

@@ -24,7 +24,7 @@ from .memory import CUDA, HOST, MemoryType
 # Logical dtype names pycoll can move and reduce.
 SUPPORTED_DTYPES = frozenset({
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
 })
 
 
@@ -94,7 +94,8 @@ def _torch_dtypes() -> dict:
         return {}
     names = {torch.bool: "bool", torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16",
              torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
-             torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+             torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+             torch.complex64: "complex64", torch.complex128: "complex128"}
     for unsigned in ("uint16", "uint32", "uint64"):
         if hasattr(torch, unsigned):
             names[getattr(torch, unsigned)] = unsigned

@@ -8,25 +8,45 @@ ranks matched without any negotiation.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import CollectiveTimeout, PycollError
 
 
-class Work:
-    """The handle of an asynchronous collective (like torch's ``Work``)."""
+class Outcome:
+    """What a call hands back that is only known once it ran: the value (``allgatherv``'s
+    list of arrays) and, for a receive from any source, the rank the message came from."""
 
-    def __init__(self, collective: str, seq: int, rank: int) -> None:
+    __slots__ = ("value", "source")
+
+    def __init__(self, value: Any = None, source: int | None = None) -> None:
+        self.value = value
+        self.source = source
+
+
+class Work:
+    """The handle of an asynchronous collective (like torch's ``Work``).
+
+    ``result()`` (and the value of ``get_future()``) is what the collective wrote: the output
+    buffer as the caller passed it (the in-place tensor for allreduce and broadcast), a list
+    for ``allgatherv``, None for calls that write nothing (barrier, send). For a receive,
+    ``source_rank()`` tells who sent the message.
+    """
+
+    def __init__(self, collective: str, seq: int, rank: int, output: Any = None) -> None:
         self.collective = collective
         self.seq = seq
         self.rank = rank
+        self._output = output
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Work"], None]] = []
         self._lock = threading.Lock()
+        self._future: concurrent.futures.Future | None = None
 
     def _finish(self, error: BaseException | None) -> None:
         with self._lock:
@@ -60,6 +80,40 @@ class Work:
         if self._error is not None:
             raise self._error
         return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait (like ``wait``), then return what the collective wrote (see the class doc)."""
+        self.wait(timeout)
+        out = self._output
+        return out.value if isinstance(out, Outcome) else out
+
+    def source_rank(self) -> int | None:
+        """The rank a completed receive got its message from (None for other calls)."""
+        out = self._output
+        return out.source if isinstance(out, Outcome) and self._done.is_set() else None
+
+    def get_future(self) -> concurrent.futures.Future:
+        """A ``concurrent.futures.Future`` completed with ``result()`` or the call's error.
+
+        Callbacks chained on it run on the communicator's worker thread, as torch's do; a
+        callback must not wait on a later collective of the same communicator (it could only
+        run after the callback returns). ``asyncio.wrap_future`` makes it awaitable.
+        """
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            fut.set_running_or_notify_cancel()
+            self._future = fut
+
+        def settle(work: "Work") -> None:
+            if work._error is not None:
+                fut.set_exception(work._error)
+            else:
+                out = work._output
+                fut.set_result(out.value if isinstance(out, Outcome) else out)
+        self.add_done_callback(settle)
+        return fut
 
     def is_completed(self) -> bool:
         return self._done.is_set()

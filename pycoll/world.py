@@ -137,12 +137,20 @@ def send(tensor: Any, dst: int, tag: int = 0, **options: Any) -> Work | None:
     return world().send(tensor, dst, tag, **options)
 
 
-def recv(tensor: Any, src: int, tag: int = 0, **options: Any) -> Work | None:
+def recv(tensor: Any, src: int | None = None, tag: int = 0, **options: Any) -> Work | int | None:
     return world().recv(tensor, src, tag, **options)
 
 
 def allreduce_coalesced(tensors: Any, op: OpLike = "sum", **options: Any) -> Work | None:
     return world().allreduce_coalesced(tensors, op, **options)
+
+
+def allgather_coalesced(outputs: Any, inputs: Any, **options: Any) -> Work | None:
+    return world().allgather_coalesced(outputs, inputs, **options)
+
+
+def allgatherv(input: Any, **options: Any) -> Any:
+    return world().allgatherv(input, **options)
 
 
 def new_group(ranks: Any) -> Communicator | None:

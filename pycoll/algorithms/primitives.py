@@ -12,8 +12,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..errors import PeerLost
 from ..memops import MemoryOps, ReduceSpec
 from ..transports.base import Channel, Request
+from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine
 
 __all__ = ["Peers", "ReduceSpec", "collective_tag", "p2p_tag", "chunk_bounds", "send", "recv",
@@ -26,7 +28,8 @@ __all__ = ["Peers", "ReduceSpec", "collective_tag", "p2p_tag", "chunk_bounds", "
 #: never match each other's messages (the communicator id is part of the tag).
 _COLLECTIVE_CODES = {name: code for code, name in enumerate((
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-    "scatter", "barrier", "allreduce_coalesced", "split"), start=1)}
+    "scatter", "barrier", "allreduce_coalesced", "split", "allgather_coalesced", "allgatherv"),
+    start=1)}
 SEQ_BITS, COMM_BITS, CODE_BITS = 36, 20, 6
 #: user point-to-point tags must be below this (the communicator id sits above them)
 P2P_TAG_LIMIT = 1 << 40
@@ -115,6 +118,50 @@ class Peers:
                 req = ch.irecv(mem, self.tag if tag is None else tag)
         self.posted.append(req)
         return req
+
+    def irecv_any(self, sources: Sequence[int], arr: Any, tag: int) -> tuple[list[Request],
+                                                                              AnySource]:
+        """Receive into ``arr`` the first message with ``tag`` from any of ``sources``.
+
+        Returns the posted alternatives (wait for all of them: the losers complete empty the
+        moment one wins) and the group, whose ``matched`` request names the winner.
+        """
+        group = AnySource()
+        mem = self._ref(arr)
+        reqs: list[Request] = []
+        channels = [self.channels[peer] for peer in sources]   # opening one takes the lock
+        with self._lock:
+            for ch in channels:
+                if group.matched is not None:
+                    break
+                req = ch.irecv_any(mem, tag, group)
+                reqs.append(req)
+                self.posted.append(req)
+        return reqs, group
+
+    def wait_any(self, requests: Sequence[Request], group: AnySource) -> None:
+        """Wait for the alternatives of ``irecv_any`` until one message has landed.
+
+        A source that is gone (it finished and closed, or died) only removes its alternative:
+        the others may still deliver, as with MPI_ANY_SOURCE. Only when every alternative has
+        failed does the receive fail; a source that dies while the message is still to come
+        from it is noticed through the abort records or the deadline, like any wait.
+        """
+        live = list(requests)
+        while True:
+            try:
+                self.engine.wait(live, self.deadline, self.check)
+                return
+            except PeerLost:
+                won = group.matched
+                if won is not None:          # the message is coming: wait for it alone
+                    if won.error is not None:
+                        raise
+                    live = [won]
+                    continue
+                live = [r for r in live if r.error is None]
+                if not live:
+                    raise                    # every source is gone
 
     def wait(self, requests: Sequence[Request]) -> None:
         """Wait for ``requests``; every channel with work progresses meanwhile."""

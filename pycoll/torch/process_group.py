@@ -26,8 +26,9 @@ from torch._C import _distributed_c10d as _c10d
 from ..communicator import Communicator
 from ..errors import InvalidArgument, PycollError
 from ..reduction import ReduceOp as PycollReduceOp
+from . import sparse
 from .store import TorchStoreAdapter
-from .work import PycollWork, _disable_compile, _seconds
+from .work import PycollWork, _disable_compile, _seconds, begin_record
 
 BACKEND_NAME = "pycoll"
 
@@ -36,6 +37,18 @@ _OPS = {
     _RedOpType.SUM: "sum", _RedOpType.AVG: "avg", _RedOpType.PRODUCT: "prod",
     _RedOpType.MIN: "min", _RedOpType.MAX: "max", _RedOpType.BAND: "band",
     _RedOpType.BOR: "bor", _RedOpType.BXOR: "bxor",
+}
+
+
+# Profiler event names (``pycoll:<name>``), Gloo's vocabulary: the same name as Gloo's event
+# wherever torch.distributed runs the same collective on both.
+_EVENTS = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "sparse_allreduce": "sparse_all_reduce", "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
+    "recv_anysource": "recv",
 }
 
 
@@ -94,8 +107,6 @@ class _Stage:
         return t.device.type == "cpu" and t.is_contiguous()
 
     def _host(self, t: torch.Tensor, fill: bool) -> torch.Tensor:
-        if t.is_complex():
-            t = torch.view_as_real(t)
         if self._direct(t):
             return t
         if t.device.type == "cuda":
@@ -117,21 +128,30 @@ class _Stage:
     def out(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor only written by the collective."""
         host = self._host(t, False)
-        if host is not t and not (t.is_complex() and self._direct(torch.view_as_real(t))):
+        if host is not t:
             self.copies.append((t, host))
         return host
 
     def io(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor read and written (in-place collectives)."""
         host = self._host(t, True)
-        if host is not t and not (t.is_complex() and self._direct(torch.view_as_real(t))):
+        if host is not t:
             self.copies.append((t, host))
         return host
+
+    def complete(self, work: PycollWork, error: BaseException | None) -> None:
+        """Copy the results back (if the call succeeded), then complete ``work``."""
+        if error is None:
+            try:
+                self.finish()
+            except BaseException as e:  # delivered through the work
+                error = e
+        work._complete(error)
 
     def finish(self) -> None:
         if not self.copies:
             return
-        pairs = [(torch.view_as_real(d) if d.is_complex() else d, s) for d, s in self.copies]
+        pairs = self.copies
         if self.stream is not None:
             with torch.cuda.stream(self.stream):
                 for dst, src in pairs:
@@ -203,25 +223,33 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         st = _Stage()
         pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
         calls = [(lambda a, ho=ho, hi=hi: call(ho, hi, a)) for ho, hi in pairs]
-        return self._issue(op, calls, outputs, st, async_op)
+        return self._issue(op, calls, outputs, st, async_op, inputs=inputs)
 
     def _issue(self, op: str, calls: Sequence[Callable[[bool], Any]], outputs: Any,
                stage: _Stage | None, async_op: bool,
-               post: Callable[[], None] | None = None) -> PycollWork:
+               post: Callable[[], None] | None = None,
+               inputs: Sequence[torch.Tensor] = ()) -> PycollWork:
         """Run ``calls`` (each ``f(async_op) -> pycoll Work | None``) in order, then
-        ``post`` and the stage's copy-back; return a torch Work for the whole."""
+        ``post`` and the stage's copy-back; return a torch Work for the whole.
+
+        ``inputs`` are what the profiler event of the work shows (``record_shapes``)."""
         if self._p2p:
             self._flush_p2p()
-        work = PycollWork(op, outputs, self._rank)
+        work = PycollWork(op, outputs, self._rank,
+                          record=begin_record(_EVENTS.get(op, op), inputs))
         if not async_op and not self._on_worker():
             # dist.* with async_op=False waits right away: run inline (no thread hand-off).
             # An error raises from here, before torch ever sees the work.
-            for call in calls:
-                call(False)
-            if post is not None:
-                post()
-            if stage is not None and stage.copies:
-                stage.finish()
+            try:
+                for call in calls:
+                    call(False)
+                if post is not None:
+                    post()
+                if stage is not None and stage.copies:
+                    stage.finish()
+            except BaseException as e:
+                work._complete(e)
+                raise
             work._complete(None)
             return work
 
@@ -261,6 +289,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 pw.add_done_callback(one_done)
         except BaseException as e:
             if issued == 0:
+                work._complete(e)
                 raise
             # later parts were refused: fail the work once the issued parts are done
             with lock:
@@ -284,11 +313,34 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         t = _one(tensors, "allreduce")
         op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        if t.layout == torch.sparse_coo:
+            return self._sparse_allreduce(t, op, timeout, opts.asyncOp)
         st = _Stage()
         h = st.io(t)
         return self._issue("allreduce", [
             lambda a: self.comm.allreduce(h, op, timeout=timeout, async_op=a)],
-            _tensor_list(tensors), st, opts.asyncOp)
+            _tensor_list(tensors), st, opts.asyncOp, inputs=[t])
+
+    def _sparse_allreduce(self, t: torch.Tensor, op: Any, timeout: float | None,
+                          async_op: bool) -> PycollWork:
+        """SUM of sparse COO tensors, as Gloo computes it (see ``sparse.py``)."""
+        if op != "sum":
+            raise InvalidArgument(f"rank {self._rank}: all_reduce of a sparse tensor supports "
+                                  f"SUM only (as Gloo), not {op}")
+        packed = sparse.pack(t)
+        got: list[Any] = []
+
+        def call(a: bool) -> Any:
+            r = self.comm.allgatherv(packed, timeout=timeout, async_op=a)
+            got.append(r)
+            return r
+
+        def post() -> None:
+            r = got[0]
+            blobs = r if isinstance(r, list) else r.result()
+            sparse.deliver(t, sparse.total(blobs))
+
+        return self._issue("sparse_allreduce", [call], [t], None, async_op, post, inputs=[t])
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
@@ -298,7 +350,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         hs = [st.io(t) for t in tensors]
         return self._issue("allreduce_coalesced", [
             lambda a: self.comm.allreduce_coalesced(hs, op, timeout=timeout, async_op=a)],
-            tensors, st, opts.asyncOp)
+            tensors, st, opts.asyncOp, inputs=tensors)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.BroadcastOptions()
@@ -308,7 +360,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         h = st.io(t)
         return self._issue("broadcast", [
             lambda a: self.comm.broadcast(h, root, timeout=timeout, async_op=a)],
-            _tensor_list(tensors), st, opts.asyncOp)
+            _tensor_list(tensors), st, opts.asyncOp, inputs=[t])
 
     def reduce(self, tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceOptions()
@@ -320,7 +372,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         h = st.io(t) if self._rank == root else st.inp(t).clone()
         return self._issue("reduce", [
             lambda a: self.comm.reduce(h, root, op, timeout=timeout, async_op=a)],
-            _tensor_list(tensors), st, opts.asyncOp)
+            _tensor_list(tensors), st, opts.asyncOp, inputs=[t])
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
@@ -333,7 +385,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         hos = [st.out(o) for o in outs]
         return self._issue("allgather", [
             lambda a: self.comm.allgather(hos, hi, timeout=timeout, async_op=a)],
-            [outs], st, opts.asyncOp)
+            [outs], st, opts.asyncOp, inputs=[inp])
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> PycollWork:
@@ -343,7 +395,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         hi, ho = st.inp(input), st.out(output)
         return self._issue("all_gather_into_tensor", [
             lambda a: self.comm.allgather(ho, hi, timeout=timeout, async_op=a)],
-            [output], st, opts.asyncOp)
+            [output], st, opts.asyncOp, inputs=[input])
 
     all_gather_single = _allgather_base
 
@@ -360,15 +412,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: Sequence[Sequence[torch.Tensor]],
                             input_list: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
+        """torch's layout: ``output_lists[r][i]`` receives rank ``r``'s ``input_list[i]``;
+        one fused transfer (``Communicator.allgather_coalesced``)."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         timeout = _op_timeout(opts)
         st = _Stage()
-        pairs = [([st.out(o) for o in outs], st.inp(i))
-                 for outs, i in zip(output_lists, input_list)]
-        calls = [(lambda a, hos=hos, hi=hi:
-                  self.comm.allgather(hos, hi, timeout=timeout, async_op=a)) for hos, hi in pairs]
-        return self._issue("allgather_coalesced", calls, [list(o) for o in output_lists], st,
-                           opts.asyncOp)
+        ins = [st.inp(i) for i in input_list]
+        outs = [[st.out(o) for o in row] for row in output_lists]
+        return self._issue("allgather_coalesced", [
+            lambda a: self.comm.allgather_coalesced(outs, ins, timeout=timeout, async_op=a)],
+            [list(o) for o in output_lists], st, opts.asyncOp, inputs=list(input_list))
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
                        opts: Any = None) -> PycollWork:
@@ -382,7 +435,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         his = [st.inp(i) for i in ins]
         return self._issue("reduce_scatter", [
             lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a)],
-            [out], st, opts.asyncOp)
+            [out], st, opts.asyncOp, inputs=ins)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> PycollWork:
@@ -392,7 +445,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         ho, hi = st.out(output), st.inp(input)
         return self._issue("reduce_scatter_tensor", [
             lambda a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a)],
-            [output], st, opts.asyncOp)
+            [output], st, opts.asyncOp, inputs=[input])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -421,7 +474,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self._issue("all_to_all_single", [
             lambda a: self.comm.alltoall(ho, hi, out_splits, in_splits, timeout=timeout,
                                          async_op=a)],
-            [output], st, opts.asyncOp)
+            [output], st, opts.asyncOp, inputs=[input])
 
     all_to_all_single = alltoall_base
 
@@ -450,7 +503,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self._issue("all_to_all", [
             lambda a: self.comm.alltoall(flat_out, flat_in, out_splits, in_splits,
                                          timeout=timeout, async_op=a)],
-            outs, st, opts.asyncOp, post)
+            outs, st, opts.asyncOp, post, inputs=ins)
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.GatherOptions()
@@ -466,7 +519,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             hos = [st.out(o) for o in outs]
         return self._issue("gather", [
             lambda a: self.comm.gather(hos, hi, root, timeout=timeout, async_op=a)],
-            [outs], st, opts.asyncOp)
+            [outs], st, opts.asyncOp, inputs=[inp])
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ScatterOptions()
@@ -475,13 +528,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         st = _Stage()
         ho = st.out(out)
         his = None
+        ins: list = []             # as Gloo: the profiler shows the root's inputs only
         if self._rank == root:
             ins = list(input_tensors[0]) if input_tensors and isinstance(
                 input_tensors[0], (list, tuple)) else list(input_tensors)
             his = [st.inp(i) for i in ins]
         return self._issue("scatter", [
             lambda a: self.comm.scatter(ho, his, root, timeout=timeout, async_op=a)],
-            [out], st, opts.asyncOp)
+            [out], st, opts.asyncOp, inputs=ins)
 
     def barrier(self, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.BarrierOptions()
@@ -498,11 +552,30 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self._defer("recv", _one(tensors, "recv"), srcRank, tag)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> PycollWork:
-        if self._size != 2:
-            raise InvalidArgument(
-                "pycoll backend: recv without src (any source) works only in groups of 2 "
-                "ranks; pass src=")
-        return self._defer("recv", _one(tensors, "recv"), 1 - self._rank, tag)
+        """A receive from whichever rank sends first (``Communicator.recv(src=None)``);
+        ``work._source_rank()`` tells who. Sends and receives deferred before it are posted
+        first, so each source's messages still arrive in order."""
+        t = _one(tensors, "recv")
+        if self._shut:
+            raise PycollError(f"rank {self._rank}: recv on a process group that was shut down")
+        if self._p2p:
+            self._flush_p2p()
+        st = _Stage()
+        h = st.out(t)
+        work = PycollWork("recv_anysource", [t], self._rank,
+                          record=begin_record("recv", [t]))
+        try:
+            pw = self.comm.recv(h, None, int(tag), async_op=True)
+        except BaseException as e:
+            work._complete(e)
+            raise
+
+        def done(w: Any) -> None:
+            work._source = w.source_rank() if w.exception() is None else -1
+            st.complete(work, w.exception())
+
+        pw.add_done_callback(done)
+        return work
 
     recvAnysource = recv_anysource
 
@@ -517,7 +590,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise InvalidArgument(f"rank {self._rank}: {kind}: tag must be >= 0, not {tag}")
         st = _Stage()
         h = st.inp(t) if kind == "send" else st.out(t)
-        work = PycollWork(kind, [t], self._rank, flush=self._flush_p2p)
+        work = PycollWork(kind, [t], self._rank, flush=self._flush_p2p,
+                          record=begin_record(kind, [t]))
         work._source = peer
         with self._p2p_lock:
             self._p2p.append((kind, h, peer, tag, work, st))
@@ -536,15 +610,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return
 
         def done(w: Any) -> None:
-            error = w.exception()
             for *_, work, st in batch:
-                e = error
-                if e is None:
-                    try:
-                        st.finish()
-                    except BaseException as x:
-                        e = x
-                work._complete(e)
+                st.complete(work, w.exception())
 
         pw.add_done_callback(done)
 

@@ -6,6 +6,11 @@ failure path, ``test_peer_death_mid_training_raises_from_backward``):
 * C++ callers (the DDP reducer, functional collectives) reach only ``wait(timeout)`` and
   ``get_future()``; ``timeout=timedelta(0)`` means "no limit". DDP never calls ``wait``: it
   waits on the future with no limit, so the collective's own deadline is what bounds it.
+* Profilers: Gloo's works show up in ``torch.profiler`` and the autograd profiler as
+  ``gloo:<op>`` events with the input shapes, spanning the operation. A ``PycollWork`` opens a
+  ``pycoll:<op>`` record function (with the inputs, for ``record_shapes``) when it is issued and
+  closes it when it completes, on whichever thread that happens, as Gloo's do. Nothing is
+  recorded, and almost nothing spent, while no profiler runs.
 * ``Future.set_exception`` is not seen as an error by C++. So the raw future is always
   completed with ``set_result`` (the output tensors, or a ``_Failure`` marker) and callers get
   ``raw.then(_unwrap)``, which raises on the marker: C++ then sees a failed future, and
@@ -49,6 +54,29 @@ def _seconds(timeout: Any) -> float | None:
     return timeout if timeout > 0 else None
 
 
+try:   # a record function that carries input shapes and may end on another thread
+    from torch._C._profiler import _RecordFunctionFast as _Record
+except ImportError:  # pragma: no cover - older torch: events without shapes
+    _Record = None
+
+
+def begin_record(title: str, inputs: Any) -> Any:
+    """Open the profiler event ``pycoll:<title>`` (None while no profiler is running)."""
+    if not torch.autograd._profiler_enabled():
+        return None
+    name = "pycoll:" + title
+    if _Record is not None:
+        rec = _Record(name, [t for t in inputs if isinstance(t, torch.Tensor)])
+        rec.__enter__()
+        return rec
+    return torch.autograd.profiler.record_function(name).__enter__()
+
+
+def end_record(rec: Any) -> None:
+    if rec is not None:
+        rec.__exit__(None, None, None)
+
+
 class _Done:
     """A one-shot event whose threading.Event is made only if someone has to block on it
     (most synchronous ops complete before anybody waits)."""
@@ -86,8 +114,9 @@ class PycollWork(dist._Work):
     """One torch-level operation: one or more pycoll collectives plus the copy-back after."""
 
     def __init__(self, op: str, outputs: Any, rank: int,
-                 flush: Callable[[], None] | None = None) -> None:
+                 flush: Callable[[], None] | None = None, record: Any = None) -> None:
         super().__init__()
+        self._record = record          # the open profiler event, closed on completion
         self._op = op
         self._outputs = outputs
         self._rank = rank
@@ -107,6 +136,8 @@ class PycollWork(dist._Work):
             self._error = error
             self._done.set()
             raw = self._raw
+            record, self._record = self._record, None
+        end_record(record)
         if raw is not None:
             raw.set_result(self._outputs if error is None else _Failure(error))
 

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from ..memory import HOST, MemoryType, MemRef
+
+if TYPE_CHECKING:
+    from .matching import AnySource, TagMatcher
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Request:
     """One posted send or receive. ``done`` flips once; ``error`` is set on failure."""
 
     __slots__ = ("channel", "mem", "view", "tag", "nbytes", "done", "error", "bytes_done",
-                 "kind")
+                 "kind", "group")
 
     def __init__(self, channel: "Channel", mem: MemRef, tag: int, kind: str) -> None:
         self.channel = channel
@@ -65,6 +68,8 @@ class Request:
         self.error: BaseException | None = None
         self.bytes_done = 0
         self.kind = kind  # "send", "recv" or "put"
+        #: the ``matching.AnySource`` this receive is one alternative of (any-source receives)
+        self.group: Any = None
 
     def fail(self, error: BaseException) -> None:
         if not self.done:
@@ -87,6 +92,8 @@ class Channel(ABC):
     peer: int
     #: the transport that made this channel
     transport: "Transport"
+    #: the channel's receives and unexpected messages (every transport matches through one)
+    _match: "TagMatcher"
 
     @abstractmethod
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
@@ -103,6 +110,14 @@ class Channel(ABC):
     @abstractmethod
     def busy(self) -> bool:
         """Whether anything is queued, posted or connecting (the engine keeps progressing)."""
+
+    def irecv_any(self, mem: MemRef, tag: int, group: "AnySource") -> Request:
+        """Post a receive that is one alternative of ``group`` (a receive from any source):
+        the first of the group's receives that a message matches wins, and the others are
+        withdrawn at that moment, before any byte lands (``matching.AnySource``)."""
+        req = self.irecv(mem, tag)
+        group.enlist(self._match, req)
+        return req
 
     def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
         """One-sided write of ``src`` into the peer's registered region ``remote`` (what

@@ -98,14 +98,15 @@ class InprocChannel(Channel):
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "recv")
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
-        self._drain()
-        held = self._match.post(req)
+        if self._broken is None:
+            self._drain()
+        held = self._match.take_held(tag)   # delivered even if the peer went away since
         if held is not None:
             self._copy(req, held[1])
+        elif self._broken is not None:
+            req.fail(self._broken)
         else:
+            self._match.posted.append(req)
             self._active[self.peer] = self
         return req
 

@@ -5,6 +5,12 @@ the oldest posted receive with its tag; if there is none it is held as *unexpect
 transport-specific payload: the bytes, or a descriptor such as "read it from this address")
 until a receive with that tag is posted. Sizes must agree exactly: a disagreement means the
 ranks run different collectives or pass different tensors, and is reported, never truncated.
+
+A receive from *any* source (torch's ``recv`` without ``src``, MPI_ANY_SOURCE) is one receive
+posted on every channel, tied together by an ``AnySource``: the first of them that a message
+matches claims the group, which withdraws the others from their channels at that moment,
+before a byte of a second message could land. Messages of each source still match in the
+order that source sent them.
 """
 from __future__ import annotations
 
@@ -23,29 +29,31 @@ class TagMatcher:
         self.posted: deque[Request] = deque()
         self.unexpected: deque[tuple[int, int, Any]] = deque()   # (tag, nbytes, payload)
 
-    def post(self, req: Request) -> tuple[int, Any] | None:
-        """Post ``req``; if a message with its tag is already held, return (nbytes, payload)
-        of the oldest one instead (the caller delivers it)."""
-        tag = req.tag
+    def take_held(self, tag: int) -> tuple[int, Any] | None:
+        """Remove and return (nbytes, payload) of the oldest held message with ``tag``: a
+        new receive looks here first (the caller delivers it), and is posted otherwise."""
         unexpected = self.unexpected
-        if unexpected:
-            for i, (utag, nbytes, payload) in enumerate(unexpected):
-                if utag == tag:
-                    del unexpected[i]
-                    return nbytes, payload
-        self.posted.append(req)
+        for i, (utag, nbytes, payload) in enumerate(unexpected):
+            if utag == tag:
+                del unexpected[i]
+                return nbytes, payload
         return None
 
     def take(self, tag: int) -> Request | None:
         """Remove and return the oldest posted receive with ``tag`` (usually the first)."""
         posted = self.posted
         if posted and posted[0].tag == tag:
-            return posted.popleft()
-        for i, req in enumerate(posted):
-            if req.tag == tag:
-                del posted[i]
-                return req
-        return None
+            req = posted.popleft()
+        else:
+            for i, req in enumerate(posted):
+                if req.tag == tag:
+                    del posted[i]
+                    break
+            else:
+                return None
+        if req.group is not None:
+            req.group.claim(req)
+        return req
 
     def hold(self, tag: int, nbytes: int, payload: Any) -> None:
         """Keep a message nobody has asked for yet."""
@@ -58,3 +66,38 @@ class TagMatcher:
 
     def __bool__(self) -> bool:
         return bool(self.posted)
+
+
+class AnySource:
+    """The alternatives of one receive from any source (see the module docstring)."""
+
+    __slots__ = ("members", "matched")
+
+    def __init__(self) -> None:
+        self.members: list[tuple[TagMatcher, Request]] = []
+        #: the receive a message matched; None while every alternative still waits
+        self.matched: Request | None = None
+
+    def enlist(self, matcher: TagMatcher, req: Request) -> None:
+        """``req`` was just posted on the channel of ``matcher``. If a held message matched
+        it already, it wins at once; otherwise it waits as one alternative."""
+        if req in matcher.posted:
+            req.group = self
+            self.members.append((matcher, req))
+        elif req.error is None:
+            self.claim(req)
+        # else it failed at once (its source is gone): not an alternative at all
+
+    def claim(self, req: Request) -> None:
+        """A message matched ``req``: withdraw every other alternative (they complete empty)."""
+        self.matched = req
+        members, self.members = self.members, []
+        for matcher, other in members:
+            other.group = None
+            if other is req:
+                continue
+            try:
+                matcher.posted.remove(other)
+            except ValueError:
+                pass
+            other.done = True

@@ -241,17 +241,16 @@ class ShmChannel(Channel):
         if self._settling:
             self.settle()
         req = Request(self, mem, tag, "recv")
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
         match = self._match
-        if match.unexpected:
-            held = match.post(req)
+        if match.unexpected:           # a message that arrived before the peer went away
+            held = match.take_held(tag)  # is still delivered
             if held is not None:
                 self._deliver_held(req, *held)
                 return req
-        else:
-            match.posted.append(req)       # nothing held: post directly (hot path)
+        if self._broken is not None:
+            req.fail(self._broken)
+            return req
+        match.posted.append(req)
         self._active[self.peer] = self
         if self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()

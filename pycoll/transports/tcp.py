@@ -120,21 +120,20 @@ class TcpChannel(Channel):
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "recv")
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
         match = self._match
         held = None
-        if match.unexpected:
-            held = match.post(req)
-        else:
-            match.posted.append(req)       # nothing held: post directly (hot path)
+        if match.unexpected:           # a message that arrived before the peer went away
+            held = match.take_held(tag)  # is still delivered
         if held is not None:
             nbytes, body = held
             if self._size_ok(req, nbytes):
                 req.view[:] = body
                 req.complete()
             return req
+        if self._broken is not None:
+            req.fail(self._broken)
+            return req
+        match.posted.append(req)
         self._active[self.peer] = self
         if self._sock is not None:
             self._progress_recv()

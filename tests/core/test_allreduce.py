@@ -164,7 +164,7 @@ def _bad_inputs(comm):
         "unknown op": lambda: comm.allreduce(np.zeros(4), "median"),
         "non-contiguous": lambda: comm.allreduce(np.zeros((4, 4))[:, 1]),
         "read-only": lambda: comm.allreduce(np.frombuffer(b"\0" * 16, dtype=np.float32)),
-        "complex dtype": lambda: comm.allreduce(np.zeros(4, dtype=np.complex64)),
+        "complex max": lambda: comm.allreduce(np.zeros(4, dtype=np.complex64), "max"),
         "object dtype": lambda: comm.allreduce(np.zeros(4, dtype=object)),
         "bitwise on float": lambda: comm.allreduce(np.zeros(4), "band"),
         "not an array": lambda: comm.allreduce([1.0, 2.0]),
@@ -189,7 +189,7 @@ def test_invalid_input_raises_before_communication():
         assert "median" in messages["unknown op"] and "valid ops" in messages["unknown op"]
         assert "contiguous" in messages["non-contiguous"]
         assert "read-only" in messages["read-only"]
-        assert "complex64" in messages["complex dtype"]
+        assert "complex" in messages["complex max"] and "no order" in messages["complex max"]
         assert "band" in messages["bitwise on float"]
         assert "magic" in messages["unknown algorithm"]
 
@@ -224,3 +224,56 @@ def _raising_callback(comm):
 
 def test_raising_done_callback_does_not_stop_the_communicator():
     assert run_ranks(_raising_callback, 2) == [(2.0, 2.0)] * 2
+
+
+def _complex(comm):
+    r = comm.rank
+    out = []
+    for dtype in (np.complex64, np.complex128):
+        for op in ("sum", "avg", "prod"):
+            a = (np.arange(1, 6) + 1j * (r + 1)).astype(dtype)
+            comm.allreduce(a, op)
+            out.append(a.tolist())
+        p = np.full(3, 2 - 1j * r, dtype=dtype)
+        import pycoll as _p
+        comm.allreduce(p, _p.ReduceOp.premul_sum(0.5))
+        out.append(p.tolist())
+    return out
+
+
+def test_complex_sum_avg_prod_premul():
+    size = 3
+    results = run_ranks(_complex, size)
+    ins = [np.arange(1, 6) + 1j * (r + 1) for r in range(size)]
+    want = [np.sum(ins, axis=0), np.sum(ins, axis=0) / size, np.prod(ins, axis=0),
+            0.5 * sum(np.full(3, 2 - 1j * r) for r in range(size))]
+    for res in results:
+        assert res == results[0]
+        for got, w in zip(res, want + want):
+            np.testing.assert_allclose(np.array(got), w, rtol=1e-6)
+
+
+def _futures(comm):
+    import asyncio
+
+    a = np.full(4, comm.rank + 1.0)
+    fut = comm.allreduce(a, async_op=True).get_future()
+    assert fut.result(30) is a and a.tolist() == [3.0] * 4
+    done = []
+    fut.add_done_callback(lambda f: done.append(f.result() is a))  # already done: runs now
+    w = comm.broadcast(np.zeros(2), 0, async_op=True)
+
+    async def awaited():
+        return await asyncio.wrap_future(w.get_future())
+    asyncio.run(awaited())
+    assert w.get_future() is w.get_future()
+    bad = comm.allreduce(np.zeros(3) if comm.rank else np.zeros(4), async_op=True,
+                         timeout=5).get_future()
+    error = bad.exception(30)
+    return done, type(error).__name__
+
+
+def test_core_work_get_future():
+    for done, error in run_ranks(_futures, 2):
+        assert done == [True]
+        assert error in ("MessageSizeMismatch", "CollectiveMismatch", "PeerLost", "Aborted"), error

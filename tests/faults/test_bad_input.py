@@ -32,7 +32,7 @@ def _cases(comm):
         # allreduce
         "allreduce unknown op": lambda: comm.allreduce(ok.copy(), "median"),
         "allreduce bitwise op on float": lambda: comm.allreduce(ok.copy(), "band"),
-        "allreduce complex dtype": lambda: comm.allreduce(np.zeros(4, np.complex64)),
+        "allreduce max on complex": lambda: comm.allreduce(np.zeros(4, np.complex64), "max"),
         "allreduce object dtype": lambda: comm.allreduce(np.zeros(4, dtype=object)),
         "allreduce non-contiguous": lambda: comm.allreduce(strided),
         "allreduce read-only": lambda: comm.allreduce(ro),

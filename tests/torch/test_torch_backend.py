@@ -143,3 +143,21 @@ def test_store_adapter_over_torch_store():
 def test_cuda_tensors_staged_through_host():
     results = run_scenario("cuda", 2, timeout=120)
     _ok(results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_gaps_to_gloo_closed(world_size):
+    """all_gather_coalesced in torch's [rank][i] layout, sparse COO all_reduce (duplicates,
+    hybrid, sync/async, mismatch errors), recv without src (also under both profilers) and
+    complex tensors: the same results as Gloo in the same run."""
+    results = run_scenario("gaps", world_size, timeout=150)
+    _ok(results)
+    assert all(res["checked"] > 60 for res in results), describe(results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_profiler_events_like_gloo(world_size):
+    """torch.profiler and the autograd profiler show pycoll:<op> events with the same input
+    shapes as Gloo's gloo:<op>, for synchronous and asynchronous calls."""
+    results = run_scenario("profiler", world_size, timeout=120)
+    _ok(results)

@@ -377,6 +377,86 @@ def test_receive_posted_while_message_is_set_aside(variant):
     assert run(t, _late_receive_for_set_aside_message, 2) == [True, True]
 
 
+def _message_outlives_its_sender(comm, mem_type):
+    """Rank 1 sends three small messages and leaves. Rank 0 had read two of them aside while
+    receiving the third; a receive for a message that never came reports the peer as gone
+    (the channel breaks), and the two held messages are still delivered after that: MPI
+    delivers what was sent."""
+    ch = comm.channel(1 - comm.rank)
+    if comm.rank == 1:
+        msgs = [_filled(mem_type, 16, k) for k in range(3)]
+        _wait(comm, [ch.isend(_ref(msgs[0]), tag=1), ch.isend(_ref(msgs[1]), tag=2),
+                     ch.isend(_ref(msgs[2]), tag=3)], 30)
+        time.sleep(0.2)
+        return None            # leaves: the harness closes this rank's transports
+    last = _alloc(mem_type, 16)
+    _wait(comm, [ch.irecv(_ref(last), tag=3)], 30)   # tags 1 and 2 are held meanwhile
+    try:
+        _wait(comm, [ch.irecv(_ref(_alloc(mem_type, 16)), tag=4)], 10)
+        outcome = "no error"
+    except (PeerLost, WaitTimeout) as e:
+        outcome = type(e).__name__
+    got = []
+    for tag in (1, 2):
+        into = _alloc(mem_type, 16)
+        _wait(comm, [ch.irecv(_ref(into), tag=tag)], 5)
+        got.append(bool(np.array_equal(_host(mem_type, into), _pattern(16, tag - 1))))
+    return got + [outcome]
+
+
+def test_held_messages_outlive_their_sender(transport):
+    got = run(transport, _message_outlives_its_sender, 2)[0]
+    assert got[:2] == [True, True], got
+    assert got[2] == "PeerLost", got
+
+
+def _any_source(comm, mem_type):
+    """Receives from any source, below the algorithms: ranks 1 and 2 each send 4 messages
+    (eager and large sizes) with one tag; rank 0 posts alternatives on both channels for each
+    receive, some before the messages arrive and some after (held). Every message lands
+    exactly once, in its source's order, and the losing alternatives never receive bytes."""
+    from pycoll.transports.matching import AnySource
+
+    sizes = [8, 4096, 1 << 20, 24]
+    if comm.rank != 0:
+        ch = comm.channel(0)
+        reqs = [ch.isend(_ref(_filled(mem_type, n, 10 * comm.rank + k)), tag=5)
+                for k, n in enumerate(sizes)]
+        _wait(comm, reqs, 60)
+        _store_barrier(comm, "any-done")
+        return None
+    chans = {p: comm.channel(p) for p in (1, 2)}
+    got = {1: [], 2: []}
+    for i in range(2 * len(sizes)):
+        if i == 3:
+            time.sleep(0.3)          # let the rest arrive first: matched from held messages
+        # each source's next message has a known size: post the size both would need only
+        # when it is the same, else receive from the one whose next size is known to be it
+        nxt = {p: sizes[len(got[p])] for p in got if len(got[p]) < len(sizes)}
+        n = min(nxt.values())
+        srcs = [p for p in nxt if nxt[p] == n]
+        into = _alloc(mem_type, n)
+        group = AnySource()
+        reqs = []
+        for p in srcs:
+            if group.matched is None:
+                reqs.append(chans[p].irecv_any(_ref(into), 5, group))
+        _wait(comm, reqs, 60)
+        winner = srcs[reqs.index(group.matched)]
+        losers = [r for r in reqs if r is not group.matched]
+        assert all(r.done and r.error is None and r.bytes_done == 0 for r in losers), losers
+        k = len(got[winner])
+        assert np.array_equal(_host(mem_type, into), _pattern(n, 10 * winner + k)), (i, winner)
+        got[winner].append(n)
+    assert got == {1: sizes, 2: sizes}, got
+    _store_barrier(comm, "any-done")
+    return "ok"
+
+
+def test_receive_from_any_source(transport):
+    assert run(transport, _any_source, 3)[0] == "ok"
+
+
 def _one_sided(comm, mem_type):
     """Rank 1 registers a region and sends its record; rank 0 puts two pieces into it with
     notices; rank 1 sees the notices in order, and the bytes are in place when it does. A put
