@@ -40,8 +40,12 @@ from .errors import InvalidArgument
 
 #: default of ``PYCOLL_ABORT_POLL_MS``: how often an idle wait loop reads the abort record
 DEFAULT_POLL_MS = 100.0
-#: consecutive failed polls of an unreachable store before the job is declared dead
-STORE_FAILURES_FATAL = 3
+#: how long a store whose port refuses connections may stay gone before a waiting rank
+#: gives up on it (meanwhile the transports may name the rank that died, a better answer)
+STORE_GONE_FATAL_SECONDS = 1.0
+#: deadline of one abort-record round trip: short, so a dead store never stalls a wait loop
+#: (a slow store just means a later poll)
+ABORT_CLIENT_TIMEOUT = 1.0
 
 
 class AbortSignal(Exception):
@@ -99,7 +103,8 @@ def _store_errors() -> tuple[type[BaseException], ...]:
 class AbortWatch:
     """Posts and polls one communicator's abort record."""
 
-    def __init__(self, store: Any, name: str, rank: int, timeout: float = 5.0) -> None:
+    def __init__(self, store: Any, name: str, rank: int,
+                 timeout: float = ABORT_CLIENT_TIMEOUT) -> None:
         self.store = store
         self.name = name
         self.rank = rank
@@ -109,7 +114,7 @@ class AbortWatch:
         self._client: Any = None
         self._owns_client = False
         self._next_poll = 0.0
-        self._store_failures = 0
+        self._gone_since = 0.0     # when the store was first found gone (0: it is not)
         self.record: dict[str, Any] | None = None   # the record seen or posted, once known
         _register_exit_marker()
 
@@ -148,25 +153,32 @@ class AbortWatch:
         """The abort record, or None; raises AbortSignal if the store stays unreachable."""
         if self.record is not None:
             return self.record
+        if self._gone_since:
+            self._give_up_on_gone_store("its port refuses connections")
+            return None
         try:
             client = self.client()
             if not client.check([self.key]):
-                self._store_failures = 0
                 return None
             raw = client.get(self.key, timeout=self.timeout)
         except _store_errors() as e:
-            self._store_failures += 1
-            debug.logger.info("abort poll: store unreachable (%s)", e)
-            if self._store_failures >= STORE_FAILURES_FATAL:
-                raise AbortSignal({
-                    "rank": None, "collective": None, "seq": None, "kind": "StoreUnreachable",
-                    "error": f"the rendezvous store at {getattr(self.store, 'address', '?')} is "
-                             f"unreachable ({e}); the process that hosts it (rank 0, unless a "
-                             "launcher runs the store) has probably died"}) from None
+            # slow (a crowded server, a flood of strangers) is not gone: only a refused
+            # connection counts, and then the transports get a moment to name the dead rank
+            debug.logger.info("abort poll: store did not answer (%s)", e)
+            if self.store_gone():
+                self._gone_since = time.monotonic()
             return None
-        self._store_failures = 0
         self.record = _parse(raw)
         return self.record
+
+    def _give_up_on_gone_store(self, why: str) -> None:
+        if time.monotonic() - self._gone_since < STORE_GONE_FATAL_SECONDS:
+            return
+        raise AbortSignal({
+            "rank": None, "collective": None, "seq": None, "kind": "StoreUnreachable",
+            "error": f"the rendezvous store at {getattr(self._base(), 'address', '?')} is gone "
+                     f"({why}); the process that hosts it (rank 0, unless a launcher runs "
+                     "the store) has died"})
 
     # -- posting ----------------------------------------------------------------------------
     def post(self, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -174,6 +186,10 @@ class AbortWatch:
 
         Returns None when the store cannot be reached (the failure is still raised locally).
         """
+        if self._gone_since or self.store_gone():
+            debug.logger.info("abort: the store is gone (connection refused); the failure is "
+                              "raised here only")
+            return None
         record = dict(record)
         record.setdefault("rank", self.rank)
         record.setdefault("host", socket.gethostname())
@@ -187,6 +203,29 @@ class AbortWatch:
             return None
         self.record = _parse(stored)
         return self.record
+
+
+    def store_gone(self) -> bool:
+        """Whether the store server is certainly gone: its port refuses connections (its
+        process died; typically rank 0, which hosts it). A slow or crowded server is not
+        gone: only a refusal counts, and the check costs one local connect, not the client's
+        retry loop (which waits out its whole timeout for a server that may still start)."""
+        host, port = getattr(self._base(), "host", None), getattr(self._base(), "port", None)
+        if host is None or port is None:
+            return False
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def _base(self) -> Any:
+        store = self.store
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        return store
 
 
 def _parse(raw: bytes | str) -> dict[str, Any]:
@@ -244,12 +283,14 @@ def exiting_with() -> BaseException | None:
 _registered = False
 
 
-def _register_exit_marker() -> None:
-    # atexit runs handlers last-registered-first: registering when the first communicator is
-    # created (after pycoll.world registered its finalize) marks "exiting" before it runs.
+def _register_exit_marker(again: bool = False) -> None:
+    """atexit runs handlers last-registered-first: registered when the first communicator is
+    created (after pycoll.world registered its finalize), and ``again`` whenever finalize is
+    registered anew, the marker says "exiting" before finalize runs."""
     global _registered
-    if not _registered:
+    if again or not _registered:
         import atexit
 
+        atexit.unregister(_mark_exiting)
         atexit.register(_mark_exiting)
         _registered = True

@@ -232,9 +232,12 @@ class Connections:
         """Channels opened so far, per transport (tcp: connected sockets)."""
         return {name: t.connections() for name, t in self.transports.items()}
 
-    def close(self) -> None:
+    def close(self, farewell: int | None = None) -> None:
+        """Close every channel; ``farewell``: the lost rank this rank leaves over, told to
+        every peer (``Transport.farewell``)."""
         with self.engine.lock:
             for t in self.transports.values():
+                t.farewell = farewell
                 t.close()
         self.engine.close()
         self.channels.clear()

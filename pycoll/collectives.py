@@ -12,10 +12,11 @@ import numpy as np
 
 from . import debug
 from .algorithms import ALGORITHMS
-from .algorithms.primitives import P2P_TAG_LIMIT, Peers, p2p_tag
+from .algorithms.primitives import Peers
 from .errors import InvalidArgument
 from .execution import Execution
 from .reduction import OpLike, check_op_dtype, parse_op, prepare
+from .tags import P2P_TAG_LIMIT, p2p_tag
 from .work import Outcome, Work
 
 if TYPE_CHECKING:

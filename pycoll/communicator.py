@@ -28,7 +28,7 @@ from .algorithms.primitives import Peers
 from .bootstrap import ChannelView, Connections
 from .fused import FusedCollectives
 from .envvars import env_int
-from .errors import InvalidArgument
+from .errors import InvalidArgument, PeerLost
 from .memops import HostOps
 from .planning import Planner
 from .timeouts import as_seconds
@@ -305,11 +305,13 @@ class Communicator(FusedCollectives):
             return
         self._stop_execution()
         self._announce_exit()
+        lost = self._lost_rank()
         for child in self._children:
+            lost = lost if lost is not None else child._lost_rank()
             child.finalize()
         self._children.clear()
         if self._is_root and self._conn is not None:
-            self._conn.close()
+            self._conn.close(farewell=lost)
         store = self._store
         if store is not None and self.size > 1:
             try:
@@ -317,9 +319,14 @@ class Communicator(FusedCollectives):
                 scoped = PrefixStore(f"pycoll/{self.name}/", store)
                 scoped.add("finalized", 1)
                 if self._owns_store and getattr(store, "server", None) is not None:
-                    # Ranks may still be talking to the server: wait (briefly) for all of them.
+                    # Ranks may still be talking to the server (reading the abort record
+                    # that names the root cause, above all): wait for all of them, except a
+                    # rank the job already knows is dead, which never finalizes.
+                    record = self._abort.record if self._abort is not None else None
+                    gone = 1 if record and record.get("lost") is not None else 0
                     deadline = time.monotonic() + timeout
-                    while scoped.add("finalized", 0) < self.size and time.monotonic() < deadline:
+                    while (scoped.add("finalized", 0) < self.size - gone
+                           and time.monotonic() < deadline):
                         time.sleep(0.01)
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
@@ -329,6 +336,15 @@ class Communicator(FusedCollectives):
             store.close()
 
     close = finalize
+
+    def _lost_rank(self) -> int | None:
+        """The rank whose loss failed this communicator, if that was it (numbered in the
+        root communicator, like every channel's peer)."""
+        err = self._failed
+        peer = err.peer if isinstance(err, PeerLost) else None
+        if peer is None and self._abort is not None and self._abort.record:
+            peer = self._abort.record.get("lost")
+        return peer if isinstance(peer, int) and peer >= 0 else None
 
     def __enter__(self) -> "Communicator":
         return self

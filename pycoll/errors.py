@@ -63,6 +63,19 @@ class Aborted(PycollError):
         self.record = record
 
 
+class PeerLostAbort(Aborted, PeerLost):
+    """An abort whose root cause is a lost peer (``lost_rank``, also ``peer``).
+
+    The rank that noticed the death aborted the job; every other rank raises this, which a
+    program catching ``PeerLost`` catches too, naming the rank that actually died.
+    """
+
+    def __init__(self, message: str, *, failed_rank: int | None = None,
+                 lost_rank: int | None = None, record: dict | None = None) -> None:
+        super().__init__(message, failed_rank=failed_rank, lost_rank=lost_rank, record=record)
+        self.peer = lost_rank
+
+
 def describe(rank: int, collective: str, seq: int, *, peer: int | None = None,
              done: int | None = None, total: int | None = None) -> str:
     """The common prefix of error messages: who, what, which one, how far."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .algorithms.primitives import Peers, collective_tag, tag_low_bits
+from .algorithms.primitives import Peers
 from .errors import PycollError, TransportError
 from .faults import P2P, FaultHandling
+from .tags import collective_tag, signature, tag_low_bits
 from .timeouts import as_seconds
 from .work import Executor, Work
 
@@ -72,13 +73,13 @@ class Execution(FaultHandling):
 
         if not async_op and self._executor.run_inline_if_idle():
             try:
-                self._run(collective, seq, nbytes, body, limit, rec, fp)
+                self._run(collective, seq, nbytes, body, limit, rec, fp, sig)
             finally:
                 self._executor.release()
             return None
 
         def task() -> None:
-            self._run(collective, seq, nbytes, body, limit, rec, fp)
+            self._run(collective, seq, nbytes, body, limit, rec, fp, sig)
 
         work = Work(collective, seq, self.rank, output)
         if rec is not None:
@@ -90,7 +91,8 @@ class Execution(FaultHandling):
         return work
 
     def _run(self, collective: str, seq: int, nbytes: int, body: Body, limit: float,
-             rec: list | None = None, fp: dict | None = None) -> None:
+             rec: list | None = None, fp: dict | None = None,
+             sig: tuple = (None, None, None, None)) -> None:
         if self._failed is not None:   # queued before an earlier collective failed
             raise PycollError(f"rank {self.rank}: {collective} #{seq} refused: this "
                               f"communicator failed earlier ({self._failed}); create a new one")
@@ -107,14 +109,17 @@ class Execution(FaultHandling):
         low = self._tag_low.get(collective)
         if low is None:
             low = self._tag_low[collective] = tag_low_bits(collective, self._comm_id)
-        peers.tag = collective_tag(seq, collective, low=low)
+        # the signature of what this rank believes the call is travels in every message's
+        # tag: ranks that disagree never match, and the matcher reports it (tags.py)
+        peers.tag = collective_tag(seq, collective, low=low,
+                                   sig=0 if collective in P2P else signature(collective, sig))
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
             body(peers)
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
             self._abandon(peers, collective, seq)
-            err = self._collective_failed(collective, seq, limit, e, rec)
+            err = self._collective_failed(collective, seq, limit, e, rec, sig)
             if err is e:
                 raise
             raise err from None

@@ -20,8 +20,8 @@ from typing import Any
 from . import debug
 from .abort import AbortSignal, AbortWatch, describe_record, lost_rank
 from .algorithms import ALGORITHMS
-from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, PeerLost, PycollError,
-                     TransportError, describe)
+from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, PeerLost, PeerLostAbort,
+                     PycollError, TransportError, describe)
 from .flight_recorder import FlightRecorder, capacity_from_env
 from .transports.progress import WaitTimeout
 
@@ -58,7 +58,8 @@ class FaultHandling:
         self._job: str | None = None
 
     def _collective_failed(self, collective: str, seq: int, limit: float, e: BaseException,
-                           rec: list | None) -> BaseException:
+                           rec: list | None, sig: tuple = (None, None, None, None)
+                           ) -> BaseException:
         """Turn a failure inside a collective into the error to raise; tell the other ranks.
 
         Marks the communicator failed, posts the abort record (first failure wins), attributes
@@ -78,18 +79,27 @@ class FaultHandling:
             pending = sorted({r.channel.peer for r in e.pending})
             done = sum(r.bytes_done for r in e.pending)
             total = sum(r.nbytes for r in e.pending)
+            absent = sorted({r.channel.peer for r in e.pending if not r.channel.peer_joined()})
             core = (f"CollectiveTimeout: timed out after {limit:g} s waiting for peer rank(s) "
                     f"{pending}")
+            never = (f" Peer rank(s) {absent} never opened their side of the channel to this "
+                     "rank: they are not in this call at all (a different root, collective or "
+                     "communicator, or stuck before it)." if absent else "")
             err = CollectiveTimeout(
                 f"{where}: timed out after {limit:g} s waiting for "
-                f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done). "
-                "Hint: a peer is stuck, slow, or called a different collective; raise the "
-                "timeout only if the peers are merely busy.")
+                f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done)."
+                f"{never} Hint: a peer is stuck, slow, or called a different collective; raise "
+                "the timeout only if the peers are merely busy.")
         elif isinstance(e, PeerLost):
             pending, lost = [e.peer] if e.peer is not None else None, e.peer
             err = PeerLost(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}. Hint: "
                            "look at that rank's output for the first error; the job cannot "
                            "continue without it.", peer=e.peer)
+        elif isinstance(e, CollectiveMismatch) and getattr(e, "from_matcher", False):
+            fp = self._fingerprint(collective, 0, sig)
+            args = ", ".join(f"{f}={fp[f]}" for f in _FINGERPRINT_FIELDS[1:] if f in fp)
+            err = CollectiveMismatch(f"{where}: {e}. This rank called {collective}({args}).")
+            core = f"CollectiveMismatch: {err}"
         elif isinstance(e, TransportError):
             pending = [e.peer] if e.peer is not None else None
             err = type(e)(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}", peer=e.peer)
@@ -133,8 +143,9 @@ class FaultHandling:
         text += (". Hint: the first failure is on rank "
                  f"{failed if lost is None else lost}; look at its output for the cause."
                  if failed is not None else "")
-        return Aborted(text, failed_rank=failed if isinstance(failed, int) else None,
-                       lost_rank=lost, record=record)
+        kind = PeerLostAbort if lost is not None else Aborted
+        return kind(text, failed_rank=failed if isinstance(failed, int) else None,
+                    lost_rank=lost, record=record)
 
     def _job_id(self) -> str | None:
         """A short, non-secret name for this job, the same on every rank (for dump names)."""

@@ -58,6 +58,15 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         if store is not None:
             store.close()
         raise
+    # atexit runs handlers last-registered-first: registered again now, ``finalize`` runs
+    # before the store server's own exit hook (a weakref finalizer registered when the store
+    # was made), so the server stays up while this rank lingers for the others to read the
+    # abort record (a rank that exits right after an error must not take the job's only
+    # channel for root causes down with it).
+    atexit.unregister(finalize)
+    atexit.register(finalize)
+    from .abort import _register_exit_marker
+    _register_exit_marker(again=True)       # ... and after the exit marker, which goes first
     return _world
 
 

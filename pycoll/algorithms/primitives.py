@@ -18,43 +18,8 @@ from ..transports.base import Channel, Request
 from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine
 
-__all__ = ["Peers", "ReduceSpec", "collective_tag", "p2p_tag", "chunk_bounds", "send", "recv",
+__all__ = ["Peers", "ReduceSpec", "chunk_bounds", "send", "recv",
            "sendrecv", "sendrecv_reduce", "recv_reduce", "send_segmented"]
-
-#: Every collective call gets its own negative tag (``collective_tag``), so user
-#: point-to-point tags (>= 0) never meet collective traffic, ranks that disagree on which
-#: collective runs never match each other's messages by accident (the mismatch surfaces as an
-#: error instead of wrong data), and sub-communicators, which share their parent's channels,
-#: never match each other's messages (the communicator id is part of the tag).
-_COLLECTIVE_CODES = {name: code for code, name in enumerate((
-    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
-    "scatter", "barrier", "allreduce_coalesced", "split", "allgather_coalesced", "allgatherv"),
-    start=1)}
-SEQ_BITS, COMM_BITS, CODE_BITS = 36, 20, 6
-#: user point-to-point tags must be below this (the communicator id sits above them)
-P2P_TAG_LIMIT = 1 << 40
-
-
-SEQ_MASK = (1 << SEQ_BITS) - 1
-
-
-def tag_low_bits(collective: str, comm_id: int = 0) -> int:
-    """The part of a collective's tag that does not change from call to call."""
-    return (comm_id << CODE_BITS) | _COLLECTIVE_CODES.get(collective, 63)
-
-
-def collective_tag(seq: int, collective: str, comm_id: int = 0,
-                   low: int | None = None) -> int:
-    """The negative tag of call number ``seq`` of ``collective`` (same on every rank);
-    ``low`` is ``tag_low_bits(collective, comm_id)`` when the caller keeps it."""
-    if low is None:
-        low = tag_low_bits(collective, comm_id)
-    return -(((seq & SEQ_MASK) << (COMM_BITS + CODE_BITS)) | low) - 1
-
-
-def p2p_tag(tag: int, comm_id: int = 0) -> int:
-    """The wire tag of a user's point-to-point ``tag`` (>= 0) on communicator ``comm_id``."""
-    return tag + comm_id * P2P_TAG_LIMIT
 
 
 class Peers:

@@ -131,6 +131,11 @@ class Channel(ABC):
     def check_alive(self) -> None:
         """Raise PeerLost if the peer is known to be gone (called while idle)."""
 
+    def peer_joined(self) -> bool:
+        """Whether the peer has opened its side of this channel (False: lazy connections
+        whose peer never used the pair, e.g. because it runs a different call)."""
+        return True
+
     def _size_ok(self, req: Request, nbytes: int) -> bool:
         """Whether a message of ``nbytes`` fits the matched receive ``req``. If not, the
         ranks disagree on sizes or on the collective: the channel breaks and ``req``, which
@@ -162,6 +167,10 @@ class Transport(ABC):
     #: the registry name (``PYCOLL_TRANSPORTS`` uses it)
     name: str = ""
     capabilities: Capabilities
+    #: set before ``close`` when this rank leaves because of a lost peer: every channel tells
+    #: its peer "I leave because rank N is gone", so a survivor waiting on this rank blames
+    #: rank N, not this rank (NCCL and Gloo report only the neighbour that vanished)
+    farewell: int | None = None
 
     @abstractmethod
     def __init__(self, ctx: OpenContext) -> None:
@@ -298,3 +307,10 @@ def size_mismatch(peer: int, tag: int, sent: int, posted: int) -> MessageSizeMis
 
 def peer_lost(peer: int, why: str) -> PeerLost:
     return PeerLost(f"peer rank {peer} is gone: {why}", peer=peer)
+
+
+def peer_left_over(peer: int, lost: int) -> PeerLost:
+    """The peer closed its side and said why: it lost rank ``lost`` (the root cause, which
+    this error names as its ``peer``, so survivors all blame the rank that died)."""
+    return PeerLost(f"peer rank {lost} is gone: peer rank {peer} left the job because it lost "
+                    f"rank {lost}", peer=lost)

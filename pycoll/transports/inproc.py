@@ -71,7 +71,7 @@ class InprocChannel(Channel):
         self.peer = peer
         self._active = transport._active.channels    # join it when work arrives
         self._remote = remote
-        self._match = TagMatcher()
+        self._match = TagMatcher(peer)
         self._sent: deque[Request] = deque()      # large sends waiting for the peer to read
         self._broken: BaseException | None = None
 
@@ -100,9 +100,11 @@ class InprocChannel(Channel):
         req = Request(self, mem, tag, "recv")
         if self._broken is None:
             self._drain()
-        held = self._match.take_held(tag)   # delivered even if the peer went away since
+        held = self._match.take_held(req)   # delivered even if the peer went away since
         if held is not None:
             self._copy(req, held[1])
+        elif req.done:                      # a held message proved the ranks disagree
+            pass
         elif self._broken is not None:
             req.fail(self._broken)
         else:

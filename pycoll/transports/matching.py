@@ -5,6 +5,10 @@ the oldest posted receive with its tag; if there is none it is held as *unexpect
 transport-specific payload: the bytes, or a descriptor such as "read it from this address")
 until a receive with that tag is posted. Sizes must agree exactly: a disagreement means the
 ranks run different collectives or pass different tensors, and is reported, never truncated.
+A collective's tag also carries the call's signature (``pycoll/tags.py``): a message whose tag
+proves that its sender disagrees about the call a receive was posted for (another dtype, op,
+root, collective...) fails that receive with ``CollectiveMismatch`` at once, on arrival or
+when the receive is posted, instead of waiting for a match that can never come.
 
 A receive from *any* source (torch's ``recv`` without ``src``, MPI_ANY_SOURCE) is one receive
 posted on every channel, tied together by an ``AnySource``: the first of them that a message
@@ -17,27 +21,47 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ..errors import CollectiveMismatch
+from ..tags import conflicts, describe_tag
 from .base import Request
 
 
 class TagMatcher:
     """Posted receives and unexpected messages of one channel."""
 
-    __slots__ = ("posted", "unexpected")
+    __slots__ = ("posted", "unexpected", "peer")
 
-    def __init__(self) -> None:
+    def __init__(self, peer: int) -> None:
         self.posted: deque[Request] = deque()
         self.unexpected: deque[tuple[int, int, Any]] = deque()   # (tag, nbytes, payload)
+        self.peer = peer
 
-    def take_held(self, tag: int) -> tuple[int, Any] | None:
-        """Remove and return (nbytes, payload) of the oldest held message with ``tag``: a
-        new receive looks here first (the caller delivers it), and is posted otherwise."""
+    def take_held(self, req: Request) -> tuple[int, Any] | None:
+        """Remove and return (nbytes, payload) of the oldest held message with ``req``'s tag:
+        a new receive looks here first (the caller delivers it), and is posted otherwise.
+        If a held message proves the ranks disagree about ``req``'s call, ``req`` fails
+        (the caller sees ``req.done``) and None is returned."""
+        tag = req.tag
         unexpected = self.unexpected
         for i, (utag, nbytes, payload) in enumerate(unexpected):
             if utag == tag:
                 del unexpected[i]
                 return nbytes, payload
+        if tag < 0:
+            for utag, _n, _p in unexpected:
+                if conflicts(utag, tag):
+                    req.fail(self._mismatch(utag, tag))
+                    break
         return None
+
+    def _mismatch(self, message_tag: int, receive_tag: int) -> CollectiveMismatch:
+        error = CollectiveMismatch(
+            f"peer rank {self.peer} sent a message of {describe_tag(message_tag)} where this "
+            f"rank is in {describe_tag(receive_tag)}: the two ranks disagree on the collective "
+            "or on its arguments (dtype, element count, op or premul factor, root), or one of "
+            "them skipped a call. Hint: PYCOLL_DEBUG=DETAIL reports who called what")
+        error.from_matcher = True     # type: ignore[attr-defined]  # the caller adds context
+        return error
 
     def take(self, tag: int) -> Request | None:
         """Remove and return the oldest posted receive with ``tag`` (usually the first)."""
@@ -50,10 +74,20 @@ class TagMatcher:
                     del posted[i]
                     break
             else:
+                if tag < 0 and posted:
+                    self._refuse(tag)
                 return None
         if req.group is not None:
             req.group.claim(req)
         return req
+
+    def _refuse(self, tag: int) -> None:
+        """A message with ``tag`` matched nothing: fail the posted receive it proves wrong."""
+        for i, req in enumerate(self.posted):
+            if conflicts(tag, req.tag):
+                del self.posted[i]
+                req.fail(self._mismatch(tag, req.tag))
+                return
 
     def hold(self, tag: int, nbytes: int, payload: Any) -> None:
         """Keep a message nobody has asked for yet."""

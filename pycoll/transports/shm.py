@@ -43,7 +43,7 @@ from typing import Any
 from ..errors import TransportError
 from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                   peer_lost)
+                   peer_left_over, peer_lost)
 from .matching import TagMatcher
 from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
                           PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
@@ -82,7 +82,7 @@ class ShmChannel(Channel):
         self._rndv_pending: dict[int, Request] = {}
         # receiver state
         self._tail = 0
-        self._match = TagMatcher()
+        self._match = TagMatcher(peer)
         self._assembling: tuple[Any, int, int] | None = None     # (target request|bytearray, tag, offset)
         self._broken: BaseException | None = None
         self._cma_threshold = transport.settings.cma_threshold
@@ -242,10 +242,11 @@ class ShmChannel(Channel):
             self.settle()
         req = Request(self, mem, tag, "recv")
         match = self._match
-        if match.unexpected:           # a message that arrived before the peer went away
-            held = match.take_held(tag)  # is still delivered
-            if held is not None:
-                self._deliver_held(req, *held)
+        if match.unexpected:           # held messages first: one that arrived before the
+            held = match.take_held(req)  # peer went away is still delivered
+            if held is not None or req.done:   # delivered, or proved the ranks disagree
+                if held is not None:
+                    self._deliver_held(req, *held)
                 return req
         if self._broken is not None:
             req.fail(self._broken)
@@ -352,14 +353,18 @@ class ShmChannel(Channel):
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
 
+    def peer_joined(self) -> bool:
+        return self._out is not None or self.mapped_by_peer()
+
     def check_alive(self) -> None:
         if self._broken is not None:
             raise self._broken
         if not self.busy():
             return   # nothing expected from this peer: its exit is not our problem (yet)
         gone = None
-        if self._in.ctrl[SENDER_CLOSED] or (self._out is not None
-                                            and self._out.ctrl[RECEIVER_CLOSED]):
+        closed = max(self._in.ctrl[SENDER_CLOSED],
+                     self._out.ctrl[RECEIVER_CLOSED] if self._out is not None else 0)
+        if closed:
             gone = "it closed its communicator (finalize) while this rank still expected data"
         elif self._pid_poll is not None:
             if self._pid_poll.poll(0):
@@ -375,7 +380,9 @@ class ShmChannel(Channel):
         # and blame the peer only for what is still missing after that.
         self.progress()
         if self.busy():
-            self._break(peer_lost(self.peer, gone))
+            lost = closed - 2      # the peer left because it lost that rank (see close)
+            self._break(peer_left_over(self.peer, lost)
+                        if 0 <= lost < self.transport._size else peer_lost(self.peer, gone))
             raise self._broken  # type: ignore[misc]
 
     def _break(self, error: BaseException) -> None:
@@ -393,10 +400,12 @@ class ShmChannel(Channel):
     def close(self) -> None:
         if self._out is None and self._broken is None:
             self._open_outbox()     # so the peer learns we closed (if it made its inbox)
+        lost = self.transport.farewell     # "closed because rank N is gone": 2 + N
+        flag = 1 if lost is None else 2 + lost
         try:
-            self._in.ctrl[RECEIVER_CLOSED] = 1
+            self._in.ctrl[RECEIVER_CLOSED] = flag
             if self._out is not None:
-                self._out.ctrl[SENDER_CLOSED] = 1
+                self._out.ctrl[SENDER_CLOSED] = flag
         except ValueError:
             pass  # already released
         self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
@@ -418,6 +427,7 @@ class ShmTransport(Transport):
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
+        self._size = ctx.size
         self.settings = ShmSettings.from_env(crowded=False)   # see configure
         self._prefix = f"{SHM_DIR}/pycoll-{os.getpid()}-{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}

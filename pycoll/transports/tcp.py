@@ -29,12 +29,15 @@ from typing import Any
 from ..errors import TransportError
 from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                   peer_lost)
+                   peer_left_over, peer_lost)
 from .matching import TagMatcher
 from .tcp_setup import (ACCEPT_INTERVAL, HANDSHAKE_SECONDS, HELLO, MAGIC, MAX_HANDSHAKES, Dial,
                         Handshake, choose_bind_address, proof, tune)
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
+#: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
+#: message tag is this low) and, as the length, -(2 + that rank)
+FAREWELL_TAG = -(1 << 63)
 class TcpChannel(Channel):
     """Messages to and from one peer over one TCP connection (attached once connected)."""
 
@@ -49,7 +52,7 @@ class TcpChannel(Channel):
         self._sends: deque[Request] = deque()
         self._send_header: bytes | None = None   # header of the head send, until written
         self._send_offset = 0
-        self._match = TagMatcher()
+        self._match = TagMatcher(peer)
         self._header = bytearray(HEADER.size)
         self._header_got = 0
         self._current: tuple[Any, int, memoryview] | None = None  # (request|bytearray, tag, view)
@@ -122,13 +125,15 @@ class TcpChannel(Channel):
         req = Request(self, mem, tag, "recv")
         match = self._match
         held = None
-        if match.unexpected:           # a message that arrived before the peer went away
-            held = match.take_held(tag)  # is still delivered
+        if match.unexpected:           # held messages first: one that arrived before the
+            held = match.take_held(req)  # peer went away is still delivered
         if held is not None:
             nbytes, body = held
             if self._size_ok(req, nbytes):
                 req.view[:] = body
                 req.complete()
+            return req
+        if req.done:                   # a held message proved the ranks disagree
             return req
         if self._broken is not None:
             req.fail(self._broken)
@@ -158,6 +163,10 @@ class TcpChannel(Channel):
                         return moved
                     self._header_got = 0
                     tag, nbytes = HEADER.unpack(self._header)
+                    if nbytes < 0 and tag == FAREWELL_TAG and \
+                            0 <= -nbytes - 2 < self.transport._size:
+                        self._break(peer_left_over(self.peer, -nbytes - 2))
+                        return True
                     if nbytes < 0:
                         self._break(TransportError(f"peer rank {self.peer} sent a malformed "
                                                    f"frame (length {nbytes})", peer=self.peer))
@@ -235,8 +244,18 @@ class TcpChannel(Channel):
         self._current = None
 
     def close(self) -> None:
+        # at a frame boundary (no message half written), a rank leaving over a lost peer
+        # says so in a last frame: the peer then blames the rank that died, not this one
+        boundary = not self._sends or self._send_header is not None and len(
+            self._send_header) == HEADER.size
         self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
         if self._sock is not None:
+            lost = self.transport.farewell
+            if lost is not None and boundary:
+                try:
+                    self._sock.send(HEADER.pack(FAREWELL_TAG, -2 - lost))
+                except OSError:
+                    pass
             try:
                 self._sock.close()
             except OSError:
