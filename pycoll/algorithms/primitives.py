@@ -12,11 +12,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import PeerLost
+from ..errors import TransportError
 from ..memops import MemoryOps, ReduceSpec
 from ..transports.base import Channel, Request
 from ..transports.matching import AnySource
-from ..transports.progress import ProgressEngine
+from ..transports.progress import ProgressEngine, WaitTimeout
 
 __all__ = ["Peers", "ReduceSpec", "chunk_bounds", "send", "recv",
            "sendrecv", "sendrecv_reduce", "recv_reduce", "send_segmented"]
@@ -107,26 +107,38 @@ class Peers:
     def wait_any(self, requests: Sequence[Request], group: AnySource) -> None:
         """Wait for the alternatives of ``irecv_any`` until one message has landed.
 
-        A source that is gone (it finished and closed, or died) only removes its alternative:
-        the others may still deliver, as with MPI_ANY_SOURCE. Only when every alternative has
-        failed does the receive fail; a source that dies while the message is still to come
-        from it is noticed through the abort records or the deadline, like any wait.
+        A channel that fails (its source finished and closed, died, or a call of another
+        communicator broke the pair) only removes its alternative: the others may still
+        deliver, as with MPI_ANY_SOURCE. Only when every alternative has failed does the
+        receive fail; a source that dies while the message is still to come from it is
+        noticed through the abort records or the deadline, like any wait. If the receive
+        fails, the alternatives still waiting are withdrawn first: nothing landed in them, so
+        their channels stay usable (only a half-received winner's pair is out of step).
         """
-        live = list(requests)
-        while True:
-            try:
-                self.engine.wait(live, self.deadline, self.check)
-                return
-            except PeerLost:
-                won = group.matched
-                if won is not None:          # the message is coming: wait for it alone
-                    if won.error is not None:
+        live = [r for r in requests if r.error is None] or list(requests)
+        try:
+            while True:
+                try:
+                    self.engine.wait(live, self.deadline, self.check)
+                    return
+                except TransportError as e:
+                    if isinstance(e, WaitTimeout):
                         raise
-                    live = [won]
-                    continue
-                live = [r for r in live if r.error is None]
-                if not live:
-                    raise                    # every source is gone
+                    won = group.matched
+                    if won is not None:      # the message is coming: wait for it alone
+                        if won.error is not None:
+                            raise won.error from None
+                        if won.done:
+                            return
+                        live = [won]
+                        continue
+                    live = [r for r in live if r.error is None]
+                    if not live:
+                        raise                # every source is gone
+        except BaseException:
+            with self._lock:
+                group.withdraw()
+            raise
 
     def wait(self, requests: Sequence[Request]) -> None:
         """Wait for ``requests``; every channel with work progresses meanwhile."""

@@ -27,9 +27,14 @@ _FIXED = 6                    # magic, nnz, sparse_dim, dense_dim, ndim, dtype c
 
 
 def pack(t: torch.Tensor) -> np.ndarray:
-    """Coalesce ``t`` (summing duplicate indices, as Gloo does first) and pack it as bytes."""
+    """Coalesce ``t`` (summing duplicate indices, as Gloo does first) and pack it as bytes.
+
+    A dtype this cannot carry is still sent (as code -1, no data), so that every rank, not
+    only this one, raises the same error in ``total``."""
     if t.dtype not in _CODE:
-        raise InvalidArgument(f"sparse all_reduce: dtype {t.dtype} is not supported")
+        header = np.array([_MAGIC, 0, t.sparse_dim(), t.dense_dim(), t.dim(), -1, *t.shape],
+                          dtype=np.int64)
+        return header.view(np.uint8)
     s = t.detach().to("cpu").coalesce()
     indices = s._indices().contiguous()
     values = s._values().contiguous()
@@ -57,6 +62,10 @@ def total(blobs: list[np.ndarray]) -> torch.Tensor:
     headers = [_header(blob) for blob in blobs]
     want = headers[0][2]
     for r, (_nnz, _at, meta) in enumerate(headers):
+        if meta[3] is None:
+            raise InvalidArgument(f"sparse all_reduce: rank {r}'s tensor has a dtype this "
+                                  "backend cannot reduce sparsely; supported: "
+                                  + ", ".join(str(d) for d in _DTYPES))
         if meta != want:
             raise InvalidArgument(
                 f"sparse all_reduce: rank {r}'s tensor (sparse_dim, dense_dim, size, dtype) "
@@ -68,8 +77,11 @@ def total(blobs: list[np.ndarray]) -> torch.Tensor:
         end = at + 8 * sparse_dim * nnz
         indices.append(torch.from_numpy(blob[at:end].copy().view(np.int64))
                        .reshape(sparse_dim, nnz))
-        values.append(torch.from_numpy(blob[end:].copy()).view(dtype)
-                      .reshape((nnz,) + shape[sparse_dim:]))
+        rows = (nnz,) + shape[sparse_dim:]
+        raw = blob[end:]
+        # an empty numpy slice becomes a tensor with stride 0, which .view(dtype) refuses
+        values.append(torch.from_numpy(raw.copy()).view(dtype).reshape(rows) if raw.size
+                      else torch.empty(rows, dtype=dtype))
     return torch.sparse_coo_tensor(torch.cat(indices, dim=1), torch.cat(values, dim=0), shape,
                                    dtype=dtype).coalesce()
 

@@ -123,6 +123,9 @@ class InprocChannel(Channel):
         else:
             send = msg.send
             assert send is not None
+            if send.error is not None:     # the sender gave up: its buffer is the user's again
+                req.fail(send.error)
+                return
             req.view[:] = send.view
             send.complete()
             self._signal_peer()

@@ -122,6 +122,17 @@ class AnySource:
             self.claim(req)
         # else it failed at once (its source is gone): not an alternative at all
 
+    def withdraw(self) -> None:
+        """The receive failed: take every alternative still waiting off its channel."""
+        members, self.members = self.members, []
+        for matcher, other in members:
+            other.group = None
+            try:
+                matcher.posted.remove(other)
+            except ValueError:
+                continue
+            other.done = True
+
     def claim(self, req: Request) -> None:
         """A message matched ``req``: withdraw every other alternative (they complete empty)."""
         self.matched = req

@@ -261,6 +261,9 @@ class ShmChannel(Channel):
         if not self._size_ok(req, nbytes):
             return
         if isinstance(body, RndvNotice):
+            if self._broken is not None:   # the sender's buffer may be its user's again:
+                req.fail(self._broken)     # only copies (eager messages) outlive the pair
+                return
             self._rndv_read(req, body.pid, body.address, body.seq)
         else:
             req.view[:] = body

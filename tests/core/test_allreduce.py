@@ -202,9 +202,10 @@ def _mismatched_sizes(comm):
 def test_mismatched_sizes_raise_instead_of_hanging():
     outcomes = run_ranks(_mismatched_sizes, 2, expect_failure=True, collective_timeout=20)
     kinds = {kind for kind, _ in outcomes}
-    # The peer of the rank that saw the mismatch may learn of it through the abort record.
-    assert kinds <= {"MessageSizeMismatch", "PeerLost", "Aborted"}, outcomes
-    assert "MessageSizeMismatch" in kinds
+    # The element count is in every message's signature: a CollectiveMismatch, before any
+    # size comparison. The peer of the rank that saw it may learn through the abort record.
+    assert kinds <= {"CollectiveMismatch", "MessageSizeMismatch", "PeerLost", "Aborted"}, outcomes
+    assert "CollectiveMismatch" in kinds
     text = " ".join(tb for _, tb in outcomes)
     assert "allreduce #1" in text
 

@@ -78,3 +78,34 @@ def _alone(comm):
 
 def test_any_source_in_a_world_of_one_is_refused():
     assert run_ranks(_alone, 1) == ["ok"]
+
+
+def _failed_any_source_leaves_pairs_usable(comm):
+    """A receive from any source that times out withdraws its alternatives: the pairs it
+    was posted on stay usable (only a half-received message would put a pair out of step),
+    also for the parent communicator sharing those channels."""
+    from pycoll.errors import CollectiveTimeout
+    group = comm.new_group(list(range(comm.size)))
+    if comm.rank == 0:
+        try:
+            group.recv(np.zeros(2), None, timeout=0.3)
+            return "no error"
+        except CollectiveTimeout:
+            pass
+    comm.barrier()
+    buf = np.zeros(2)
+    if comm.rank == 0:
+        srcs = sorted(comm.recv(buf, None, tag=4) for _ in range(comm.size - 1))
+        comm.recv(buf, 2, tag=5)
+        return srcs, buf.tolist()
+    comm.send(np.full(2, float(comm.rank)), 0, tag=4)
+    if comm.rank == 2:
+        comm.send(np.full(2, 7.0), 0, tag=5)
+    return None
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_failed_any_source_receive_leaves_pairs_usable(transport):
+    got = run_ranks(_failed_any_source_leaves_pairs_usable, 3,
+                    env={"PYCOLL_TRANSPORTS": transport})[0]
+    assert got == ([1, 2], [7.0, 7.0]), got

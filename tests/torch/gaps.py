@@ -95,6 +95,15 @@ def sparse_checks(c: Checker, pyc, gloo) -> None:
                 c.same(what + " dense", a.to_dense(), b.to_dense())
                 want = sum(_sparse(r, dtype, dense).to_dense() for r in range(WORLD))
                 c.same(what + " vs dense sum", a.to_dense(), want)
+    # a rank without any nonzero (Gloo handles it; packing must too)
+    for name, g in (("pycoll", pyc), ("gloo", gloo)):
+        t = (torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0),
+                                     (7,)) if RANK == 0 else _sparse(RANK, torch.float32, False))
+        dist.all_reduce(t, group=g)
+        if name == "pycoll":
+            mine = t.to_dense()
+        else:
+            c.same("sparse all_reduce with an empty rank", mine, t.to_dense())
     # a rank whose tensor has another size: every rank raises, and the group goes on
     t = torch.sparse_coo_tensor([[0]], [1.0], (5 if RANK == 0 else 4,))
     try:
