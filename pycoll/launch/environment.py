@@ -362,6 +362,11 @@ def resolve_launch(
             )
 
     token = env.get("PYCOLL_TOKEN") or None
+    if (ws > 1 and lws == ws and master_addr is None and not external
+            and addr is not None and not _loopback(addr)):
+        # Every rank runs on this host: the store (hosted by rank 0) and the data ports
+        # listen on loopback only, out of reach of the network whatever MASTER_ADDR says.
+        addr = "127.0.0.1"
 
     return LaunchInfo(
         rank=r,
@@ -374,3 +379,14 @@ def resolve_launch(
         store_is_external=external,
         token=token,
     )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
