@@ -119,12 +119,28 @@ class AbortWatch:
         _register_exit_marker()
 
     # -- the dedicated client ----------------------------------------------------------------
-    def client(self) -> Any:
+    def client(self, connect_timeout: float | None = None) -> Any:
+        """The watch's own connection. ``connect`` makes it at init, with the job's patience
+        (a store crowded by strangers may take a while to answer); afterwards every round
+        trip gets only ``timeout``, so a dead store never stalls a wait loop."""
         if self._client is None:
-            client = clone_client(self.store, self.timeout)
+            client = clone_client(self.store, connect_timeout or self.timeout)
             self._owns_client = client is not self.store
+            if self._owns_client:
+                base = client
+                while hasattr(base, "underlying_store"):
+                    base = base.underlying_store
+                if hasattr(base, "timeout"):
+                    base.timeout = self.timeout
             self._client = client
         return self._client
+
+    def connect(self, timeout: float) -> None:
+        """Open the watch's connection now (at init), not at the first idle poll."""
+        try:
+            self.client(connect_timeout=timeout)
+        except _store_errors() as e:
+            debug.logger.info("abort watch: no connection to the store yet (%s)", e)
 
     def close(self) -> None:
         client, self._client = self._client, None

@@ -51,6 +51,8 @@ class FaultHandling:
         self._flight = FlightRecorder(capacity, ALGORITHMS) if capacity else None
         multi = self._store is not None and self.size > 1
         self._abort = AbortWatch(self._store, self.name, self.rank) if multi else None
+        if self._abort is not None:
+            self._abort.connect(getattr(self, "timeout", 60.0))
         self._check = self._abort.poll if self._abort is not None else None
         self._detail = multi and debug.detail_enabled()
         self._fp_seq = 0

@@ -388,8 +388,12 @@ class StoreServer:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: stop accepting briefly instead of spinning on a
-                    # listener that stays readable.
+                    # Out of descriptors: make room by dropping connections that never
+                    # authenticated (a flood of idle strangers), so the job's own clients
+                    # keep being served; if there are none, stop accepting briefly instead
+                    # of spinning on a listener that stays readable.
+                    if self._evict_unauthenticated(max(1, len(self._conns) // 4)):
+                        continue
                     log.error("rendezvous server: accept failed (%s); pausing accepts for 100 ms", e)
                     try:
                         self._sel.unregister(self._lsock)
@@ -400,6 +404,8 @@ class StoreServer:
                     log.warning("rendezvous server: accept failed: %s", e)
                 return
             peer = _fmt_addr(addr)
+            if len(self._conns) >= self.max_connections:
+                self._evict_unauthenticated(1)      # an idle stranger makes room, not a rank
             if len(self._conns) >= self.max_connections:
                 log.warning(
                     "rendezvous server: refusing connection from %s: %d connections open (max_connections)",
@@ -420,6 +426,17 @@ class StoreServer:
             hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size, self.max_value_size, conn.nonce)
             self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
             self._push_timer(time.monotonic() + self.handshake_timeout, conn)
+
+    def _evict_unauthenticated(self, count: int) -> int:
+        """Close up to ``count`` of the oldest connections still in their handshake (never an
+        authenticated client); return how many were closed."""
+        victims = [c for c in self._conns.values() if c.state == _HANDSHAKE][:count]
+        for conn in victims:
+            self._close(conn, None)
+        if victims:
+            log.warning("rendezvous server: short of connections/descriptors: dropped %d "
+                        "connection(s) that had not authenticated", len(victims))
+        return len(victims)
 
     def _close(self, conn: _Conn, reason: Optional[str]) -> None:
         if conn.closed:

@@ -10,8 +10,8 @@ comes from, best first:
 2. MPI launchers (mpiexec/mpirun of MPICH or Open MPI) with mpi4py installed: rank 0 draws
    one and broadcasts it over ``MPI.COMM_WORLD`` (the launcher's own channels, not the
    network the store listens on);
-3. torchrun: rank 0 draws one and shares it through torchrun's own store (the agent's, at
-   MASTER_ADDR:MASTER_PORT). Anyone who can reach that store can read it, so this only keeps
+3. torchrun (its agent hosts a store: ``TORCHELASTIC_USE_AGENT_STORE``): rank 0 draws one
+   and shares it through that store (at MASTER_ADDR:MASTER_PORT). Anyone who can reach that store can read it, so this only keeps
    out strangers who cannot; it is used because nothing better exists there, and init says so;
 4. none. If every rank runs on this host the store and data ports listen on loopback only
    (``environment.py``); otherwise init logs a loud warning saying what an attacker could do
@@ -64,6 +64,8 @@ def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
     import os
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None     # torch-style variables without torchrun's agent: no store to ask
     if not host or not port or importlib.util.find_spec("torch") is None:
         return None
     try:
@@ -71,7 +73,7 @@ def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
 
         import torch.distributed as dist
         store: Any = dist.TCPStore(host, int(port), is_master=False,
-                                   timeout=timedelta(seconds=min(timeout, 60.0)))
+                                   timeout=timedelta(seconds=min(timeout, 30.0)))
         value = store.compare_set(SECRET_KEY, "", secrets.token_hex(16))
         return bytes(value).decode()
     except Exception as e:  # noqa: BLE001 - no torch store after all: go on without
