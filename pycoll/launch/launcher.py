@@ -323,12 +323,15 @@ def launch(
 
         return _monitor(job, timeout)
     finally:
-        # Every path (success, failure, exception, KeyboardInterrupt) reaps every rank.
+        # Every path (success, failure, exception, KeyboardInterrupt) reaps every rank,
+        # then removes the shared-memory segments a rank killed mid-setup left behind.
         try:
             if any(p.returncode is None for p in job.procs):
                 job.teardown()
             else:
                 job.kill_all()
+            from ..transports.shm_segment import sweep
+            sweep(p.pid for p in job.procs)
         finally:
             for signum, handler in old_handlers.items():
                 try:

@@ -40,6 +40,7 @@ import time
 from collections import deque
 from typing import Any
 
+from .. import debug
 from ..errors import TransportError
 from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
@@ -48,7 +49,7 @@ from .matching import TagMatcher
 from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
                           PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
                           SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, RndvNotice, Segment,
-                          ShmSettings, cma_read, seq_span)
+                          ShmSettings, cma_read, segment_prefix, seq_span, sweep)
 
 class ShmChannel(Channel):
     """Messages to and from one same-host peer through two inbox segments."""
@@ -432,7 +433,11 @@ class ShmTransport(Transport):
         self.rank = rank = ctx.rank
         self._size = ctx.size
         self.settings = ShmSettings.from_env(crowded=False)   # see configure
-        self._prefix = f"{SHM_DIR}/pycoll-{os.getpid()}-{rank}-{secrets.token_hex(8)}"
+        removed = sweep()          # leftovers of killed jobs (their creators are dead)
+        if removed:
+            debug.logger.info("shm: removed %d segment(s) left by dead processes",
+                              len(removed))
+        self._prefix = f"{SHM_DIR}/{segment_prefix(os.getpid())}{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}
         self._active = ActiveSet()
         self._linked: set[str] = set()

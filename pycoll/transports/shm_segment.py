@@ -177,3 +177,70 @@ class RndvNotice(NamedTuple):
     pid: int
     address: int
     seq: int
+
+
+# -- leftovers of dead processes -------------------------------------------------------------
+# A segment is normally unlinked as soon as both of its ends have mapped it. A job killed
+# while setting up (a rank slow to map its peers, then SIGTERM or kill -9) leaves the rest
+# behind. Segment names carry the creating process id and its pid namespace
+# (``pycoll-<pid>-n<namespace>-<rank>-<random>...``), so whoever comes later can tell
+# leftovers from live segments without any timing: the launcher sweeps its ranks' segments
+# once it has reaped them, and every shm transport sweeps the segments of dead processes when
+# it opens. Only segments of this pid namespace are judged (containers sharing /dev/shm have
+# their own pids) and only this user's.
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+_NAMESPACE = _pid_namespace()
+
+
+def segment_prefix(pid: int) -> str:
+    return f"pycoll-{pid}-n{_NAMESPACE}-"
+
+
+def sweep(pids: Any = None) -> list[str]:
+    """Unlink this user's segments whose creator is dead (or, given ``pids``, whose creator
+    is one of those reaped processes). Returns the names removed."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    wanted = None if pids is None else {int(p) for p in pids}
+    uid = os.getuid()
+    removed = []
+    for name in names:
+        if not name.startswith("pycoll-"):
+            continue
+        head = name.split("-", 3)
+        if len(head) < 4 or not head[1].isdigit() or head[2] != f"n{_NAMESPACE}":
+            continue
+        pid = int(head[1])
+        if wanted is not None:
+            if pid not in wanted:
+                continue
+        elif _alive(pid):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.stat(path).st_uid != uid:
+                continue        # another user's: not ours to judge
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
