@@ -221,6 +221,50 @@ class AbortWatch:
         return self.record
 
 
+    def stalled_on(self, seq: int, waiting_for: list[int], size: int,
+                   window: float) -> list[int] | None:
+        """Which ranks the whole job waits for, when this rank's call ``seq`` timed out
+        waiting for ``waiting_for``.
+
+        Every rank whose call times out says for whom it waited (one key each); after a
+        short ``window`` for the others' deadlines to pass too, the ranks that some rank
+        waits for and that reported nothing themselves are the ones everybody is stuck on
+        (a rank in other code, or still in an earlier call): the direct neighbours of the
+        stuck rank know it, this lets the others name it too. None if it cannot tell.
+        """
+        prefix = f"pycoll/{self.name}/stalled/{seq}/"
+        try:
+            client = self.client()
+            self.report_stall(seq, waiting_for)
+            keys = [prefix + str(r) for r in range(size)]
+            deadline = time.monotonic() + window
+            waits: dict[int, list[int]] = {}
+            while True:
+                present = [r for r in range(size) if r not in waits and client.check([keys[r]])]
+                for r, raw in zip(present, client.multi_get([keys[r] for r in present],
+                                                            timeout=self.timeout)
+                                  if present else []):
+                    waits[r] = [int(p) for p in _parse_list(raw)]
+                waited = {p for ps in waits.values() for p in ps}
+                silent = sorted(waited - set(waits))
+                if silent and all(r in waits or r in silent for r in range(size)):
+                    return silent      # everyone else reported: no need to wait longer
+                if time.monotonic() >= deadline:
+                    return silent or None
+                time.sleep(0.05)
+        except _store_errors() as e:
+            debug.logger.info("stall analysis: store unavailable (%s)", e)
+            return None
+
+    def report_stall(self, seq: int, waiting_for: list[int]) -> None:
+        """Say for whom this rank's call ``seq`` was waiting when it failed (``stalled_on``);
+        a rank aborted by another's timeout says it too, or it would look stuck itself."""
+        try:
+            self.client().set(f"pycoll/{self.name}/stalled/{seq}/{self.rank}",
+                              json.dumps(sorted(waiting_for)))
+        except _store_errors() as e:
+            debug.logger.info("stall report: store unavailable (%s)", e)
+
     def store_gone(self) -> bool:
         """Whether the store server is certainly gone: its port refuses connections (its
         process died; typically rank 0, which hosts it). A slow or crowded server is not
@@ -242,6 +286,14 @@ class AbortWatch:
         while hasattr(store, "underlying_store"):
             store = store.underlying_store
         return store
+
+
+def _parse_list(raw: bytes | str) -> list:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
 
 def _parse(raw: bytes | str) -> dict[str, Any]:

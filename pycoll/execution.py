@@ -118,8 +118,9 @@ class Execution(FaultHandling):
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
             body(peers)
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
+            waiting = sorted({r.channel.peer for r in peers.posted if not r.done})
             self._abandon(peers, collective, seq)
-            err = self._collective_failed(collective, seq, limit, e, rec, sig)
+            err = self._collective_failed(collective, seq, limit, e, rec, sig, waiting)
             if err is e:
                 raise
             raise err from None

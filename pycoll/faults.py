@@ -60,8 +60,8 @@ class FaultHandling:
         self._job: str | None = None
 
     def _collective_failed(self, collective: str, seq: int, limit: float, e: BaseException,
-                           rec: list | None, sig: tuple = (None, None, None, None)
-                           ) -> BaseException:
+                           rec: list | None, sig: tuple = (None, None, None, None),
+                           waiting: list[int] | None = None) -> BaseException:
         """Turn a failure inside a collective into the error to raise; tell the other ranks.
 
         Marks the communicator failed, posts the abort record (first failure wins), attributes
@@ -77,6 +77,8 @@ class FaultHandling:
         if isinstance(e, AbortSignal):
             err = self._aborted(where, e.record)
             post = False
+            if waiting and self._abort is not None and self.size > 2:
+                self._abort.report_stall(seq, waiting)   # for the ranks naming who stalls
         elif isinstance(e, WaitTimeout):
             pending = sorted({r.channel.peer for r in e.pending})
             done = sum(r.bytes_done for r in e.pending)
@@ -87,6 +89,14 @@ class FaultHandling:
             never = (f" Peer rank(s) {absent} never opened their side of the channel to this "
                      "rank: they are not in this call at all (a different root, collective or "
                      "communicator, or stuck before it)." if absent else "")
+            stuck = (self._abort.stalled_on(seq, pending, self.size,
+                                            min(5.0, max(2.0, limit / 2)))
+                     if self._abort is not None and self.size > 2 and pending else None)
+            if stuck and stuck != pending:
+                never += (f" The whole job is waiting for rank(s) {stuck}: every rank that "
+                          "timed out waits for them, directly or through others, and they "
+                          "never reported (stuck in other code, or still in an earlier call).")
+                core += f"; the whole job is waiting for rank(s) {stuck}"
             err = CollectiveTimeout(
                 f"{where}: timed out after {limit:g} s waiting for "
                 f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done)."

@@ -76,6 +76,30 @@ def _timeout_without_recorder(comm):
         return str(e)
 
 
+def _hung_rank_caught(comm, hang_rank, hang_for):
+    try:
+        _hung_rank(comm, hang_rank, hang_for)
+    except Exception as e:  # noqa: BLE001 - the message is what we check
+        return type(e).__name__, str(e)
+    return "done", ""
+
+
+@pytest.mark.parametrize("world,transport", [(4, "shm"), (8, "tcp")])
+def test_every_rank_names_the_rank_the_job_waits_for(world, transport):
+    """Not only the stuck rank's neighbours: every rank's timeout names it (the ranks that
+    time out say whom they wait for through the store; the one nobody hears from is it)."""
+    hang = world // 2
+    outcomes = run_ranks(_hung_rank_caught, world, hang, 6.0, collective_timeout=1.5,
+                         timeout=40, env={"PYCOLL_TRANSPORTS": transport})
+    for rank, (kind, message) in enumerate(outcomes):
+        if rank == hang:
+            continue
+        assert kind in ("CollectiveTimeout", "Aborted"), (rank, kind, message)
+        assert (f"waiting for peer rank(s) [{hang}]" in message
+                or f"the whole job is waiting for rank(s) [{hang}]" in message.lower()), \
+            (rank, message)
+
+
 def test_recorder_disabled(tmp_path):
     env = {"PYCOLL_TRACE_DIR": str(tmp_path), "PYCOLL_FLIGHT_RECORDER": "0"}
     results = run_ranks(_timeout_without_recorder, 2, env=env, collective_timeout=1.0)
