@@ -43,6 +43,10 @@ def _cases(comm):
         "broadcast root = world size": lambda: comm.broadcast(ok.copy(), n),
         "broadcast root not an int": lambda: comm.broadcast(ok.copy(), "0"),
         "broadcast root float": lambda: comm.broadcast(ok.copy(), 0.5),
+        "broadcast root True (bools are not ranks)": lambda: comm.broadcast(ok.copy(), True),
+        "alltoall own block sizes differ": lambda: comm.alltoall(
+            np.zeros(n + 1, F32), np.ones(n, F32), [2 if r == me else 1 for r in range(n)],
+            [1] * n),
         "broadcast read-only": lambda: comm.broadcast(ro, 0),
         "broadcast non-contiguous": lambda: comm.broadcast(strided, 0),
         # reduce
