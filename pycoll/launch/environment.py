@@ -363,7 +363,7 @@ def resolve_launch(
 
     token = env.get("PYCOLL_TOKEN") or None
     if (ws > 1 and lws == ws and master_addr is None and not external
-            and addr is not None and not _loopback(addr)):
+            and addr is not None and not is_loopback(addr)):
         # Every rank runs on this host: the store (hosted by rank 0) and the data ports
         # listen on loopback only, out of reach of the network whatever MASTER_ADDR says.
         addr = "127.0.0.1"
@@ -381,7 +381,8 @@ def resolve_launch(
     )
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback (``localhost``, 127.0.0.0/8, ::1)."""
     import ipaddress
 
     if host == "localhost":

@@ -24,7 +24,7 @@ import secrets
 from typing import Any
 
 from .. import debug
-from .environment import LaunchInfo, _loopback
+from .environment import LaunchInfo, is_loopback
 
 SECRET_KEY = "pycoll/job-secret"
 
@@ -81,14 +81,10 @@ def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
         return None
 
 
-def is_loopback(host: str | None) -> bool:
-    return host is None or _loopback(host)
-
-
 def warn_if_open(info: LaunchInfo, token: str | None, source: str) -> None:
     """Say, loudly, when a job's ports are reachable from the network without a secret, or
     with one that anybody reaching torchrun's store can read."""
-    if info.world_size < 2 or is_loopback(info.master_addr):
+    if info.world_size < 2 or info.master_addr is None or is_loopback(info.master_addr):
         return
     if token is None:
         debug.logger.warning(
