@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .algorithms.primitives import Peers
 from .errors import PycollError, TransportError
 from .faults import P2P, FaultHandling
-from .tags import collective_tag, signature, tag_low_bits
+from .tags import SEQ_MASK, SEQ_SHIFT, SIG_SHIFT, signature, tag_low_bits
 from .timeouts import as_seconds
 from .work import Executor, Work
 
@@ -40,6 +40,7 @@ class Execution(FaultHandling):
         self._failed = None
         self._closed = False
         self._tag_low: dict[str, int] = {}
+        self._last_sig: tuple = ("", None, 0)
 
     def _execute(self, collective: str, nbytes: int, body: Body, timeout: Any,
                  async_op: bool, sig: tuple = (None, None, None, None),
@@ -111,12 +112,21 @@ class Execution(FaultHandling):
             low = self._tag_low[collective] = tag_low_bits(collective, self._comm_id)
         # the signature of what this rank believes the call is travels in every message's
         # tag: ranks that disagree never match, and the matcher reports it (tags.py)
-        peers.tag = collective_tag(seq, collective, low=low,
-                                   sig=0 if collective in P2P else signature(collective, sig))
+        last = self._last_sig
+        if sig == last[1] and collective == last[0]:
+            sig16 = last[2]                 # the same call as last time: no hashing
+        else:
+            sig16 = 0 if collective in P2P else signature(collective, sig)
+            self._last_sig = (collective, sig, sig16)
+        peers.tag = -(((seq & SEQ_MASK) << SEQ_SHIFT) | (sig16 << SIG_SHIFT) | low) - 1  # tags.collective_tag
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
             body(peers)
+            if collective not in P2P:    # messages nobody will ever receive? (tags.py)
+                for r in peers.posted:
+                    if r.channel._match.unexpected:
+                        r.channel._match.check_leftovers(peers.tag)
         except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
             waiting = sorted({r.channel.peer for r in peers.posted if not r.done})
             self._abandon(peers, collective, seq)

@@ -43,13 +43,10 @@ def tag_low_bits(collective: str, comm_id: int = 0) -> int:
     return (comm_id << COMM_SHIFT) | _CODES.get(collective, 63)
 
 
-def collective_tag(seq: int, collective: str, comm_id: int = 0, low: int | None = None,
-                   sig: int = 0) -> int:
-    """The negative tag of call number ``seq`` of ``collective`` with signature ``sig`` (the
-    same on every rank that agrees on the call); ``low`` is ``tag_low_bits(collective,
-    comm_id)`` when the caller keeps it."""
-    if low is None:
-        low = tag_low_bits(collective, comm_id)
+def collective_tag(seq: int, low: int, sig: int) -> int:
+    """The negative tag of call number ``seq`` with signature ``sig``; ``low`` is
+    ``tag_low_bits(collective, comm_id)``. (``Execution._run`` inlines this expression: it
+    runs once per call, where a function call costs as much as the arithmetic.)"""
     return -(((seq & SEQ_MASK) << SEQ_SHIFT) | (sig << SIG_SHIFT) | low) - 1
 
 

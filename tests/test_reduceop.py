@@ -65,3 +65,4 @@ def test_allreduce_with_reduceop_constants():
         assert a == [11, 7, 3]                       # MAX of [1, 7, 3] and [11, 6, 3]
         assert b == [1.5, 3.0, 6.0]                  # 0.5 * (x + 2x)
         assert c == [0b0011 | 0b0110, 0b0101 | 0b1010]
+

@@ -131,6 +131,11 @@ class Channel(ABC):
     def check_alive(self) -> None:
         """Raise PeerLost if the peer is known to be gone (called while idle)."""
 
+    def refuse_conflicts(self) -> bool:
+        """Fail posted receives that a held message proves wrong (``CollectiveMismatch``);
+        the progress engine calls it when a wait goes idle."""
+        return self._match.refuse_conflicts()
+
     def peer_joined(self) -> bool:
         """Whether the peer has opened its side of this channel (False: lazy connections
         whose peer never used the pair, e.g. because it runs a different call)."""

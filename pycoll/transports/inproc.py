@@ -103,8 +103,6 @@ class InprocChannel(Channel):
         held = self._match.take_held(req)   # delivered even if the peer went away since
         if held is not None:
             self._copy(req, held[1])
-        elif req.done:                      # a held message proved the ranks disagree
-            pass
         elif self._broken is not None:
             req.fail(self._broken)
         else:

@@ -5,10 +5,12 @@ the oldest posted receive with its tag; if there is none it is held as *unexpect
 transport-specific payload: the bytes, or a descriptor such as "read it from this address")
 until a receive with that tag is posted. Sizes must agree exactly: a disagreement means the
 ranks run different collectives or pass different tensors, and is reported, never truncated.
-A collective's tag also carries the call's signature (``pycoll/tags.py``): a message whose tag
-proves that its sender disagrees about the call a receive was posted for (another dtype, op,
-root, collective...) fails that receive with ``CollectiveMismatch`` at once, on arrival or
-when the receive is posted, instead of waiting for a match that can never come.
+A collective's tag also carries the call's signature (``pycoll/tags.py``): a held message whose
+tag proves that its sender disagrees about the call a receive was posted for (another dtype,
+op, root, collective...) fails that receive with ``CollectiveMismatch`` instead of leaving it
+to wait for a match that can never come. The check runs when a wait goes idle
+(``refuse_conflicts``, from the progress engine), never on the matching hot path: a
+disagreement always leaves a receive waiting, so it is found within the first idle moment.
 
 A receive from *any* source (torch's ``recv`` without ``src``, MPI_ANY_SOURCE) is one receive
 posted on every channel, tied together by an ``AnySource``: the first of them that a message
@@ -39,20 +41,43 @@ class TagMatcher:
     def take_held(self, req: Request) -> tuple[int, Any] | None:
         """Remove and return (nbytes, payload) of the oldest held message with ``req``'s tag:
         a new receive looks here first (the caller delivers it), and is posted otherwise.
-        If a held message proves the ranks disagree about ``req``'s call, ``req`` fails
-        (the caller sees ``req.done``) and None is returned."""
+        """
         tag = req.tag
         unexpected = self.unexpected
         for i, (utag, nbytes, payload) in enumerate(unexpected):
             if utag == tag:
                 del unexpected[i]
                 return nbytes, payload
-        if tag < 0:
-            for utag, _n, _p in unexpected:
-                if conflicts(utag, tag):
-                    req.fail(self._mismatch(utag, tag))
-                    break
         return None
+
+    def refuse_conflicts(self) -> bool:
+        """Fail every posted receive that a held message proves wrong (see the module
+        docstring); True if one failed. Called while a wait is idle."""
+        found = False
+        if self.unexpected and self.posted:
+            for req in list(self.posted):
+                if req.tag >= 0:
+                    continue
+                for utag, _n, _p in self.unexpected:
+                    if conflicts(utag, req.tag):
+                        self.posted.remove(req)
+                        req.fail(self._mismatch(utag, req.tag))
+                        found = True
+                        break
+        return found
+
+    def check_leftovers(self, tag: int) -> None:
+        """After a call with ``tag`` completed: a held message of this call or an earlier one
+        of the same communicator was sent for a receive that was never posted (two ranks
+        that both believed they were a broadcast's root, say). Raise ``CollectiveMismatch``.
+        Costs nothing unless messages are held (usually ones of the next call: fine)."""
+        for utag, _n, _p in self.unexpected:
+            # the usual held message is one of a later call (a peer already there): its tag
+            # is more negative (the call number sits in the high bits); only others are judged
+            if utag < tag:
+                continue
+            if conflicts(utag, tag):
+                raise self._mismatch(utag, tag)
 
     def _mismatch(self, message_tag: int, receive_tag: int) -> CollectiveMismatch:
         error = CollectiveMismatch(
@@ -74,20 +99,10 @@ class TagMatcher:
                     del posted[i]
                     break
             else:
-                if tag < 0 and posted:
-                    self._refuse(tag)
                 return None
         if req.group is not None:
             req.group.claim(req)
         return req
-
-    def _refuse(self, tag: int) -> None:
-        """A message with ``tag`` matched nothing: fail the posted receive it proves wrong."""
-        for i, req in enumerate(self.posted):
-            if conflicts(tag, req.tag):
-                del self.posted[i]
-                req.fail(self._mismatch(tag, req.tag))
-                return
 
     def hold(self, tag: int, nbytes: int, payload: Any) -> None:
         """Keep a message nobody has asked for yet."""

@@ -178,6 +178,8 @@ class ProgressEngine:
                 idle_since = now
                 if next_liveness == 0.0:
                     next_liveness = now + WaitPolicy.liveness_seconds
+                if self._refuse_conflicts(requests):
+                    continue      # a held message proved a receive wrong: it failed
             idle = now - idle_since
             if idle < WaitPolicy.spin_seconds:
                 continue
@@ -193,6 +195,7 @@ class ProgressEngine:
                     for r in requests:        # and the channels this wait depends on,
                         if not r.done:        # active or not (a broken one raises)
                             r.channel.check_alive()
+                            r.channel.refuse_conflicts()
                 if check is not None:
                     check()
                 if moved:
@@ -210,6 +213,18 @@ class ProgressEngine:
             else:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+
+    def _refuse_conflicts(self, requests: Sequence[Request]) -> bool:
+        """Idle: let the channels this wait depends on fail receives that a held message
+        proves wrong (ranks disagreeing about a call; ``matching.py``). Off the hot path:
+        a disagreement always leaves a receive waiting, so the first idle moment finds it."""
+        found = False
+        for r in requests:
+            match = r.channel._match
+            if match.unexpected and match.posted and not r.done:   # cheap: usually false
+                with self.lock:
+                    found = r.channel.refuse_conflicts() or found
+        return found
 
     def _block_fds(self) -> list[tuple[int, int]]:
         """Descriptors of the pollable transports to block on."""

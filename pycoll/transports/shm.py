@@ -245,9 +245,8 @@ class ShmChannel(Channel):
         match = self._match
         if match.unexpected:           # held messages first: one that arrived before the
             held = match.take_held(req)  # peer went away is still delivered
-            if held is not None or req.done:   # delivered, or proved the ranks disagree
-                if held is not None:
-                    self._deliver_held(req, *held)
+            if held is not None:
+                self._deliver_held(req, *held)
                 return req
         if self._broken is not None:
             req.fail(self._broken)

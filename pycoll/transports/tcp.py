@@ -133,8 +133,6 @@ class TcpChannel(Channel):
                 req.view[:] = body
                 req.complete()
             return req
-        if req.done:                   # a held message proved the ranks disagree
-            return req
         if self._broken is not None:
             req.fail(self._broken)
             return req
