@@ -1,0 +1,115 @@
+"""Several hosts on one machine: network namespaces with their own hostname, /etc/hosts,
+address and (optionally shaped) link, created and always removed by the test itself.
+
+Ranks on one namespace host talk shared memory, ranks on different ones tcp over the
+namespaces' private addresses, as on real machines (``pycoll.testing.hosts``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pycoll.testing import free_port
+from pycoll.testing.hosts import NETNS_ETC, NamespaceHosts, available
+
+ok, why = available()
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}")]
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("rank_job.py")
+
+
+def _ours() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"pycoll-{os.getpid()}-")]
+
+
+def test_hosts_have_their_own_names_addresses_and_go_away():
+    with NamespaceHosts(3, rate="2gbit") as hosts:
+        assert len(_ours()) == 4                              # 3 hosts and the switch
+        for i in range(3):
+            res = hosts.run(i, ["sh", "-c", "hostname; getent hosts pchost0 pchost1 pchost2; "
+                                            "ip -4 -o addr show eth0; tc qdisc show dev eth0"])
+            assert res.returncode == 0, res.stderr
+            lines = res.stdout.splitlines()
+            assert lines[0] == f"pchost{i}"
+            assert all(f"{hosts.addresses[j]} " in res.stdout for j in range(3))
+            assert f"inet {hosts.addresses[i]}/24" in res.stdout
+            assert "rate 2Gbit" in res.stdout
+        # the machine's own interfaces are untouched: no address of ours exists outside
+        outside = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True)
+        assert not any(a in outside.stdout for a in hosts.addresses)
+    assert _ours() == []
+    assert not any(n.startswith(f"pycoll-{os.getpid()}-") for n in os.listdir(NETNS_ETC)) \
+        if os.path.isdir(NETNS_ETC) else True
+
+
+def test_hosts_of_a_killed_test_are_swept():
+    """A test process killed with its namespaces up: the next NamespaceHosts removes them."""
+    code = ("import time; from pycoll.testing.hosts import NamespaceHosts\n"
+            "h = NamespaceHosts(2).__enter__(); print(h.names[0], flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith("pycoll-")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert name in listed                                   # left behind by the kill
+    with NamespaceHosts(1):
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert name not in listed
+
+
+def _run_job(hosts: NamespaceHosts, per_host: int, out: Path, extra_env=None) -> list[dict]:
+    world = hosts.k * per_host
+    port = free_port()
+    procs = []
+    try:
+        for h in range(hosts.k):
+            for local in range(per_host):
+                rank = h * per_host + local
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_",
+                                                                                 "MASTER_"))}
+                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                           LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=hosts.addresses[0],
+                           MASTER_PORT=str(port), PYCOLL_TOKEN="namespace-test-secret",
+                           PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(extra_env or {}))
+                procs.append(hosts.popen(h, [sys.executable, str(JOB), str(out)], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True))
+        outputs = [p.communicate(timeout=100)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    for p, o in zip(procs, outputs):
+        assert p.returncode == 0, o[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("hosts_n,per_host", [(2, 2), (4, 2)])
+def test_collectives_across_namespace_hosts(hosts_n, per_host, tmp_path):
+    with NamespaceHosts(hosts_n) as hosts:
+        results = _run_job(hosts, per_host, tmp_path)
+    for res in results:
+        r = res["rank"]
+        assert res["host"] == f"pchost{r // per_host}", res
+        for key in ("allreduce", "broadcast", "allgather", "alltoall", "big"):
+            assert res[key], (key, res)
+        for p, transport in res["transports"].items():
+            same_host = int(p) // per_host == r // per_host
+            assert transport == ("shm" if same_host else "tcp"), res
