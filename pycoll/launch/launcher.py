@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:  # imported lazily at run time, so that `import pycoll.launch` stays cheap
     from rendezvous import StoreServer
@@ -170,6 +170,8 @@ class _Job:
         self.signals: List[int] = []  # received by the launcher, in order
         # the job's store: pycoll's abort record names the first failure
         self.server: Optional[StoreServer] = None
+        self.control: Any = None      # nodes.JobControl of a job on several hosts
+        self.first_rank = 0           # global rank of this host's first rank
 
     # signal handler: only records; the main loop acts
     def on_signal(self, signum: int, frame) -> None:  # noqa: ARG002
@@ -224,6 +226,9 @@ def launch(
     master_addr: str = "127.0.0.1",
     master_port: int = 0,
     grace_period: float = GRACE_PERIOD,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    token: Optional[str] = None,
 ) -> int:
     """Run ``sys.executable *command`` as ``nprocs`` ranks on this host; return the exit code.
 
@@ -235,6 +240,11 @@ def launch(
     Returns 0 when every rank exits 0; otherwise the first failing rank's exit code
     (128 + signal number if it was killed), 124 on timeout, 128 + signal number when the
     launcher itself received SIGINT/SIGTERM.
+
+    Several hosts (``nnodes`` > 1): one launcher per host, each with its ``node_rank``, the
+    same ``nprocs``, ``master_addr:master_port`` (node 0's store, which node 0's launcher
+    hosts) and ``token`` (the job secret, from each launcher's environment; see ``nodes.py``).
+    Ranks are numbered across hosts; a failing rank on any host ends the job on every host.
     """
     command = list(command)
     if not command:
@@ -244,20 +254,37 @@ def launch(
     if timeout is not None and timeout <= 0:
         raise ValueError(f"launch: timeout must be positive, got {timeout!r}")
 
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"launch: node_rank {node_rank} is not in [0, {nnodes})")
+    if nnodes > 1 and (not token or not master_port):
+        raise ValueError(
+            "launch: a job on several hosts needs the same secret and store port on every "
+            "node's launcher: export PYCOLL_TOKEN (e.g. $(python -c 'import secrets; "
+            "print(secrets.token_hex(16))'), shared the way you share the job's files) and "
+            "pass --master-port")
+
     import rendezvous  # imported here so that `import pycoll.launch` stays cheap
 
-    token = secrets.token_hex(16)
-    server = rendezvous.StoreServer(master_addr, master_port, token=token)
-    server.start()
+    token = token or secrets.token_hex(16)
+    server = None
+    if node_rank == 0:
+        server = rendezvous.StoreServer(master_addr, master_port, token=token)
+        server.start()
     job = _Job(nprocs, grace_period)
     job.server = server
+    job.first_rank = node_rank * nprocs
     old_handlers: Dict[int, object] = {}
     try:
         host = _connect_host(master_addr)
-        store_port = int(server.port)
-        torch_port = _free_port(host)
+        store_port = int(server.port) if server is not None else master_port
+        torch_port = _free_port(host) if node_rank == 0 else None
         while torch_port == store_port:  # pragma: no cover - port 0 never returns a bound port
             torch_port = _free_port(host)
+        if nnodes > 1:
+            from .nodes import JobControl
+            job.control = JobControl(host, store_port, token, node_rank, nnodes)
+            torch_port = job.control.torch_port(torch_port)
+        world = nnodes * nprocs
 
         base = dict(os.environ if env is None else env)
         if prefix_output:
@@ -273,15 +300,16 @@ def launch(
 
         preexec = _make_preexec()
         outs = (_Output(sys.stdout), _Output(sys.stderr)) if prefix_output else None
-        for rank in range(nprocs):
+        for local in range(nprocs):
             if job.signals:
                 break
+            rank = node_rank * nprocs + local
             child_env = dict(base)
             child_env.update(
                 {
                     "PYCOLL_RANK": str(rank),
-                    "PYCOLL_WORLD_SIZE": str(nprocs),
-                    "PYCOLL_LOCAL_RANK": str(rank),
+                    "PYCOLL_WORLD_SIZE": str(world),
+                    "PYCOLL_LOCAL_RANK": str(local),
                     "PYCOLL_LOCAL_WORLD_SIZE": str(nprocs),
                     "PYCOLL_MASTER_ADDR": host,
                     "PYCOLL_MASTER_PORT": str(store_port),
@@ -290,10 +318,10 @@ def launch(
                     # torchrun-compatible; MASTER_PORT is a *different* free port, for torch's
                     # own TCPStore (env:// init), since ours already holds PYCOLL_MASTER_PORT.
                     "RANK": str(rank),
-                    "WORLD_SIZE": str(nprocs),
-                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": str(local),
                     "LOCAL_WORLD_SIZE": str(nprocs),
-                    "GROUP_RANK": "0",
+                    "GROUP_RANK": str(node_rank),
                     "MASTER_ADDR": host,
                     "MASTER_PORT": str(torch_port),
                 }
@@ -332,20 +360,25 @@ def launch(
                 job.kill_all()
             from ..transports.shm_segment import sweep
             sweep(p.pid for p in job.procs)
+            if job.control is not None:
+                job.control.finish(wait=grace_period + 30.0)
         finally:
             for signum, handler in old_handlers.items():
                 try:
                     signal.signal(signum, handler)  # type: ignore[arg-type]
                 except (ValueError, OSError, TypeError):  # pragma: no cover
                     pass
-            try:
-                server.close()
-            except Exception:  # pragma: no cover
-                pass
+            if server is not None:
+                try:
+                    server.close()
+                except Exception:  # pragma: no cover
+                    pass
 
 
 def _abort_record(job: _Job) -> Optional[str]:
     """The world communicator's abort record (the first rank whose collective failed)."""
+    if job.server is None and job.control is not None:   # another host runs the store
+        return job.control.abort_record()
     data = getattr(job.server, "_data", None)
     raw = data.get(b"pycoll/world/abort") if isinstance(data, dict) else None
     if raw is None:
@@ -384,10 +417,14 @@ def _monitor(job: _Job, timeout: Optional[float]) -> int:
         if failed is not None:
             rc = job.procs[failed].returncode
             live = len(job.running())
+            where = f" on {socket.gethostname()}" if job.control is not None else ""
             _err(
-                f"rank {failed} (pid {job.procs[failed].pid}) {_describe_exit(rc)}; "
-                f"terminating the other {live} running rank(s)"
+                f"rank {job.first_rank + failed}{where} (pid {job.procs[failed].pid}) "
+                f"{_describe_exit(rc)}; terminating the other {live} running rank(s)"
             )
+            if job.control is not None:
+                job.control.report_failure(job.first_rank + failed, _describe_exit(rc),
+                                           _exit_code(rc) or 1)
             first = _abort_record(job)
             if first:
                 # Ranks aborted by another rank's failure may exit before it: name the cause.
@@ -396,6 +433,16 @@ def _monitor(job: _Job, timeout: Optional[float]) -> int:
             return _exit_code(rc) or 1
         if done == len(job.procs) and len(job.procs) == job.nprocs:
             return 0
+        remote = job.control.failure_elsewhere() if job.control is not None else None
+        if remote is not None:
+            _err(f"rank {remote.get('rank')} on host {remote.get('host')} "
+                 f"{remote.get('exit')}; terminating the {len(job.running())} rank(s) of this "
+                 "host")
+            first = _abort_record(job)
+            if first:
+                _err(f"first failure (pycoll abort record): {first}")
+            job.teardown()
+            return int(remote.get("code") or 1)
 
         if deadline is not None and time.monotonic() >= deadline:
             live = len(job.running())
@@ -420,6 +467,11 @@ options:
   --timeout S            kill the job after S seconds (exit code 124)
   --master-addr A        address the store binds to and ranks connect to (default 127.0.0.1)
   --master-port P        port of the store (default 0: any free port)
+  --nnodes K             hosts in the job: run one launcher per host (default 1)
+  --node-rank I          this host's index in [0, K); node 0 hosts the store at
+                         --master-addr:--master-port (both required with K > 1), and every
+                         launcher needs the same PYCOLL_TOKEN in its environment, or
+  --token-file F         a file holding the job secret (never put it on a command line)
   -h, --help             show this help
 
 Exit code: 0 if every rank exits 0; else the first failing rank's exit code (128+signal if it was
@@ -427,7 +479,8 @@ killed by a signal), 124 on timeout, 128+signal if the launcher was interrupted.
 """
 
 _VALUE_OPTS = {"-n", "--nproc", "--nprocs", "--nproc-per-node", "--nproc_per_node", "--timeout",
-               "--master-addr", "--master_addr", "--master-port", "--master_port"}
+               "--master-addr", "--master_addr", "--master-port", "--master_port", "--nnodes",
+               "--node-rank", "--node_rank", "--token-file", "--token_file"}
 _FLAG_OPTS = {"--prefix-output", "--prefix_output", "-h", "--help"}
 
 
@@ -512,6 +565,27 @@ def _parse_args(argv: Sequence[str]):
             raise _UsageError("--master-port must be in [0, 65535]")
     if not command:
         raise _UsageError("no program given (script.py [args...] or -m module [args...])")
+    nodes = {}
+    for key, name in (("--nnodes", "nnodes"), ("--node-rank", "node_rank")):
+        if key in opts:
+            try:
+                nodes[name] = int(opts[key])
+            except ValueError:
+                raise _UsageError(f"{key}: not an integer: {opts[key]!r}") from None
+    nnodes, node_rank = nodes.get("nnodes", 1), nodes.get("node_rank", 0)
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise _UsageError(f"--node-rank must be in [0, --nnodes), got {node_rank} of {nnodes}")
+    token = os.environ.get("PYCOLL_TOKEN") or None
+    if "--token-file" in opts:
+        try:
+            with open(opts["--token-file"]) as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            raise _UsageError(f"--token-file: {e}") from None
+    if nnodes > 1 and (token is None or port == 0 or "--master-addr" not in opts):
+        raise _UsageError("a job on several hosts (--nnodes > 1) needs --master-addr (node 0's "
+                          "address), --master-port, and the same secret on every host: "
+                          "PYCOLL_TOKEN in each launcher's environment or --token-file")
     return {
         "command": command,
         "nprocs": n,
@@ -519,6 +593,9 @@ def _parse_args(argv: Sequence[str]):
         "timeout": timeout,
         "master_addr": opts.get("--master-addr", "127.0.0.1"),
         "master_port": port,
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "token": token,
     }
 
 

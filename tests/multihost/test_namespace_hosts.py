@@ -113,3 +113,77 @@ def test_collectives_across_namespace_hosts(hosts_n, per_host, tmp_path):
         for p, transport in res["transports"].items():
             same_host = int(p) // per_host == r // per_host
             assert transport == ("shm" if same_host else "tcp"), res
+
+
+FAILING_JOB = """
+import os, sys, time
+import numpy as np
+import pycoll
+comm = pycoll.init(timeout=30)
+a = np.ones(4)
+comm.allreduce(a)
+if comm.rank == comm.size - 1:
+    sys.exit(5)                       # one rank of the last host fails
+for _ in range(100):
+    comm.allreduce(a)
+    time.sleep(0.05)
+"""
+
+
+def _launchers(hosts: NamespaceHosts, script: list[str], per_host: int):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
+    env.update(PYCOLL_TOKEN="multi-node-secret", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    procs = []
+    for h in range(hosts.k):
+        argv = [sys.executable, "-m", "pycoll.run", "--nnodes", str(hosts.k), "--node-rank",
+                str(h), "--master-addr", hosts.addresses[0], "--master-port", str(port),
+                "-n", str(per_host), "--timeout", "90", *script]
+        procs.append(hosts.popen(h, argv, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=110))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    return procs, outs
+
+
+def test_pycoll_run_on_several_hosts(tmp_path):
+    """One launcher per host (--nnodes/--node-rank), ranks numbered across hosts, the store
+    on node 0, the secret from each launcher's environment (never a command line)."""
+    with NamespaceHosts(2) as hosts:
+        procs, outs = _launchers(hosts, [str(JOB), str(tmp_path)], 2)
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for res in results:
+        assert res["host"] == f"pchost{res['rank'] // 2}", res
+        assert all(res[k] for k in ("allreduce", "broadcast", "allgather", "alltoall", "big"))
+        assert sorted(res["transports"].values()) == ["shm", "tcp", "tcp"], res
+
+
+def test_failing_rank_on_one_host_ends_the_job_everywhere(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_JOB)
+    start = time.monotonic()
+    with NamespaceHosts(2) as hosts:
+        procs, outs = _launchers(hosts, [str(script)], 2)
+    elapsed = time.monotonic() - start
+    assert all(p.returncode != 0 for p in procs), [(p.returncode, e[-2000:]) for p, (_, e) in
+                                                   zip(procs, outs)]
+    for _, err in outs:
+        assert "rank 3" in err, err[-3000:]                   # named on every host
+    assert elapsed < 60, elapsed
+
+
+def test_several_hosts_need_a_secret():
+    proc = subprocess.run([sys.executable, "-m", "pycoll.run", "--nnodes", "2", "--node-rank",
+                           "1", "--master-addr", "10.1.2.3", "--master-port", "29999", "-n",
+                           "1", "x.py"], capture_output=True, text=True, timeout=30,
+                          env={k: v for k, v in os.environ.items() if k != "PYCOLL_TOKEN"})
+    assert proc.returncode == 2 and "PYCOLL_TOKEN" in proc.stderr, proc.stderr
