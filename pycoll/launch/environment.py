@@ -17,6 +17,9 @@ slurm      SLURM_PROCID, SLURM_NTASKS          SLURM_LOCALID, SLURM_NTASKS_PER_N
 none       (nothing set)                       world size 1, rank 0
 =========  ==================================  ==========================================
 
+``srun --mpi=pmi2`` (PMI_* agreeing with SLURM_*) counts as Slurm. Variables of launchers
+pycoll does not read (``HOROVOD_*``, ``PMIX_RANK`` alone) are an error, not a world of one.
+
 Store address rules (the store is pycoll's rendezvous server, not torch's TCPStore):
 
 * ``PYCOLL_MASTER_ADDR`` / ``PYCOLL_MASTER_PORT`` always win over the launcher's variables.
@@ -24,6 +27,9 @@ Store address rules (the store is pycoll's rendezvous server, not torch's TCPSto
   PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT (``PYCOLL_STORE_EXTERNAL=1``).
 * torchrun: torch's own TCPStore already listens on MASTER_PORT, so pycoll's store (embedded in
   rank 0) uses ``MASTER_PORT + 1`` unless PYCOLL_MASTER_PORT says otherwise.
+* Slurm on several nodes: the first host of the step's node list, port ``15000 + job id %
+  10000``, unless MASTER_ADDR / MASTER_PORT are set (``slurm.py``); a batch script run without
+  srun is an error at once instead of a rank 0 waiting for ranks that never start.
 * Open MPI, MPICH, Slurm and explicit arguments: MASTER_ADDR / MASTER_PORT, port default 29500.
   These launchers do not say where rank 0 runs; when every rank is on this host (local size ==
   world size) the address defaults to 127.0.0.1, otherwise it must be given explicitly.
@@ -154,8 +160,26 @@ _LAUNCHER_VARS = (
 )
 
 
+#: variables of launchers pycoll does not read: a process started by one must not silently
+#: become a world of one
+_UNSUPPORTED = (("HOROVOD_RANK", "horovodrun"), ("HOROVOD_SIZE", "horovodrun"),
+                ("PMIX_RANK", "a PMIx launcher (prterun)"))
+
+
+def _slurm():
+    """The Slurm helpers (``slurm.py``), or None when this file is loaded on its own."""
+    try:
+        from . import slurm
+        return slurm
+    except ImportError:  # pragma: no cover - standalone load (see the module docstring)
+        return None
+
+
 def _detect_raw(env: Mapping[str, str]) -> _Raw:
+    slurm = _slurm()
     for launcher, rank, size, local_rank, local_size in _LAUNCHER_VARS:
+        if launcher == "mpich" and slurm is not None and slurm.is_srun_of_pmi(env):
+            break                     # srun --mpi=pmi2: Slurm, which knows the hosts
         if rank in env or size in env:
             return _Raw(launcher, _get(env, rank), _get(env, size), _get(env, local_rank),
                         _get(env, local_size))
@@ -167,6 +191,12 @@ def _detect_raw(env: Mapping[str, str]) -> _Raw:
             _get(env, "SLURM_LOCALID"),
             _slurm_local_world_size(env),
         )
+    for var, name in _UNSUPPORTED:
+        if var in env:
+            raise _fail(f"environment variable {var}", "none",
+                        f"is set: this process was started by {name}, whose environment pycoll "
+                        "does not read; start it with python -m pycoll.run, torchrun, mpiexec "
+                        "or srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
     return _Raw("none")
 
 
@@ -333,6 +363,19 @@ def resolve_launch(
 
     external = _parse_bool(env, "PYCOLL_STORE_EXTERNAL", launcher)
 
+    slurm = _slurm() if ws > 1 and launcher == "slurm" else None
+    if slurm is not None and master_addr is None and rank is None:
+        if slurm.outside_srun(env):
+            raise _fail("SLURM_NTASKS", launcher,
+                        f"is {ws} but this process is not a task of srun (a batch script or "
+                        "salloc shell run directly): it would wait for ranks that never "
+                        "start. Launch the program with srun (e.g. srun python train.py)")
+        if addr is None and (lws is None or lws != ws):
+            listed = slurm.node_list(env)
+            if listed is not None and listed[1]:
+                addr = listed[1][0]       # rank 0 runs on the step's first node
+        if port is None:
+            port = slurm.derived_port(env)
     if ws > 1:
         if addr is None:
             if launcher in ("pycoll", "torchrun"):

@@ -171,7 +171,8 @@ def test_mpich_without_local_vars():
 
 
 SLURM_ENV = {"SLURM_PROCID": "7", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3",
-             "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "1", "MASTER_ADDR": "gpu01"}
+             "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "1", "MASTER_ADDR": "gpu01",
+             "SLURM_STEP_ID": "0"}
 
 
 def test_slurm_environment():
@@ -180,6 +181,50 @@ def test_slurm_environment():
         rank=7, world_size=8, local_rank=3, local_world_size=4, master_addr="gpu01",
         master_port=29500, launcher="slurm", store_is_external=False, token=None,
     )
+
+
+def test_slurm_master_from_the_node_list_and_port_from_the_job_id():
+    env = dict(SLURM_ENV, SLURM_STEP_NODELIST="gpu[07-08,11]", SLURM_JOB_ID="123456")
+    del env["MASTER_ADDR"]
+    info = detect_launch(env)
+    assert info.master_addr == "gpu07" and info.master_port == 15000 + 3456
+    env["MASTER_PORT"] = "31000"
+    assert detect_launch(env).master_port == 31000
+
+
+def test_slurm_hostlists():
+    from pycoll.launch.slurm import expand_hostlist
+    assert expand_hostlist("node[01-04,07]") == ["node01", "node02", "node03", "node04",
+                                                 "node07"]
+    assert expand_hostlist("a1,b[9-10],c") == ["a1", "b9", "b10", "c"]
+    assert expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1",
+                                                   "rack2-n2"]
+    for bad in ("n[1-", "n[3-1]", "n[a-b]", "n]1["):
+        with pytest.raises(ValueError):
+            expand_hostlist(bad)
+
+
+def test_slurm_batch_script_without_srun_fails_fast():
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_STEP_ID"}
+    env["SLURM_PROCID"] = "0"
+    with pytest.raises(ValueError, match="srun"):
+        detect_launch(env)
+    env["SLURM_STEP_ID"] = "4294967294"          # the batch step itself
+    with pytest.raises(ValueError, match="srun"):
+        detect_launch(env)
+
+
+def test_srun_with_pmi2_is_slurm_not_mpich():
+    env = dict(SLURM_ENV, PMI_RANK="7", PMI_SIZE="8", SLURM_STEP_NODELIST="gpu[01-02]")
+    del env["MASTER_ADDR"]
+    info = detect_launch(env)
+    assert info.launcher == "slurm" and info.master_addr == "gpu01"
+
+
+def test_launchers_pycoll_does_not_read_are_an_error():
+    for var in ("HOROVOD_RANK", "PMIX_RANK"):
+        with pytest.raises(ValueError, match=var):
+            detect_launch({var: "1"})
 
 
 def test_slurm_without_master_addr_is_a_clear_error():

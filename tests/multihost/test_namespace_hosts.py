@@ -187,3 +187,38 @@ def test_several_hosts_need_a_secret():
                            "1", "x.py"], capture_output=True, text=True, timeout=30,
                           env={k: v for k, v in os.environ.items() if k != "PYCOLL_TOKEN"})
     assert proc.returncode == 2 and "PYCOLL_TOKEN" in proc.stderr, proc.stderr
+
+
+def test_slurm_environment_across_hosts(tmp_path):
+    """Tasks as srun starts them on 2 nodes x 2 tasks: no MASTER_ADDR; rank 0's host comes
+    from SLURM_STEP_NODELIST ("pchost[0-1]", resolved through each host's /etc/hosts) and the
+    store port from the job id."""
+    per_host, world = 2, 4
+    procs = []
+    with NamespaceHosts(2) as hosts:
+        try:
+            for h in range(2):
+                for local in range(per_host):
+                    rank = h * per_host + local
+                    env = {k: v for k, v in os.environ.items()
+                           if not k.startswith(("PYCOLL_", "MASTER_", "SLURM_"))}
+                    env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world),
+                               SLURM_LOCALID=str(local), SLURM_NODEID=str(h),
+                               SLURM_TASKS_PER_NODE="2(x2)", SLURM_STEP_NODELIST="pchost[0-1]",
+                               SLURM_JOB_ID="4321", SLURM_STEP_ID="0",
+                               PYCOLL_TOKEN="slurm-test-secret", PYTHONPATH=str(ROOT),
+                               OMP_NUM_THREADS="1")
+                    procs.append(hosts.popen(h, [sys.executable, str(JOB), str(tmp_path)],
+                                             env=env, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True))
+            outs = [p.communicate(timeout=100)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+    for r in range(world):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["host"] == f"pchost{r // per_host}" and res["allreduce"] and res["big"], res
