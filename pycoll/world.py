@@ -22,18 +22,39 @@ _world: Communicator | None = None
 
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
-         timeout: float | timedelta = DEFAULT_TIMEOUT) -> Communicator:
+         timeout: float | timedelta = DEFAULT_TIMEOUT, comm: Any = None) -> Communicator:
     """Join the job and return the world communicator (also kept as the default).
 
     With no arguments everything comes from the launcher's environment; a process started
-    without any launcher is a world of one.
+    without any launcher is a world of one. ``comm``: an mpi4py communicator to bootstrap
+    from (its ranks become pycoll's; rank 0's store address and the job secret travel over
+    MPI), which plain ``init()`` also uses under mpiexec on several hosts without MASTER_ADDR.
     """
     global _world
     seconds = as_seconds(timeout) or DEFAULT_TIMEOUT
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
+    import os
+
+    from .launch import mpi as mpi_boot
     from .launch import resolve_launch
+    from .launch.environment import launcher_name
+
+    if comm is None and rank is None and mpi_boot.should_bootstrap(
+            launcher_name(), os.environ, master_addr):
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    if comm is not None:
+        r, n, store, token, addr = mpi_boot.bootstrap(comm, seconds)
+        try:
+            _world = Communicator.create(store, r, n, timeout=seconds, token=token,
+                                         master_addr=addr, owns_store=True)
+        except BaseException:
+            store.close()
+            raise
+        _register_finalize_last()
+        return _world
 
     info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
                           master_port=master_port)
@@ -61,16 +82,21 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         if store is not None:
             store.close()
         raise
-    # atexit runs handlers last-registered-first: registered again now, ``finalize`` runs
-    # before the store server's own exit hook (a weakref finalizer registered when the store
-    # was made), so the server stays up while this rank lingers for the others to read the
-    # abort record (a rank that exits right after an error must not take the job's only
-    # channel for root causes down with it).
+    _register_finalize_last()
+    return _world
+
+
+def _register_finalize_last() -> None:
+    """atexit runs handlers last-registered-first: registered again now, ``finalize`` runs
+    before the store server's own exit hook (a weakref finalizer registered when the store
+    was made), so the server stays up while this rank lingers for the others to read the
+    abort record (a rank that exits right after an error must not take the job's only
+    channel for root causes down with it); the exit marker goes before both."""
+    from .abort import _register_exit_marker
+
     atexit.unregister(finalize)
     atexit.register(finalize)
-    from .abort import _register_exit_marker
-    _register_exit_marker(again=True)       # ... and after the exit marker, which goes first
-    return _world
+    _register_exit_marker(again=True)
 
 
 def is_initialized() -> bool:

@@ -243,6 +243,11 @@ def _parse_bool(env: Mapping[str, str], name: str, launcher: str) -> bool:
     raise _fail(f"environment variable {name}={value!r}", launcher, "is not a boolean (use 1 or 0)")
 
 
+def launcher_name(env: Optional[Mapping[str, str]] = None) -> str:
+    """Which launcher started this process (one of ``LAUNCHERS``), before any validation."""
+    return _detect_raw(os.environ if env is None else env).launcher
+
+
 def detect_launch(env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
     """Describe this process's place in the job from the environment alone.
 

@@ -1,6 +1,7 @@
 """Launch-environment detection: every launcher's variables, precedence, overrides, errors."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 
@@ -418,3 +419,22 @@ def test_import_is_cheap_and_standalone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] False", out.stdout
+
+
+def test_init_from_an_mpi_communicator():
+    """pycoll.init(comm=MPI.COMM_WORLD) under mpiexec: rank 0's store address and the job
+    secret travel over MPI (no MASTER_ADDR, no PYCOLL_TOKEN)."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("mpiexec (mpich wheel) not installed")
+    pytest.importorskip("mpi4py")
+    code = ("import numpy as np\nfrom mpi4py import MPI\nimport pycoll\n"
+            "c = pycoll.init(comm=MPI.COMM_WORLD, timeout=30)\n"
+            "a = np.ones(2) * (c.rank + 1); c.allreduce(a)\n"
+            "print('RESULT', c.rank, c.size, a.tolist(), flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
+    proc = subprocess.run([mpiexec, "-launcher", "fork", "-hosts", "127.0.0.1", "-n", "3",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("[6.0, 6.0]") == 3, proc.stdout

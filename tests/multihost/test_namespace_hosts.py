@@ -222,3 +222,48 @@ def test_slurm_environment_across_hosts(tmp_path):
     for r in range(world):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["host"] == f"pchost{r // per_host}" and res["allreduce"] and res["big"], res
+
+
+NSEXEC = """#!/bin/sh
+# hydra's launcher-exec: [options] HOST COMMAND... -> COMMAND on namespace host HOST
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+ns=$(printenv "PCNS_$host")
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $host; exec $*"
+"""
+
+MPI_JOB = """
+import json, os, socket, sys, numpy as np
+import pycoll
+comm = pycoll.init(timeout=30)          # no MASTER_ADDR: rank 0's address travels over MPI
+a = np.ones(4) * (comm.rank + 1)
+comm.allreduce(a)
+with open(os.path.join(sys.argv[1], f"mpi{comm.rank}.json"), "w") as f:
+    json.dump([comm.size, socket.gethostname(), a.tolist(), comm.transport_summary()], f)
+"""
+
+
+def test_mpiexec_across_hosts_without_master_addr(tmp_path):
+    """MPICH's hydra starts 2 x 2 ranks on two namespace hosts (its launcher-exec enters the
+    other host's namespace, as ssh would); plain pycoll.init() bootstraps over MPI."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("mpiexec (mpich wheel) not installed")
+    pytest.importorskip("mpi4py")
+    nsexec = tmp_path / "nsexec.sh"
+    nsexec.write_text(NSEXEC)
+    nsexec.chmod(0o755)
+    job = tmp_path / "job.py"
+    job.write_text(MPI_JOB)
+    with NamespaceHosts(2) as hosts:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
+        env.update({f"PCNS_{h}": n for h, n in zip(hosts.hostnames, hosts.names)},
+                   PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        res = hosts.run(0, [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(nsexec),
+                            "-hosts", "pchost0:2,pchost1:2", "-n", "4", sys.executable,
+                            str(job), str(tmp_path)], env=env, timeout=90)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for rank in range(4):
+        size, host, values, transports = json.loads((tmp_path / f"mpi{rank}.json").read_text())
+        assert size == 4 and host == f"pchost{rank // 2}", (rank, host)
+        assert values == [10.0] * 4 and transports == "shm(1 peers), tcp(2 peers)", transports

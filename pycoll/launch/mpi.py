@@ -1,0 +1,77 @@
+"""Bootstrap from an MPI communicator (mpi4py): no MASTER_ADDR needed across hosts.
+
+MPI launchers (mpiexec of MPICH or Open MPI) do not say where rank 0 runs, but their ranks can
+already talk: rank 0 starts the job's store on an address the others can reach, draws the
+job secret, and broadcasts (address, port, secret) over the communicator, as DeepSpeed's
+``mpi_discovery`` and Horovod's ``init(comm=)`` do. ``pycoll.init(comm=MPI.COMM_WORLD)`` uses
+it explicitly; plain ``pycoll.init()`` uses it by itself under an MPI launcher on several
+hosts without MASTER_ADDR, when mpi4py is installed.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Any
+
+from ..errors import PycollError
+
+
+def reachable_address(hostnames: list[str]) -> str:
+    """An address of this host that the hosts in ``hostnames`` can reach: the source address
+    of the route toward another host (the host's own name may resolve to 127.0.1.1)."""
+    me = socket.gethostname()
+    for name in hostnames:
+        if name == me:
+            continue
+        try:
+            peer = socket.gethostbyname(name)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((peer, 9))          # no packet is sent: this only picks a route
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return socket.gethostbyname(me)
+
+
+def bootstrap(comm: Any, timeout: float) -> tuple[int, int, Any, str, str]:
+    """(rank, size, store client, secret, store address) for the ranks of ``comm``."""
+    from rendezvous import TCPStore
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    hostnames = comm.allgather(socket.gethostname())
+    offer: Any = None
+    store = None
+    if rank == 0:
+        try:
+            addr = ("127.0.0.1" if len(set(hostnames)) == 1
+                    else os.environ.get("PYCOLL_MASTER_ADDR") or reachable_address(hostnames))
+            token = os.environ.get("PYCOLL_TOKEN") or secrets.token_hex(16)
+            port = int(os.environ.get("PYCOLL_MASTER_PORT", "0") or 0)
+            store = TCPStore(addr, port, is_server=True, token=token, timeout=timeout)
+            offer = ("ok", addr, store.port, token)
+        except Exception as e:  # noqa: BLE001 - tell the other ranks instead of hanging them
+            offer = ("error", f"{type(e).__name__}: {e}")
+    offer = comm.bcast(offer, root=0)
+    if offer[0] != "ok":
+        if store is not None:
+            store.close()
+        raise PycollError(f"rank {rank}: bootstrap over MPI failed on rank 0: {offer[1]}")
+    _, addr, port, token = offer
+    if rank != 0:
+        store = TCPStore(addr, port, token=token, timeout=timeout)
+    return rank, size, store, token, addr
+
+
+def should_bootstrap(launcher: str, env: Any, master_addr: str | None) -> bool:
+    """Plain ``init()`` under an MPI launcher on several hosts, without an address given."""
+    if launcher not in ("openmpi", "mpich") or master_addr is not None:
+        return False
+    if env.get("PYCOLL_MASTER_ADDR") or env.get("MASTER_ADDR"):
+        return False
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
+    size = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE")
+    if local is not None and local == size:
+        return False                          # one host: loopback needs no discovery
+    import importlib.util
+    return importlib.util.find_spec("mpi4py") is not None
