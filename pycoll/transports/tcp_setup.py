@@ -85,11 +85,29 @@ def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
 
 
 def tune(sock: socket.socket) -> None:
+    """Low latency, big buffers, and a dead link noticed in seconds, not in the kernel's
+    ~15 minutes of retransmissions: unacknowledged data fails the socket after
+    ``PYCOLL_SOCKET_DEAD_MS`` (TCP_USER_TIMEOUT), and an idle one is probed (keepalive) so
+    a peer behind a pulled cable is found while this rank only waits to receive."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     size = env_int("PYCOLL_SOCKET_BUFFER", 4 << 20, minimum=4096)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass
+    dead_ms = env_int("PYCOLL_SOCKET_DEAD_MS", 10_000, minimum=1000)
+    probe = max(1, dead_ms // 5000)                 # seconds between keepalive probes
+    for level, opt, value in (
+            (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), probe),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), probe),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 4),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), dead_ms)):
+        if opt is None:
+            continue
+        try:
+            sock.setsockopt(level, opt, value)
         except OSError:
             pass
 

@@ -267,3 +267,68 @@ def test_mpiexec_across_hosts_without_master_addr(tmp_path):
         size, host, values, transports = json.loads((tmp_path / f"mpi{rank}.json").read_text())
         assert size == 4 and host == f"pchost{rank // 2}", (rank, host)
         assert values == [10.0] * 4 and transports == "shm(1 peers), tcp(2 peers)", transports
+
+
+LINK_JOB = """
+import json, os, sys, time
+import numpy as np
+import pycoll
+comm = pycoll.init(timeout=120)
+out = sys.argv[1]
+a = np.ones(1 << 16, np.float32)
+start = None
+try:
+    for i in range(100000):
+        comm.allreduce(a)
+        if i == 20:
+            open(os.path.join(out, f"ready{comm.rank}"), "w").close()
+            start = time.monotonic()
+        time.sleep(0.002)
+    result = ["no error", 0.0]
+except pycoll.PycollError as e:
+    result = [type(e).__name__ + ": " + str(e)[:400], time.monotonic() - (start or 0)]
+with open(os.path.join(out, f"link{comm.rank}.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_a_pulled_cable_is_noticed_in_seconds(tmp_path):
+    """Host 1's link goes down mid-job (ip link set eth0 down): host 0's ranks raise naming
+    host 1's ranks within ~15 s (PYCOLL_SOCKET_DEAD_MS 5 s here), far below the 120 s
+    collective timeout and the kernel's 15 minutes of retransmissions."""
+    job = tmp_path / "link.py"
+    job.write_text(LINK_JOB)
+    with NamespaceHosts(2) as hosts:
+        procs = []
+        try:
+            port = free_port()
+            for h in range(2):
+                env = {k: v for k, v in os.environ.items()
+                       if not k.startswith(("PYCOLL_", "MASTER_"))}
+                env.update(RANK=str(h), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                           MASTER_ADDR=hosts.addresses[0], MASTER_PORT=str(port),
+                           PYCOLL_TOKEN="link-test", PYCOLL_SOCKET_DEAD_MS="5000",
+                           PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+                procs.append(hosts.popen(h, [sys.executable, str(job), str(tmp_path)], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True))
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "ready0").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            hosts.link(1, up=False)
+            pulled = time.monotonic()
+            try:
+                procs[0].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            noticed = time.monotonic() - pulled
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+    message, _ = json.loads((tmp_path / "link0.json").read_text())
+    assert ("PeerLost" in message or "CollectiveTimeout" in message
+            or "Aborted" in message), message
+    assert "rank 1" in message, message
+    assert noticed < 30, (noticed, message)
