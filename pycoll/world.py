@@ -8,6 +8,7 @@ already runs one.
 from __future__ import annotations
 
 import atexit
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -35,8 +36,6 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
-    import os
-
     from .launch import mpi as mpi_boot
     from .launch import resolve_launch
     from .launch.environment import launcher_name
@@ -63,7 +62,11 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     warn_if_open(info, token, source)
     store = None
     owns_store = False
-    if info.world_size > 1:
+    if (info.world_size > 1 and info.launcher == "torchrun" and master_port is None
+            and "PYCOLL_MASTER_PORT" not in os.environ):
+        store = _torchrun_store(seconds)          # torch's own store: no second port
+        owns_store = store is not None
+    if info.world_size > 1 and store is None:
         from rendezvous import TCPStore
 
         hosts_server = info.rank == 0 and not info.store_is_external
@@ -84,6 +87,21 @@ def init(rank: int | None = None, world_size: int | None = None, *,
         raise
     _register_finalize_last()
     return _world
+
+
+def _torchrun_store(seconds: float) -> Any:
+    """torchrun's agent store as pycoll's (namespaced by run and restart), or None."""
+    from .launch.secret import agent_store
+
+    tstore = agent_store(seconds)
+    if tstore is None:
+        return None
+    import torch.distributed as dist
+
+    from .torch.store import TorchStoreAdapter
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", tstore), seconds)
 
 
 def _register_finalize_last() -> None:

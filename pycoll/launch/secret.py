@@ -60,7 +60,9 @@ def _through_mpi(info: LaunchInfo) -> str | None:
         return None
 
 
-def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
+def agent_store(timeout: float) -> Any:
+    """A client of torchrun's agent store (MASTER_ADDR:MASTER_PORT), or None when this is
+    not torchrun with an agent store, torch is missing, or the store does not answer."""
     import os
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
@@ -72,11 +74,20 @@ def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
         from datetime import timedelta
 
         import torch.distributed as dist
-        store: Any = dist.TCPStore(host, int(port), is_master=False,
-                                   timeout=timedelta(seconds=min(timeout, 30.0)))
-        value = store.compare_set(SECRET_KEY, "", secrets.token_hex(16))
-        return bytes(value).decode()
+        return dist.TCPStore(host, int(port), is_master=False,
+                             timeout=timedelta(seconds=min(timeout, 30.0)))
     except Exception as e:  # noqa: BLE001 - no torch store after all: go on without
+        debug.logger.info("torchrun's store unavailable (%s)", e)
+        return None
+
+
+def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
+    store = agent_store(timeout)
+    if store is None:
+        return None
+    try:
+        return bytes(store.compare_set(SECRET_KEY, "", secrets.token_hex(16))).decode()
+    except Exception as e:  # noqa: BLE001
         debug.logger.info("job secret: torchrun's store unavailable (%s)", e)
         return None
 

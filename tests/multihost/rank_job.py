@@ -28,6 +28,7 @@ result = {
     "alltoall": t.tolist() == [float(2 * r + k + 100 * s) for s in range(n) for k in range(2)],
     "big": float(big[0]) == n * (n + 1) / 2,
     "transports": {p: comm.transport_of(p) for p in range(n) if p != r},
+    "store": type(comm._store).__name__,
 }
 with open(os.path.join(sys.argv[1], f"rank{r}.json"), "w") as f:
     json.dump(result, f)

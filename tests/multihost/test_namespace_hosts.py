@@ -332,3 +332,32 @@ def test_a_pulled_cable_is_noticed_in_seconds(tmp_path):
             or "Aborted" in message), message
     assert "rank 1" in message, message
     assert noticed < 30, (noticed, message)
+
+
+def test_torchrun_on_several_hosts_uses_torchs_store(tmp_path):
+    """torchrun --nnodes 2 on two namespace hosts: pycoll bootstraps over torchrun's own
+    agent store (no second port guessed as MASTER_PORT+1), namespaced by run and restart."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    with NamespaceHosts(2) as hosts:
+        procs = [hosts.popen(h, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                 "--node-rank", str(h), "--master-addr", "pchost0",
+                                 "--master-port", str(port), "--nproc-per-node", "2",
+                                 str(JOB), str(tmp_path)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for h in range(2)]
+        try:
+            outs = [p.communicate(timeout=110)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+    for r in range(4):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["host"] == f"pchost{r // 2}" and res["allreduce"] and res["big"], res
+        assert res["store"] == "TorchStoreAdapter", res
+        assert sorted(res["transports"].values()) == ["shm", "tcp", "tcp"], res
