@@ -58,8 +58,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
                           master_port=master_port)
     from .launch.secret import job_secret, warn_if_open
-    token, source = job_secret(info, seconds)
-    warn_if_open(info, token, source)
+    secret, source = job_secret(info, seconds)
+    warn_if_open(info, secret, source)
     store = None
     owns_store = False
     if (info.world_size > 1 and info.launcher == "torchrun" and master_port is None
@@ -75,11 +75,11 @@ def init(rank: int | None = None, world_size: int | None = None, *,
                               f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "
                               "master_addr= and master_port=)")
         store = TCPStore(info.master_addr, info.master_port, is_server=hosts_server,
-                         token=token or "", timeout=seconds)
+                         token=secret or "", timeout=seconds)
         owns_store = True
     try:
         _world = Communicator.create(store, info.rank, info.world_size, timeout=seconds,
-                                     token=token, master_addr=info.master_addr,
+                                     token=secret, master_addr=info.master_addr,
                                      owns_store=owns_store)
     except BaseException:
         if store is not None:

@@ -98,12 +98,13 @@ def tune(sock: socket.socket) -> None:
             pass
     dead_ms = env_int("PYCOLL_SOCKET_DEAD_MS", 10_000, minimum=1000)
     probe = max(1, dead_ms // 5000)                 # seconds between keepalive probes
-    for level, opt, value in (
+    options: list[tuple[int, int | None, int]] = [
             (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
             (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), probe),
             (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), probe),
             (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 4),
-            (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), dead_ms)):
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), dead_ms)]
+    for level, opt, value in options:
         if opt is None:
             continue
         try:
