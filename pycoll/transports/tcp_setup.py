@@ -104,11 +104,11 @@ def tune(sock: socket.socket) -> None:
             (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), probe),
             (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 4),
             (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), dead_ms)]
-    for level, opt, value in options:
-        if opt is None:
+    for level, name, value in options:
+        if name is None:
             continue
         try:
-            sock.setsockopt(level, opt, value)
+            sock.setsockopt(level, name, value)
         except OSError:
             pass
 
