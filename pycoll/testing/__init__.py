@@ -62,7 +62,7 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
                results: Any, args: Sequence[Any], timeout: float) -> None:
     os.environ.update(env)
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
-    from .transports.progress import WaitPolicy
+    from ..transports.progress import WaitPolicy
     WaitPolicy._most_ranks = 0     # forked: the parent's layout (e.g. of run_threads) is not ours
     WaitPolicy.configure(1)
     for var in ("PYCOLL_RANK", "PYCOLL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
@@ -163,8 +163,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
 
     from rendezvous import LocalStore
 
-    from .communicator import Communicator
-    from .transports.progress import WaitPolicy
+    from ..communicator import Communicator
+    from ..transports.progress import WaitPolicy
 
     settings = {"PYCOLL_TRANSPORTS": "inproc", **dict(env or {})}
     saved_env = {k: os.environ.get(k) for k in settings}
