@@ -67,6 +67,7 @@ LAUNCHER_ENVS = {
         "MPI_LOCALNRANKS": str(size), "MASTER_PORT": str(port)},
     "slurm": lambda port, size: lambda r: {
         "SLURM_PROCID": str(r), "SLURM_NTASKS": str(size), "SLURM_LOCALID": str(r),
+        "SLURM_STEP_ID": "0",   # as srun sets it (a batch script without srun is refused)
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
 }
 
