@@ -44,7 +44,13 @@ class CollectiveTimeout(PycollError, TimeoutError):
 
 
 class CollectiveMismatch(PycollError):
-    """Ranks called different collectives (or the same with different arguments)."""
+    """Ranks called different collectives (or the same with different arguments).
+
+    ``peer`` is the rank whose message proved it (None for DETAIL's cross-rank report)."""
+
+    def __init__(self, message: str, *, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class Aborted(PycollError):

@@ -107,10 +107,11 @@ class FaultHandling:
             err = PeerLost(f"{describe(self.rank, collective, seq, peer=e.peer)}: {e}. Hint: "
                            "look at that rank's output for the first error; the job cannot "
                            "continue without it.", peer=e.peer)
-        elif isinstance(e, CollectiveMismatch) and getattr(e, "from_matcher", False):
+        elif isinstance(e, CollectiveMismatch) and e.peer is not None:   # seen in a message
             fp = self._fingerprint(collective, 0, sig)
             args = ", ".join(f"{f}={fp[f]}" for f in _FINGERPRINT_FIELDS[1:] if f in fp)
-            err = CollectiveMismatch(f"{where}: {e}. This rank called {collective}({args}).")
+            err = CollectiveMismatch(f"{where}: {e}. This rank called {collective}({args}).",
+                                     peer=e.peer)
             core = f"CollectiveMismatch: {err}"
         elif isinstance(e, TransportError):
             pending = [e.peer] if e.peer is not None else None

@@ -36,51 +36,10 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
-    from .launch import mpi as mpi_boot
-    from .launch import resolve_launch
-    from .launch.environment import launcher_name
-
-    if comm is None and rank is None and mpi_boot.should_bootstrap(
-            launcher_name(), os.environ, master_addr):
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    if comm is not None:
-        r, n, store, token, addr = mpi_boot.bootstrap(comm, seconds)
-        try:
-            _world = Communicator.create(store, r, n, timeout=seconds, token=token,
-                                         master_addr=addr, owns_store=True)
-        except BaseException:
-            store.close()
-            raise
-        _register_finalize_last()
-        return _world
-
-    info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
-                          master_port=master_port)
-    from .launch.secret import job_secret, warn_if_open
-    secret, source = job_secret(info, seconds)
-    warn_if_open(info, secret, source)
-    store = None
-    owns_store = False
-    if (info.world_size > 1 and info.launcher == "torchrun" and master_port is None
-            and "PYCOLL_MASTER_PORT" not in os.environ):
-        store = _torchrun_store(seconds)          # torch's own store: no second port
-        owns_store = store is not None
-    if info.world_size > 1 and store is None:
-        from rendezvous import TCPStore
-
-        hosts_server = info.rank == 0 and not info.store_is_external
-        if info.master_addr is None or info.master_port is None:
-            raise PycollError(f"rank {info.rank}: no rendezvous address for a world of "
-                              f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "
-                              "master_addr= and master_port=)")
-        store = TCPStore(info.master_addr, info.master_port, is_server=hosts_server,
-                         token=secret or "", timeout=seconds)
-        owns_store = True
+    store, r, n, secret, addr = _join(rank, world_size, master_addr, master_port, seconds, comm)
     try:
-        _world = Communicator.create(store, info.rank, info.world_size, timeout=seconds,
-                                     token=secret, master_addr=info.master_addr,
-                                     owns_store=owns_store)
+        _world = Communicator.create(store, r, n, timeout=seconds, token=secret,
+                                     master_addr=addr, owns_store=store is not None)
     except BaseException:
         if store is not None:
             store.close()
@@ -89,19 +48,51 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     return _world
 
 
-def _torchrun_store(seconds: float) -> Any:
-    """torchrun's agent store as pycoll's (namespaced by run and restart), or None."""
-    from .launch.secret import agent_store
+def _join(rank: int | None, world_size: int | None, master_addr: str | None,
+          master_port: int | None, seconds: float,
+          comm: Any) -> tuple[Any, int, int, str | None, str | None]:
+    """(store, rank, size, job secret, store address) of this process: over MPI, over
+    torchrun's agent store, or from the launcher's environment with pycoll's own store."""
+    from .launch import mpi as mpi_boot
+    from .launch import resolve_launch
+    from .launch.environment import launcher_name
+    from .launch.secret import agent_store, job_secret, warn_if_open
 
-    tstore = agent_store(seconds)
-    if tstore is None:
-        return None
-    import torch.distributed as dist
+    if comm is None and rank is None and mpi_boot.should_bootstrap(
+            launcher_name(), os.environ, master_addr):
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    if comm is not None:
+        r, n, store, token, addr = mpi_boot.bootstrap(comm, seconds)
+        return store, r, n, token, addr
 
-    from .torch.store import TorchStoreAdapter
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", tstore), seconds)
+    info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
+                          master_port=master_port)
+    many = info.world_size > 1
+    agent = agent_store(seconds) if many and info.launcher == "torchrun" else None
+    secret, source = job_secret(info, seconds, agent)
+    warn_if_open(info, secret, source)
+    if not many:
+        return None, info.rank, info.world_size, secret, info.master_addr
+    if agent is not None and master_port is None and "PYCOLL_MASTER_PORT" not in os.environ:
+        # torchrun's own store: no second port (namespaced by run and restart)
+        import torch.distributed as dist
+
+        from .torch.store import TorchStoreAdapter
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", agent), seconds)
+        return store, info.rank, info.world_size, secret, info.master_addr
+    if info.master_addr is None or info.master_port is None:
+        raise PycollError(f"rank {info.rank}: no rendezvous address for a world of "
+                          f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "
+                          "master_addr= and master_port=)")
+    from rendezvous import TCPStore
+
+    store = TCPStore(info.master_addr, info.master_port,
+                     is_server=info.rank == 0 and not info.store_is_external,
+                     token=secret or "", timeout=seconds)
+    return store, info.rank, info.world_size, secret, info.master_addr
 
 
 def _register_finalize_last() -> None:

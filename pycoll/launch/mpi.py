@@ -18,19 +18,18 @@ from ..errors import PycollError
 
 
 def reachable_address(hostnames: list[str]) -> str:
-    """An address of this host that the hosts in ``hostnames`` can reach: the source address
-    of the route toward another host (the host's own name may resolve to 127.0.1.1)."""
+    """An address of this host that the hosts in ``hostnames`` can reach: the one the tcp
+    transport would bind toward another host (the route's source address, or
+    ``PYCOLL_SOCKET_IFNAME``'s), since the host's own name may resolve to 127.0.1.1."""
+    from ..transports.tcp_setup import choose_bind_address
+
     me = socket.gethostname()
     for name in hostnames:
-        if name == me:
-            continue
-        try:
-            peer = socket.gethostbyname(name)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((peer, 9))          # no packet is sent: this only picks a route
-                return s.getsockname()[0]
-        except OSError:
-            continue
+        if name != me:
+            try:
+                return choose_bind_address(name)[0]
+            except OSError:
+                continue
     return socket.gethostbyname(me)
 
 

@@ -29,8 +29,10 @@ from .environment import LaunchInfo, is_loopback
 SECRET_KEY = "pycoll/job-secret"
 
 
-def job_secret(info: LaunchInfo, timeout: float) -> tuple[str | None, str]:
-    """(the secret or None, where it came from) for this job; the same on every rank."""
+def job_secret(info: LaunchInfo, timeout: float,
+               agent: Any = None) -> tuple[str | None, str]:
+    """(the secret or None, where it came from) for this job; the same on every rank.
+    ``agent``: a client of torchrun's agent store (``agent_store``), when there is one."""
     if info.token:
         return info.token, "PYCOLL_TOKEN"
     if info.world_size < 2:
@@ -39,8 +41,8 @@ def job_secret(info: LaunchInfo, timeout: float) -> tuple[str | None, str]:
         token = _through_mpi(info)
         if token is not None:
             return token, "MPI (broadcast over MPI.COMM_WORLD)"
-    if info.launcher == "torchrun":
-        token = _through_torchrun_store(info, timeout)
+    if agent is not None:
+        token = _through_torchrun_store(agent)
         if token is not None:
             return token, "torchrun's store"
     return None, "none"
@@ -81,10 +83,7 @@ def agent_store(timeout: float) -> Any:
         return None
 
 
-def _through_torchrun_store(info: LaunchInfo, timeout: float) -> str | None:
-    store = agent_store(timeout)
-    if store is None:
-        return None
+def _through_torchrun_store(store: Any) -> str | None:
     try:
         return bytes(store.compare_set(SECRET_KEY, "", secrets.token_hex(16))).decode()
     except Exception as e:  # noqa: BLE001

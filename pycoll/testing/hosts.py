@@ -34,6 +34,8 @@ import subprocess
 import sys
 from typing import Any, Mapping, Sequence
 
+from ..transports.shm_segment import process_alive
+
 NETNS_ETC = "/etc/netns"
 
 
@@ -56,16 +58,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep() -> list[str]:
     """Delete namespaces (and their /etc/netns entries) left by dead creators."""
     removed = []
@@ -74,7 +66,7 @@ def sweep() -> list[str]:
         name = line.split(" ")[0].strip()
         parts = name.split("-")
         if len(parts) >= 3 and parts[0] == "pycoll" and parts[1].isdigit():
-            if not _alive(int(parts[1])):
+            if not process_alive(int(parts[1])):
                 _ip("netns", "del", name, check=False)
                 shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
                 removed.append(name)

@@ -80,13 +80,12 @@ class TagMatcher:
                 raise self._mismatch(utag, tag)
 
     def _mismatch(self, message_tag: int, receive_tag: int) -> CollectiveMismatch:
-        error = CollectiveMismatch(
+        return CollectiveMismatch(
             f"peer rank {self.peer} sent a message of {describe_tag(message_tag)} where this "
             f"rank is in {describe_tag(receive_tag)}: the two ranks disagree on the collective "
             "or on its arguments (dtype, element count, op or premul factor, root), or one of "
-            "them skipped a call. Hint: PYCOLL_DEBUG=DETAIL reports who called what")
-        error.from_matcher = True     # type: ignore[attr-defined]  # the caller adds context
-        return error
+            "them skipped a call. Hint: PYCOLL_DEBUG=DETAIL reports who called what",
+            peer=self.peer)
 
     def take(self, tag: int) -> Request | None:
         """Remove and return the oldest posted receive with ``tag`` (usually the first)."""

@@ -49,7 +49,8 @@ from .matching import TagMatcher
 from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
                           PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
                           SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, RndvNotice, Segment,
-                          ShmSettings, cma_read, segment_prefix, seq_span, sweep)
+                          ShmSettings, cma_read, process_alive, segment_prefix,
+                          seq_span, sweep)
 
 class ShmChannel(Channel):
     """Messages to and from one same-host peer through two inbox segments."""
@@ -372,11 +373,8 @@ class ShmChannel(Channel):
         elif self._pid_poll is not None:
             if self._pid_poll.poll(0):
                 gone = f"process {self._peer_pid} exited"
-        else:
-            try:
-                os.kill(self._peer_pid, 0)
-            except ProcessLookupError:
-                gone = f"process {self._peer_pid} exited"
+        elif not process_alive(self._peer_pid):
+            gone = f"process {self._peer_pid} exited"
         if gone is None:
             return
         # Whatever the peer wrote before closing or exiting is visible now: deliver it first,

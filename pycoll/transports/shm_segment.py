@@ -223,7 +223,7 @@ def sweep(pids: Any = None) -> list[str]:
         if wanted is not None:
             if pid not in wanted:
                 continue
-        elif _alive(pid):
+        elif process_alive(pid):
             continue
         path = os.path.join(SHM_DIR, name)
         try:
@@ -236,7 +236,8 @@ def sweep(pids: Any = None) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one that is not ours to signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

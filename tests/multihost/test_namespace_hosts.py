@@ -47,8 +47,8 @@ def test_hosts_have_their_own_names_addresses_and_go_away():
         outside = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True)
         assert not any(a in outside.stdout for a in hosts.addresses)
     assert _ours() == []
-    assert not any(n.startswith(f"pycoll-{os.getpid()}-") for n in os.listdir(NETNS_ETC)) \
-        if os.path.isdir(NETNS_ETC) else True
+    left = os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []
+    assert not [n for n in left if n.startswith(f"pycoll-{os.getpid()}-")], left
 
 
 def test_hosts_of_a_killed_test_are_swept():
@@ -73,32 +73,60 @@ def test_hosts_of_a_killed_test_are_swept():
         assert name not in listed
 
 
-def _run_job(hosts: NamespaceHosts, per_host: int, out: Path, extra_env=None) -> list[dict]:
+def _env(**extra: str) -> dict:
+    """The test's environment without any launcher's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYCOLL_", "MASTER_", "SLURM_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _start(hosts: NamespaceHosts, h: int, argv: list[str], env: dict,
+           merge: bool = True) -> subprocess.Popen:
+    return hosts.popen(h, argv, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True)
+
+
+def _reap(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+def _all_succeed(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait for every process (output merged) and require exit code 0 of each."""
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+
+
+def _results(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rank_env(hosts: NamespaceHosts, rank: int, local: int, per_host: int, world: int,
+              port: int, **extra: str) -> dict:
+    """torchrun-style variables of one rank, the store on host 0."""
+    return _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=hosts.addresses[0],
+                MASTER_PORT=str(port), **extra)
+
+
+def _run_job(hosts: NamespaceHosts, per_host: int, out: Path) -> list[dict]:
     world = hosts.k * per_host
     port = free_port()
-    procs = []
+    procs: list[subprocess.Popen] = []
     try:
         for h in range(hosts.k):
             for local in range(per_host):
-                rank = h * per_host + local
-                env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_",
-                                                                                 "MASTER_"))}
-                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
-                           LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=hosts.addresses[0],
-                           MASTER_PORT=str(port), PYCOLL_TOKEN="namespace-test-secret",
-                           PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(extra_env or {}))
-                procs.append(hosts.popen(h, [sys.executable, str(JOB), str(out)], env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         text=True))
-        outputs = [p.communicate(timeout=100)[0] for p in procs]
+                env = _rank_env(hosts, h * per_host + local, local, per_host, world, port,
+                                PYCOLL_TOKEN="namespace-test-secret")
+                procs.append(_start(hosts, h, [sys.executable, str(JOB), str(out)], env))
+        _all_succeed(procs, 100)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-    for p, o in zip(procs, outputs):
-        assert p.returncode == 0, o[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+        _reap(procs)
+    return _results(out, world)
 
 
 @pytest.mark.parametrize("hosts_n,per_host", [(2, 2), (4, 2)])
@@ -132,24 +160,17 @@ for _ in range(100):
 
 def _launchers(hosts: NamespaceHosts, script: list[str], per_host: int):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
-    env.update(PYCOLL_TOKEN="multi-node-secret", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    procs = []
-    for h in range(hosts.k):
-        argv = [sys.executable, "-m", "pycoll.run", "--nnodes", str(hosts.k), "--node-rank",
-                str(h), "--master-addr", hosts.addresses[0], "--master-port", str(port),
-                "-n", str(per_host), "--timeout", "90", *script]
-        procs.append(hosts.popen(h, argv, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True))
-    outs = []
+    env = _env(PYCOLL_TOKEN="multi-node-secret")
+    procs: list[subprocess.Popen] = []
     try:
-        for p in procs:
-            outs.append(p.communicate(timeout=110))
+        for h in range(hosts.k):
+            argv = [sys.executable, "-m", "pycoll.run", "--nnodes", str(hosts.k), "--node-rank",
+                    str(h), "--master-addr", hosts.addresses[0], "--master-port", str(port),
+                    "-n", str(per_host), "--timeout", "90", *script]
+            procs.append(_start(hosts, h, argv, env, merge=False))
+        outs = [p.communicate(timeout=110) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+        _reap(procs)
     return procs, outs
 
 
@@ -160,8 +181,7 @@ def test_pycoll_run_on_several_hosts(tmp_path):
         procs, outs = _launchers(hosts, [str(JOB), str(tmp_path)], 2)
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out + err[-3000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
-    for res in results:
+    for res in _results(tmp_path, 4):
         assert res["host"] == f"pchost{res['rank'] // 2}", res
         assert all(res[k] for k in ("allreduce", "broadcast", "allgather", "alltoall", "big"))
         assert sorted(res["transports"].values()) == ["shm", "tcp", "tcp"], res
@@ -194,33 +214,22 @@ def test_slurm_environment_across_hosts(tmp_path):
     from SLURM_STEP_NODELIST ("pchost[0-1]", resolved through each host's /etc/hosts) and the
     store port from the job id."""
     per_host, world = 2, 4
-    procs = []
+    procs: list[subprocess.Popen] = []
     with NamespaceHosts(2) as hosts:
         try:
             for h in range(2):
                 for local in range(per_host):
-                    rank = h * per_host + local
-                    env = {k: v for k, v in os.environ.items()
-                           if not k.startswith(("PYCOLL_", "MASTER_", "SLURM_"))}
-                    env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(world),
+                    env = _env(SLURM_PROCID=str(h * per_host + local), SLURM_NTASKS=str(world),
                                SLURM_LOCALID=str(local), SLURM_NODEID=str(h),
                                SLURM_TASKS_PER_NODE="2(x2)", SLURM_STEP_NODELIST="pchost[0-1]",
                                SLURM_JOB_ID="4321", SLURM_STEP_ID="0",
-                               PYCOLL_TOKEN="slurm-test-secret", PYTHONPATH=str(ROOT),
-                               OMP_NUM_THREADS="1")
-                    procs.append(hosts.popen(h, [sys.executable, str(JOB), str(tmp_path)],
-                                             env=env, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True))
-            outs = [p.communicate(timeout=100)[0] for p in procs]
+                               PYCOLL_TOKEN="slurm-test-secret")
+                    procs.append(_start(hosts, h, [sys.executable, str(JOB), str(tmp_path)],
+                                        env))
+            _all_succeed(procs, 100)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-    for r in range(world):
-        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+            _reap(procs)
+    for r, res in enumerate(_results(tmp_path, world)):
         assert res["host"] == f"pchost{r // per_host}" and res["allreduce"] and res["big"], res
 
 
@@ -256,9 +265,7 @@ def test_mpiexec_across_hosts_without_master_addr(tmp_path):
     job = tmp_path / "job.py"
     job.write_text(MPI_JOB)
     with NamespaceHosts(2) as hosts:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
-        env.update({f"PCNS_{h}": n for h, n in zip(hosts.hostnames, hosts.names)},
-                   PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        env = _env(**{f"PCNS_{h}": n for h, n in zip(hosts.hostnames, hosts.names)})
         res = hosts.run(0, [str(mpiexec), "-launcher", "ssh", "-launcher-exec", str(nsexec),
                             "-hosts", "pchost0:2,pchost1:2", "-n", "4", sys.executable,
                             str(job), str(tmp_path)], env=env, timeout=90)
@@ -299,19 +306,13 @@ def test_a_pulled_cable_is_noticed_in_seconds(tmp_path):
     job = tmp_path / "link.py"
     job.write_text(LINK_JOB)
     with NamespaceHosts(2) as hosts:
-        procs = []
+        procs: list[subprocess.Popen] = []
         try:
             port = free_port()
             for h in range(2):
-                env = {k: v for k, v in os.environ.items()
-                       if not k.startswith(("PYCOLL_", "MASTER_"))}
-                env.update(RANK=str(h), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                           MASTER_ADDR=hosts.addresses[0], MASTER_PORT=str(port),
-                           PYCOLL_TOKEN="link-test", PYCOLL_SOCKET_DEAD_MS="5000",
-                           PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-                procs.append(hosts.popen(h, [sys.executable, str(job), str(tmp_path)], env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         text=True))
+                env = _rank_env(hosts, h, 0, 1, 2, port, PYCOLL_TOKEN="link-test",
+                                PYCOLL_SOCKET_DEAD_MS="5000")
+                procs.append(_start(hosts, h, [sys.executable, str(job), str(tmp_path)], env))
             deadline = time.monotonic() + 60
             while not (tmp_path / "ready0").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -323,10 +324,7 @@ def test_a_pulled_cable_is_noticed_in_seconds(tmp_path):
                 pass
             noticed = time.monotonic() - pulled
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+            _reap(procs)
     message, _ = json.loads((tmp_path / "link0.json").read_text())
     assert ("PeerLost" in message or "CollectiveTimeout" in message
             or "Aborted" in message), message
@@ -338,26 +336,16 @@ def test_torchrun_on_several_hosts_uses_torchs_store(tmp_path):
     """torchrun --nnodes 2 on two namespace hosts: pycoll bootstraps over torchrun's own
     agent store (no second port guessed as MASTER_PORT+1), namespaced by run and restart."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     with NamespaceHosts(2) as hosts:
-        procs = [hosts.popen(h, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                                 "--node-rank", str(h), "--master-addr", "pchost0",
-                                 "--master-port", str(port), "--nproc-per-node", "2",
-                                 str(JOB), str(tmp_path)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True) for h in range(2)]
+        procs = [_start(hosts, h, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                   "--node-rank", str(h), "--master-addr", "pchost0",
+                                   "--master-port", str(port), "--nproc-per-node", "2",
+                                   str(JOB), str(tmp_path)], _env()) for h in range(2)]
         try:
-            outs = [p.communicate(timeout=110)[0] for p in procs]
+            _all_succeed(procs, 110)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-    for r in range(4):
-        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+            _reap(procs)
+    for r, res in enumerate(_results(tmp_path, 4)):
         assert res["host"] == f"pchost{r // 2}" and res["allreduce"] and res["big"], res
         assert res["store"] == "TorchStoreAdapter", res
         assert sorted(res["transports"].values()) == ["shm", "tcp", "tcp"], res
