@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts = parse_args(argv)
     if opts.transport:
-        os.environ["PYCOLL_TRANSPORT"] = opts.transport
+        os.environ["PYCOLL_TRANSPORTS"] = opts.transport
     if opts.device == "cuda":
         print(f"pycoll.bench: {CUDA_UNAVAILABLE}", file=sys.stderr)
         return 2

@@ -87,13 +87,14 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
-              collective_timeout: float = 30.0, expect_failure: bool = False) -> list[Any]:
+              collective_timeout: float = 30.0, expect_failure: bool = False,
+              rank_env: Mapping[int, Mapping[str, str]] | None = None) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` forked ranks; return results by rank.
 
     ``fn`` must be a module-level function. ``collective_timeout`` is the communicators'
     default deadline; ``timeout`` bounds the whole run. With ``expect_failure`` the per-rank
     outcomes are returned (``("ok", value)`` or ``(exception name, traceback)``) instead of
-    raising.
+    raising. ``rank_env`` adds variables for some ranks only (rank -> variables).
     """
     from rendezvous import StoreServer
 
@@ -102,7 +103,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(fn, r, world_size, server.port, dict(env or {}), results, args,
+                         args=(fn, r, world_size, server.port,
+                               {**(env or {}), **(rank_env or {}).get(r, {})}, results, args,
                                collective_timeout))
              for r in range(world_size)]
     outcomes: dict[int, tuple[str, Any]] = {}

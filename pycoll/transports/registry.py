@@ -3,8 +3,8 @@
 Adding a transport is one module (with the ``Transport`` shape: ``probe``, ``can_connect``,
 ``address``, ``connect``, ``progress``...) plus one line in ``REGISTRY``. The order of
 ``REGISTRY`` is the default preference; ``PYCOLL_TRANSPORTS`` (an ordered allow-list, like
-UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp) keeps
-working.
+UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp, verbs) keeps
+working (auto, shm, tcp, verbs).
 
 The choice for a pair is made from data every rank has after the bootstrap exchange (each
 rank's host, machine and probe records), with rules that are symmetric by construction: the
@@ -24,6 +24,7 @@ from .base import PeerInfo, Transport
 #: name -> (module, class), in default order of preference
 REGISTRY: dict[str, tuple[str, str]] = {
     "shm": ("pycoll.transports.shm", "ShmTransport"),
+    "verbs": ("pycoll.transports.verbs", "VerbsTransport"),
     "tcp": ("pycoll.transports.tcp", "TcpTransport"),
     "inproc": ("pycoll.transports.inproc", "InprocTransport"),
 }
@@ -40,7 +41,7 @@ def allowed_transports() -> list[str]:
     """The ordered allow-list from ``PYCOLL_TRANSPORTS`` / ``PYCOLL_TRANSPORT``."""
     names = env_list("PYCOLL_TRANSPORTS")
     if names is None:
-        legacy = env_choice("PYCOLL_TRANSPORT", "auto", ("auto", "shm", "tcp"))
+        legacy = env_choice("PYCOLL_TRANSPORT", "auto", ("auto", "shm", "tcp", "verbs"))
         if legacy != "auto":
             return [legacy]
         return [n for n in REGISTRY if n not in EXPLICIT_ONLY]

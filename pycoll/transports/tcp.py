@@ -16,13 +16,9 @@ handshake deadline without disturbing the job.
 """
 from __future__ import annotations
 
-import errno
-import hmac
-import secrets
 import select
 import socket
 import struct
-import time
 from collections import deque
 from typing import Any
 
@@ -31,8 +27,7 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost)
 from .matching import TagMatcher
-from .tcp_setup import (ACCEPT_INTERVAL, HANDSHAKE_SECONDS, HELLO, MAGIC, MAX_HANDSHAKES, Dial,
-                        Handshake, choose_bind_address, proof, tune)
+from .tcp_setup import Acceptor, Dial, choose_bind_address
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 #: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
@@ -272,19 +267,12 @@ class TcpTransport(Transport):
         self._size = ctx.size
         self._token = ctx.token
         self._accepts = ctx.accepts
-        master_addr = ctx.master_addr
-        self._nonce = secrets.token_hex(16)
-        host, family = choose_bind_address(master_addr)
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((host, 0))
-        self._listener.listen(128)
-        self._listener.setblocking(False)
+        host, family = choose_bind_address(ctx.master_addr)
+        self._acceptor = Acceptor(self.rank, self._size, self._token, host, family,
+                                  self._may_admit, self._attach)
         self._channels: dict[int, TcpChannel] = {}
         self._active = ActiveSet()
         self._dials: dict[int, Dial] = {}
-        self._handshakes: dict[int, Handshake] = {}
-        self._next_accept = 0.0
         self._awaiting = False       # a channel with work waits for its peer to dial in
         self.host = host
 
@@ -298,7 +286,7 @@ class TcpTransport(Transport):
         return True
 
     def address(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self._listener.getsockname()[1], "nonce": self._nonce}
+        return self._acceptor.address(self.host)
 
     # -- connections -----------------------------------------------------------------------
     def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
@@ -316,73 +304,13 @@ class TcpTransport(Transport):
         """Open data connections (for tests and diagnostics)."""
         return sum(ch.connected for ch in self._channels.values())
 
-    def _accept(self) -> bool:
-        moved = False
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:   # EMFILE and friends: keep the job running
-                if e.errno in (errno.EMFILE, errno.ENFILE):
-                    self._drop_oldest_handshake()
-                break
-            conn.setblocking(False)
-            if len(self._handshakes) >= MAX_HANDSHAKES:
-                self._drop_oldest_handshake()
-            self._handshakes[conn.fileno()] = Handshake(conn)
-            moved = True
-        return moved
+    def _may_admit(self, rank: int) -> bool:
+        existing = self._channels.get(rank)
+        return not (existing is not None and existing.connected) and self._accepts(self.name, rank)
 
-    def _drop_oldest_handshake(self) -> None:
-        if self._handshakes:
-            fd = next(iter(self._handshakes))
-            self._handshakes.pop(fd).sock.close()
-
-    def _progress_handshakes(self) -> bool:
-        moved = False
-        now = time.monotonic()
-        for fd, hs in list(self._handshakes.items()):
-            try:
-                chunk = hs.sock.recv(HELLO.size - len(hs.buf))
-            except (BlockingIOError, InterruptedError):
-                if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
-                    del self._handshakes[fd]
-                    hs.sock.close()
-                continue
-            except OSError:
-                chunk = b""
-            moved = True
-            if not chunk:
-                del self._handshakes[fd]
-                hs.sock.close()
-                continue
-            hs.buf += chunk
-            if len(hs.buf) < HELLO.size:
-                continue
-            del self._handshakes[fd]
-            if not self._admit(hs):
-                hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
-        return moved
-
-    def _admit(self, hs: Handshake) -> bool:
-        """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
-        other code), then that the rank may dial us; attach the socket if all holds."""
-        try:
-            magic, rank, claimed = HELLO.unpack(bytes(hs.buf))
-            if (magic != MAGIC or not self.rank < rank < self._size
-                    or not hmac.compare_digest(claimed, proof(self._token, self._nonce, rank))):
-                return False
-            existing = self._channels.get(rank)
-            if (existing is not None and existing.connected) or not self._accepts(self.name, rank):
-                return False
-            hs.sock.send(b"\x01")
-            tune(hs.sock)
-        except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
-            return False
-        ch = existing or self._channels.setdefault(rank, TcpChannel(self, rank))
-        ch.attach(hs.sock)
-        return True
+    def _attach(self, rank: int, sock: socket.socket) -> None:
+        ch = self._channels.get(rank) or self._channels.setdefault(rank, TcpChannel(self, rank))
+        ch.attach(sock)
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -392,22 +320,16 @@ class TcpTransport(Transport):
                 if dial.progress():
                     del self._dials[peer]
                     moved = True
-        now = time.monotonic() if not (self._handshakes or self._awaiting) else 0.0
-        if self._handshakes or self._awaiting or now >= self._next_accept:
-            self._next_accept = now + ACCEPT_INTERVAL
-            moved = self._accept() or moved
-            if self._handshakes:
-                moved = self._progress_handshakes() or moved
+        moved = self._acceptor.progress(self._awaiting) or moved
         self._awaiting = any(ch._sock is None and ch.busy() and ch._broken is None  # type: ignore[attr-defined]
                              for ch in self._active.channels.values())
-        self.setup_pending = bool(self._dials or self._handshakes or self._awaiting)
+        self.setup_pending = bool(self._dials or self._acceptor.handshakes or self._awaiting)
         if self._active.channels:
             moved = self._active.progress() or moved
         return moved
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
-        fds = [(self._listener.fileno(), select.EPOLLIN)]
-        fds += [(fd, select.EPOLLIN) for fd in self._handshakes]
+        fds = self._acceptor.fds()
         fds += [(d.sock.fileno(), d.events()) for d in self._dials.values()
                 if d.sock is not None]
         fds += [(ch._fd, ch.events()) for ch in self._active.channels.values()  # type: ignore[attr-defined]
@@ -423,10 +345,4 @@ class TcpTransport(Transport):
             if dial.sock is not None:
                 dial.sock.close()
         self._dials.clear()
-        for hs in self._handshakes.values():
-            hs.sock.close()
-        self._handshakes.clear()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
+        self._acceptor.close()

@@ -1,9 +1,10 @@
 """TCP connection setup: addresses, socket tuning, the job-membership handshake, lazy dials.
 
 The higher rank of a pair dials (``Dial``, non-blocking: connect, send ``HELLO`` with
-``HMAC(token, listener nonce : rank)``, await a one-byte ack); the lower rank's transport
-accepts and checks it (``Handshake``). Split out of ``tcp.py`` so that file reads like the
-other transports: a channel and a transport.
+``HMAC(token, listener nonce : rank)``, await a one-byte ack); the lower rank's ``Acceptor``
+accepts and checks it. Split out of ``tcp.py`` so that file reads like the other transports:
+a channel and a transport. The verbs transport sets up its queue pairs over the same dial and
+handshake (its socket then carries no data: only the queue-pair addresses, and a farewell).
 """
 from __future__ import annotations
 
@@ -18,14 +19,22 @@ import select
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..envvars import env_choice, env_int
 from ..errors import TransportError
 from .base import peer_lost
 
 if TYPE_CHECKING:
-    from .tcp import TcpChannel, TcpTransport
+    from .base import Channel
+
+
+class Dialer(Protocol):
+    """What a ``Dial`` needs of its transport."""
+
+    name: str
+    rank: int
+    _token: str | None
 
 HELLO = struct.Struct("<8sI32s")         # magic, rank, proof
 MAGIC = b"PYCOLLv1"
@@ -124,7 +133,7 @@ ACCEPT_INTERVAL = 0.01
 class Dial:
     """A non-blocking connection attempt to a lower rank: connect, prove, await the ack."""
 
-    def __init__(self, transport: "TcpTransport", channel: TcpChannel, addr: dict[str, Any],
+    def __init__(self, transport: Dialer, channel: "Channel", addr: dict[str, Any],
                  deadline: float) -> None:
         self.transport = transport
         self.channel = channel
@@ -140,7 +149,7 @@ class Dial:
     def _fail(self, why: str) -> None:
         peer = self.channel.peer
         self.channel._break(TransportError(
-            f"tcp: could not connect to peer rank {peer} at {self.addr['host']}:"
+            f"{self.transport.name}: could not connect to peer rank {peer} at {self.addr['host']}:"
             f"{self.addr['port']}: {why}; check that the address is reachable from this host "
             "(PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer))
 
@@ -162,7 +171,7 @@ class Dial:
 
     def progress(self) -> bool:
         """Advance; True once finished (connected or failed)."""
-        if self.channel._broken is not None:
+        if self.channel._broken is not None:  # type: ignore[attr-defined]
             if self.sock is not None:
                 self.sock.close()
             return True
@@ -224,11 +233,12 @@ class Dial:
             sock.close()
             peer = self.channel.peer
             self.channel._break(TransportError(
-                f"tcp: peer rank {peer} at {self.addr['host']}:{self.addr['port']} refused this "
+                f"{self.transport.name}: peer rank {peer} at {self.addr['host']}:"
+                f"{self.addr['port']} refused this "
                 "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
                 peer=peer))
             return True
-        self.channel.attach(sock)
+        self.channel.attach(sock)  # type: ignore[attr-defined]
         return True
 
 
@@ -241,3 +251,126 @@ class Handshake:
         self.sock = sock
         self.buf = bytearray()
         self.since = time.monotonic()
+
+
+class Acceptor:
+    """The listening side of connection setup, shared by tcp and verbs.
+
+    Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
+    it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:
+    ``may_admit(r)`` (is ``r`` a higher rank that may dial us now) and then ``attach(r,
+    sock)`` after the one-byte ack. Anything else (a stranger, a flood of silent sockets, a
+    peer of another job) is dropped without disturbing the job; when descriptors run short
+    the oldest unproven connection goes first.
+    """
+
+    def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,
+                 may_admit: Callable[[int], bool],
+                 attach: Callable[[int, socket.socket], None]) -> None:
+        self.rank = rank
+        self.size = size
+        self.token = token
+        self.nonce = secrets.token_hex(16)
+        self._may_admit = may_admit
+        self._attach = attach
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((host, 0))
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.handshakes: dict[int, Handshake] = {}
+        self._next_accept = 0.0
+
+    def address(self, host: str) -> dict[str, Any]:
+        return {"host": host, "port": self.listener.getsockname()[1], "nonce": self.nonce}
+
+    def progress(self, awaiting: bool) -> bool:
+        """Accept and check handshakes: every pass while ``awaiting`` (a channel with work
+        waits for its peer to dial in) or handshakes are open, else every
+        ``ACCEPT_INTERVAL``."""
+        now = time.monotonic() if not (self.handshakes or awaiting) else 0.0
+        if not (self.handshakes or awaiting or now >= self._next_accept):
+            return False
+        self._next_accept = now + ACCEPT_INTERVAL
+        moved = self._accept()
+        if self.handshakes:
+            moved = self._progress_handshakes() or moved
+        return moved
+
+    def fds(self) -> list[tuple[int, int]]:
+        return [(self.listener.fileno(), select.EPOLLIN)] + [
+            (fd, select.EPOLLIN) for fd in self.handshakes]
+
+    def _accept(self) -> bool:
+        moved = False
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:   # EMFILE and friends: keep the job running
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._drop_oldest_handshake()
+                break
+            conn.setblocking(False)
+            if len(self.handshakes) >= MAX_HANDSHAKES:
+                self._drop_oldest_handshake()
+            self.handshakes[conn.fileno()] = Handshake(conn)
+            moved = True
+        return moved
+
+    def _drop_oldest_handshake(self) -> None:
+        if self.handshakes:
+            fd = next(iter(self.handshakes))
+            self.handshakes.pop(fd).sock.close()
+
+    def _progress_handshakes(self) -> bool:
+        moved = False
+        now = time.monotonic()
+        for fd, hs in list(self.handshakes.items()):
+            try:
+                chunk = hs.sock.recv(HELLO.size - len(hs.buf))
+            except (BlockingIOError, InterruptedError):
+                if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
+                    del self.handshakes[fd]
+                    hs.sock.close()
+                continue
+            except OSError:
+                chunk = b""
+            moved = True
+            if not chunk:
+                del self.handshakes[fd]
+                hs.sock.close()
+                continue
+            hs.buf += chunk
+            if len(hs.buf) < HELLO.size:
+                continue
+            del self.handshakes[fd]
+            if not self._admit(hs):
+                hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
+        return moved
+
+    def _admit(self, hs: Handshake) -> bool:
+        """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
+        other code), then that the rank may dial us; attach the socket if all holds."""
+        try:
+            magic, rank, claimed = HELLO.unpack(bytes(hs.buf))
+            if (magic != MAGIC or not self.rank < rank < self.size
+                    or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank))
+                    or not self._may_admit(rank)):
+                return False
+            hs.sock.send(b"\x01")
+            tune(hs.sock)
+        except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
+            return False
+        self._attach(rank, hs.sock)
+        return True
+
+    def close(self) -> None:
+        for hs in self.handshakes.values():
+            hs.sock.close()
+        self.handshakes.clear()
+        try:
+            self.listener.close()
+        except OSError:
+            pass

@@ -43,6 +43,12 @@ VARIANTS = {
     "tcp-ipv6": ("tcp", {"PYCOLL_SOCKET_FAMILY": "ipv6"}),
     "tcp-ifname": ("tcp", {"PYCOLL_SOCKET_IFNAME": "lo"}),
     "inproc": ("inproc", {}),
+    # verbs: the defaults; rendezvous for all but tiny messages over 4 queue pairs with a
+    # 4-buffer ring (credits run out constantly); everything up to 1 MiB eager, 1 queue pair
+    "verbs": ("verbs", {}),
+    "verbs-rndv": ("verbs", {"PYCOLL_IB_EAGER_MAX": "64", "PYCOLL_IB_QPS_PER_PEER": "4",
+                             "PYCOLL_IB_EAGER_SLOTS": "4"}),
+    "verbs-eager": ("verbs", {"PYCOLL_IB_EAGER_MAX": str(1 << 20), "PYCOLL_IB_QPS_PER_PEER": "1"}),
 }
 
 #: memory type -> (name, allocate(nbytes) -> buffer, to_numpy(buffer) -> uint8 array)

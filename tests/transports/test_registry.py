@@ -55,8 +55,8 @@ def test_forcing_a_transport_that_cannot_serve_a_pair_fails_on_every_rank():
 
 
 @pytest.mark.parametrize("env,words", [
-    ({"PYCOLL_TRANSPORTS": "verbs"}, ["PYCOLL_TRANSPORTS", "unknown transport", "tcp"]),
-    ({"PYCOLL_TRANSPORT": "carrier-pigeon"}, ["PYCOLL_TRANSPORT", "auto, shm, tcp"]),
+    ({"PYCOLL_TRANSPORTS": "ucx"}, ["PYCOLL_TRANSPORTS", "unknown transport", "tcp", "verbs"]),
+    ({"PYCOLL_TRANSPORT": "carrier-pigeon"}, ["PYCOLL_TRANSPORT", "auto, shm, tcp, verbs"]),
 ])
 def test_unknown_transport_names_are_refused_clearly(env, words):
     for kind, text in run_ranks(_noop, 2, env=env, expect_failure=True):
@@ -78,3 +78,12 @@ def test_a_transport_is_one_module_and_one_registry_line():
         assert t.__module__ == module and t.__name__ == cls
         for method in ("probe", "can_connect", "address", "connect", "progress", "close"):
             assert callable(getattr(t, method)), (name, method)
+
+
+def test_forcing_verbs_where_no_rdma_device_is_usable_says_why():
+    """Forcing verbs on a machine whose probe fails (here: the host without RDMA, or a VM
+    with every device excluded) fails on every rank, naming what is missing."""
+    env = {"PYCOLL_TRANSPORTS": "verbs", "PYCOLL_IB_HCA": "=no_such_hca"}
+    for kind, text in run_ranks(_noop, 2, env=env, expect_failure=True):
+        assert kind == "InvalidArgument", (kind, text)
+        assert "verbs" in text and ("pyverbs" in text or "RDMA" in text), text
