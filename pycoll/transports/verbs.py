@@ -56,7 +56,7 @@ from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Requ
 from .matching import TagMatcher
 from .tcp_setup import Acceptor, Dial, choose_bind_address
 from .verbs_device import (E, Device, Registration, RegistrationCache, access_flags,
-                           exporter_range, probe)
+                           connect_qp, create_qp, exporter_range, probe)
 
 #: a message between channels: kind, aux (rkey / notify), tag, nbytes, ident, address
 HDR = struct.Struct("<IIqqqQ")
@@ -73,6 +73,11 @@ FAREWELL_MAGIC = b"PCLEAVE1"
 WR_SLOT, WR_INLINE, WR_CREDIT, WR_RNDV, WR_PUT, WR_RING, WR_DATA, WR_PUTDATA = range(1, 9)
 INDEX_MASK = (1 << 40) - 1
 
+#: the default eager limit, measured (bench/verbs_lab.sh, section 3): in the Soft-RoCE VM
+#: eager beats rendezvous at every size up to 256 KiB (one round trip less; the copies are
+#: cheap next to it), so the limit is set by memory instead: 16 ring buffers of 64 KiB per
+#: peer and direction (2 MiB per peer with the send slots)
+EAGER_MAX = 64 << 10
 #: rendezvous writes: at most this many bytes per work request
 CHUNK_BYTES = 1 << 20
 #: stripes over several data queue pairs only pay off above this many bytes each
@@ -166,7 +171,6 @@ class VerbsChannel(Channel):
 
     def _create(self) -> bytes:
         from pyverbs.cq import CQ  # type: ignore[import-not-found]
-        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr  # type: ignore[import-not-found]
 
         t = self.transport
         dev = t.device
@@ -176,22 +180,8 @@ class VerbsChannel(Channel):
         self._cq = CQ(dev.ctx, depth, None, self._cc, 0)
         for i in range(nq):
             rq = t.ring_slots if i == 0 else DATA_RQ_DEPTH
-            qp = None
-            for inline in (INLINE_BYTES, 0):
-                cap = QPCap(max_send_wr=SQ_DEPTH, max_recv_wr=rq, max_send_sge=1,
-                            max_recv_sge=1, max_inline_data=inline)
-                try:
-                    qp = QP(dev.pd, QPInitAttr(qp_type=E.IBV_QPT_RC, scq=self._cq,
-                                               rcq=self._cq, cap=cap))
-                    break
-                except Exception:   # noqa: BLE001 - retry without inline data
-                    if inline == 0:
-                        raise
+            qp, inline = create_qp(dev, self._cq, SQ_DEPTH, rq, INLINE_BYTES)
             t.inline = min(t.inline, inline)
-            attr = QPAttr(port_num=dev.choice.port)
-            attr.qp_access_flags = access_flags(True)
-            attr.pkey_index = 0
-            qp.to_init(attr)
             self._qps.append(qp)
             self._sq_free.append(SQ_DEPTH)
             self._rq_free.append(rq)
@@ -236,7 +226,10 @@ class VerbsChannel(Channel):
                 "PYCOLL_IB_QPS_PER_PEER alike on every rank", peer=self.peer))
             return True
         try:
-            self._connect_qps(gid.rstrip(b"\0").decode(), lid, psn, qpns, min(mtu, self.transport.device.choice.mtu))
+            t = self.transport
+            for qp, qpn in zip(self._qps, qpns):
+                connect_qp(qp, t.device.choice, gid.rstrip(b"\0").decode(), lid, qpn, psn,
+                           self._psn, min(mtu, t.device.choice.mtu), t.ack_timeout, t.retry_cnt)
         except Exception as e:   # noqa: BLE001
             self._break(TransportError(f"verbs: cannot connect queue pairs to peer rank "
                                        f"{self.peer}: {e}", peer=self.peer))
@@ -250,33 +243,6 @@ class VerbsChannel(Channel):
         debug.logger.info("verbs: queue pairs to rank %d ready (%d data QPs, eager <= %d B)",
                           self.peer, self._ndata, self._eager_max)
         return True
-
-    def _connect_qps(self, gid: str, lid: int, psn: int, qpns: tuple, mtu: int) -> None:
-        from pyverbs.addr import GID, AHAttr, GlobalRoute  # type: ignore[import-not-found]
-        from pyverbs.qp import QPAttr  # type: ignore[import-not-found]
-
-        t = self.transport
-        ch = t.device.choice
-        for qp, qpn in zip(self._qps, qpns):
-            attr = QPAttr(port_num=ch.port)
-            attr.qp_access_flags = access_flags(True)
-            attr.pkey_index = 0
-            attr.path_mtu = mtu
-            attr.dest_qp_num = qpn
-            attr.rq_psn = psn
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            if ch.ethernet:
-                gr = GlobalRoute(dgid=GID(gid), sgid_index=ch.gid_index, hop_limit=64)
-                attr.ah_attr = AHAttr(is_global=1, port_num=ch.port, gr=gr)
-            else:
-                attr.ah_attr = AHAttr(is_global=0, port_num=ch.port, dlid=lid)
-            attr.timeout = t.ack_timeout
-            attr.retry_cnt = t.retry_cnt
-            attr.rnr_retry = 7
-            attr.sq_psn = self._psn
-            attr.max_rd_atomic = 1
-            qp.to_rts(attr)
 
     @property
     def connected(self) -> bool:
@@ -864,12 +830,12 @@ class VerbsTransport(Transport):
         self.size = ctx.size
         self._token = ctx.token
         self._accepts = ctx.accepts
-        self.eager_max = env_int("PYCOLL_IB_EAGER_MAX", 16 << 10, minimum=0)
-        self.qps_per_peer = env_int("PYCOLL_IB_QPS_PER_PEER", 2, minimum=1)
+        self.eager_max = env_int("PYCOLL_IB_EAGER_MAX", EAGER_MAX, minimum=0)
+        self.qps_per_peer = env_int("PYCOLL_IB_QPS_PER_PEER", 1, minimum=1)
         if self.qps_per_peer > MAX_QPS - 1:
             raise TransportError(f"PYCOLL_IB_QPS_PER_PEER={self.qps_per_peer}: at most "
                                  f"{MAX_QPS - 1}")
-        self.ring_slots = env_int("PYCOLL_IB_EAGER_SLOTS", 32, minimum=2)
+        self.ring_slots = env_int("PYCOLL_IB_EAGER_SLOTS", 16, minimum=2)
         self.send_slots = self.ring_slots
         self.ack_timeout = env_int("PYCOLL_IB_TIMEOUT", 14, minimum=1)
         self.retry_cnt = min(7, env_int("PYCOLL_IB_RETRY_CNT", 7, minimum=1))

@@ -7,7 +7,8 @@
 * ``probe()`` says whether verbs is usable here. A library must fall back on *any* of: pyverbs
   missing or built against another libibverbs (``ImportError``), no RDMA in the kernel
   (``get_device_list`` raises), no device, no active port (``../shared/notes/rdma-lab.md``).
-* ``Device`` holds the opened context, protection domain and the queue-pair settings.
+* ``Device`` holds the opened context and protection domain; ``create_qp`` and
+  ``connect_qp`` make an RC queue pair and connect it to a peer's.
 * ``RegistrationCache`` registers user buffers once and reuses the registration while the
   memory is unchanged: keyed on the exporting object's whole buffer (address range) and held
   through a weak reference to that object, so the registration goes when the object goes
@@ -228,6 +229,56 @@ def _event_fds() -> set[int]:
         except OSError:
             continue
     return out
+
+
+def create_qp(dev: Device, cq: Any, max_send: int, max_recv: int, inline: int) -> tuple[Any, int]:
+    """An RC queue pair on ``cq``, moved to INIT (receives can be posted from then on);
+    returns it and the inline size it accepted (``inline``, or 0 where refused)."""
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr  # type: ignore[import-not-found]
+
+    for size in (inline, 0):
+        cap = QPCap(max_send_wr=max_send, max_recv_wr=max_recv, max_send_sge=1, max_recv_sge=1,
+                    max_inline_data=size)
+        try:
+            qp = QP(dev.pd, QPInitAttr(qp_type=E.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+            break
+        except Exception:   # noqa: BLE001 - retry without inline data
+            if size == 0:
+                raise
+    attr = QPAttr(port_num=dev.choice.port)
+    attr.qp_access_flags = access_flags(True)
+    attr.pkey_index = 0
+    qp.to_init(attr)
+    return qp, size
+
+
+def connect_qp(qp: Any, port: PortChoice, gid: str, lid: int, qpn: int, psn: int, sq_psn: int,
+               mtu: int, ack_timeout: int, retry_cnt: int) -> None:
+    """INIT -> RTR -> RTS towards the peer's queue pair ``qpn``: RoCE needs a global route
+    (GID, no LIDs), InfiniBand a LID. ``rnr_retry`` 7 (no limit) is safe because credits
+    keep every send within posted receives; a silent peer is caught by the ack timeout."""
+    from pyverbs.addr import GID, AHAttr, GlobalRoute  # type: ignore[import-not-found]
+    from pyverbs.qp import QPAttr  # type: ignore[import-not-found]
+
+    attr = QPAttr(port_num=port.port)
+    attr.qp_access_flags = access_flags(True)
+    attr.pkey_index = 0
+    attr.path_mtu = mtu
+    attr.dest_qp_num = qpn
+    attr.rq_psn = psn
+    attr.max_dest_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    if port.ethernet:
+        gr = GlobalRoute(dgid=GID(gid), sgid_index=port.gid_index, hop_limit=64)
+        attr.ah_attr = AHAttr(is_global=1, port_num=port.port, gr=gr)
+    else:
+        attr.ah_attr = AHAttr(is_global=0, port_num=port.port, dlid=lid)
+    attr.timeout = ack_timeout
+    attr.retry_cnt = retry_cnt
+    attr.rnr_retry = 7
+    attr.sq_psn = sq_psn
+    attr.max_rd_atomic = 1
+    qp.to_rts(attr)
 
 
 def access_flags(remote: bool) -> int:

@@ -70,7 +70,7 @@ def _move_megabytes(comm):
     data = np.full(4 << 20, comm.rank + 1, dtype=np.float32)     # 16 MiB
     for _ in range(3):
         comm.allreduce(data)
-    t = comm._peers.transports
+    t = comm._conn.transports
     verbs = t["verbs"]
     setup_bytes = sum(_tcp_bytes(ch._sock) for ch in verbs._channels.values()
                       if ch._sock is not None)
