@@ -283,7 +283,7 @@ class VerbsChannel(Channel):
         assert slots is not None
         index = self._free_slots.pop()
         off = index * (HDR.size + self._eager_max)
-        HDR.pack_into(slots, off, kind, aux, tag, nbytes, ident, addr)
+        HDR.pack_into(slots.data, off, kind, aux, tag, nbytes, ident, addr)
         if payload is not None and payload.nbytes:
             slots[off + HDR.size: off + n] = np.frombuffer(payload, dtype=np.uint8)
         if inline:             # copied at post time: the slot is free again at once
@@ -510,7 +510,7 @@ class VerbsChannel(Channel):
             self._break(TransportError(f"verbs: peer rank {self.peer} sent a malformed message "
                                        f"({length} bytes)", peer=self.peer))
             return
-        kind, aux, tag, nbytes, ident, addr = HDR.unpack_from(ring, off)
+        kind, aux, tag, nbytes, ident, addr = HDR.unpack_from(ring.data, off)
         match = self._match
         if kind == EAGER:
             if nbytes != length - HDR.size:
@@ -920,7 +920,7 @@ class VerbsTransport(Transport):
                     moved = True
         moved = self._acceptor.progress(self._awaiting) or moved
         self._awaiting = any(ch._sock is None and ch.busy() and ch._broken is None
-                             for ch in self._active.channels.values())
+                             for ch in self._working())
         if self._kicked:
             self._kicked = False
             try:
@@ -938,7 +938,7 @@ class VerbsTransport(Transport):
         fds += [(d.sock.fileno(), d.events()) for d in self._dials.values()
                 if d.sock is not None]
         slipped = False
-        for ch in self._active.channels.values():
+        for ch in self._working():
             if ch._sock is not None:
                 fds.append((ch._sock.fileno(), select.EPOLLIN))
             if ch._state == READY and ch._broken is None:
@@ -949,6 +949,9 @@ class VerbsTransport(Transport):
             self._kicked = True
         fds.append((self._kick_fd, select.EPOLLIN))
         return fds
+
+    def _working(self) -> list[VerbsChannel]:
+        return list(self._active.channels.values())  # type: ignore[arg-type]
 
     # -- one-sided ---------------------------------------------------------------------------
     def register(self, mem: MemRef) -> dict[str, Any]:

@@ -305,14 +305,15 @@ def exporter_range(view: memoryview) -> tuple[Any, int, int, int]:
     import numpy as np
 
     at = _address(view)
-    obj, root = view.obj, None
+    obj: Any = view.obj
+    root = None
     while isinstance(obj, np.ndarray):
         root = obj
         if obj.base is None:
             break
         obj = obj.base
     try:
-        whole = memoryview(root if root is not None else obj).cast("B")
+        whole = (root.data if root is not None else memoryview(obj)).cast("B")
         base = _address(whole)
         if not base <= at <= base + whole.nbytes - view.nbytes:
             raise ValueError("view outside its exporter")
