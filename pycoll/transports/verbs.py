@@ -149,7 +149,7 @@ class VerbsChannel(Channel):
         self._grants: deque[tuple[Request, int]] = deque()      # waiting for data RQ room
         self._puts: dict[int, Request] = {}
         self._next_id = 1
-        self._held_regs: dict[int, Registration] = {}  # uncached registrations in use
+        self._held_regs: dict[int, Registration] = {}  # registrations of sends and puts
         self._slot_of_put: dict[int, int | None] = {}   # put id -> send slot of its notice
 
     # -- setup -----------------------------------------------------------------------------
@@ -219,11 +219,13 @@ class VerbsChannel(Channel):
         (magic, gid, lid, psn, slots, nq, eager_max, rkey, credit_addr, mtu,
          _ndata) = fields[:11]
         qpns = fields[11:11 + nq]
-        if magic != INFO_MAGIC or nq != len(self._qps) or not 0 < slots < 1 << 20:
+        if (magic != INFO_MAGIC or nq != len(self._qps) or not 0 < slots < 1 << 20
+                or eager_max != self._eager_max):
             self._break(TransportError(
                 f"verbs: peer rank {self.peer} sent queue-pair addresses this rank cannot use "
-                f"({nq} queue pairs where this rank has {len(self._qps)}): set "
-                "PYCOLL_IB_QPS_PER_PEER alike on every rank", peer=self.peer))
+                f"({nq} queue pairs and eager limit {eager_max} where this rank has "
+                f"{len(self._qps)} and {self._eager_max}): set PYCOLL_IB_QPS_PER_PEER and "
+                "PYCOLL_IB_EAGER_MAX alike on every rank", peer=self.peer))
             return True
         try:
             t = self.transport
@@ -235,7 +237,6 @@ class VerbsChannel(Channel):
                                        f"{self.peer}: {e}", peer=self.peer))
             return True
         self._peer_slots = slots
-        self._eager_max = min(self._eager_max, eager_max)
         self._ndata = nq - 1
         self._peer_credit = (credit_addr, rkey)
         self._state = READY
@@ -374,8 +375,7 @@ class VerbsChannel(Channel):
         except TransportError as e:
             self._break(e)
             return
-        if not reg.cached:
-            self._held_regs[send_id] = reg
+        self._held_regs[send_id] = reg
         wrs = []
         for q, off, length in stripes(nbytes, self._ndata):
             pos, end = off, off + length
@@ -433,10 +433,10 @@ class VerbsChannel(Channel):
             try:
                 reg, at = self.transport.cache.register(req.view)
             except TransportError as e:
+                del self._puts[put_id]
                 req.fail(e)
                 return req
-            if not reg.cached:
-                self._held_regs[-put_id] = reg
+            self._held_regs[-put_id] = reg
             pos = 0
             while pos < src.nbytes:
                 n = min(CHUNK_BYTES, src.nbytes - pos)
@@ -490,6 +490,7 @@ class VerbsChannel(Channel):
             reg, at = self.transport.cache.register(req.view)
         except TransportError as e:
             req.fail(e)
+            self._break(e)          # the sender waits for this grant: the pair is out of step
             return
         recv_id = self._new_id()
         scratch = self.transport.scratch_mr
@@ -578,10 +579,8 @@ class VerbsChannel(Channel):
             entry[1] -= 1
             if entry[1] == 0:
                 del self._rndv_recvs[wc.imm_data]
-                req, reg = entry[0], entry[2]
-                if not reg.cached:
-                    reg.release()
-                req.complete()
+                self.transport.cache.release(entry[2])
+                entry[0].complete()
             return
         self._sq_free[q] += 1
         if kind == WR_SLOT:
@@ -592,9 +591,7 @@ class VerbsChannel(Channel):
                 return
             if left <= 1:
                 del self._rndv_sends[index]
-                reg = self._held_regs.pop(index, None)
-                if reg is not None:
-                    reg.release()
+                self._release_held(index)
                 req.complete()
             else:
                 self._rndv_sends[index] = (req, left - 1)
@@ -603,9 +600,7 @@ class VerbsChannel(Channel):
             if slot is not None:
                 self._free_slots.append(slot)
             req = self._puts.pop(index, None)
-            reg = self._held_regs.pop(-index, None)
-            if reg is not None:
-                reg.release()
+            self._release_held(-index)
             if req is not None:
                 req.complete()
 
@@ -650,6 +645,8 @@ class VerbsChannel(Channel):
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
+        if self._broken is not None:
+            return False
         if self._state != READY:
             if self._state == EXCHANGING and self._broken is None:
                 moved = self._finish_exchange()
@@ -694,10 +691,16 @@ class VerbsChannel(Channel):
         if not self._armed:
             self._cq.req_notify()
             self._armed = True
-            return self._poll()
-        return False
+            if self._poll():
+                return True
+        # a returned credit is an RDMA write into our memory: no completion, no event. A
+        # sender waiting for credits polls instead of blocking
+        return bool(self._outbox) and self._outbox[0][0] == "send" and \
+            self._sent - self._credits_back() >= self._peer_slots
 
     def busy(self) -> bool:
+        if self._broken is not None:
+            return False
         return bool(self._outbox or self._match.posted or self._rndv_sends or self._rndv_recvs
                     or self._writes or self._grants or self._puts or self._state == EXCHANGING
                     or (self._qps and (self._sq_free[0] < SQ_DEPTH
@@ -747,6 +750,9 @@ class VerbsChannel(Channel):
             req.fail(error)
         for entry in list(self._rndv_recvs.values()):
             entry[0].fail(error)
+            self.transport.cache.release(entry[2])
+        for ident in list(self._held_regs):
+            self._release_held(ident)
         for req, _ in self._grants:
             req.fail(error)
         for req in list(self._puts.values()):
@@ -758,6 +764,11 @@ class VerbsChannel(Channel):
         self._rndv_recvs.clear()
         self._grants.clear()
         self._puts.clear()
+
+    def _release_held(self, ident: int) -> None:
+        reg = self._held_regs.pop(ident, None)
+        if reg is not None:
+            self.transport.cache.release(reg)
 
     def _stop_qps(self) -> None:
         """A broken pair takes no more RDMA: move its queue pairs to the error state, so no
@@ -813,9 +824,7 @@ class VerbsChannel(Channel):
             except Exception:   # noqa: BLE001 - teardown must not fail
                 pass
         self._qps = []
-        for reg in self._held_regs.values():
-            reg.release()
-        self._held_regs.clear()
+
 
 
 class VerbsTransport(Transport):

@@ -323,9 +323,11 @@ def exporter_range(view: memoryview) -> tuple[Any, int, int, int]:
 
 
 class Registration:
-    """One memory region: the ``MR`` and the range it covers."""
+    """One memory region: the ``MR`` and the range it covers. ``users`` counts the
+    operations using it (``RegistrationCache.register`` / ``release``); it is closed only
+    once nobody uses it and the cache no longer holds it."""
 
-    __slots__ = ("mr", "addr", "nbytes", "lkey", "rkey", "cached", "__weakref__")
+    __slots__ = ("mr", "addr", "nbytes", "lkey", "rkey", "cached", "users", "__weakref__")
 
     def __init__(self, mr: Any, addr: int, nbytes: int, cached: bool) -> None:
         self.mr = mr
@@ -333,9 +335,10 @@ class Registration:
         self.nbytes = nbytes
         self.lkey = mr.lkey
         self.rkey = mr.rkey
-        self.cached = cached
+        self.cached = cached      # held by the cache (False: evicted, or never cached)
+        self.users = 0
 
-    def release(self) -> None:
+    def close(self) -> None:
         try:
             self.mr.close()
         except Exception:   # noqa: BLE001 - teardown must not fail
@@ -343,7 +346,15 @@ class Registration:
 
 
 class RegistrationCache:
-    """Registered user memory, reused while its owner lives (see the module docstring)."""
+    """Registered user memory, reused while its owner lives (see the module docstring).
+
+    Every ``register`` is paired with a ``release`` once the operation completed or failed:
+    a registration in use is never closed (eviction skips it; one evicted while in use is
+    closed by its last ``release``). A buffer larger than the whole budget is registered for
+    its operation only. Writable memory is registered for remote writes too (a receive
+    buffer); read-only memory (a ``bytes`` send source) with no access rights, under a key
+    of its own.
+    """
 
     def __init__(self, pd: Any) -> None:
         from pyverbs.mr import MR  # type: ignore[import-not-found]
@@ -352,56 +363,71 @@ class RegistrationCache:
         self._mr = MR
         self.max_bytes = env_int("PYCOLL_IB_REG_CACHE_BYTES", 4 << 30, minimum=0)
         self.max_entries = env_int("PYCOLL_IB_REG_CACHE_ENTRIES", 1024, minimum=0)
-        self._entries: OrderedDict[tuple[int, int, int], tuple[Registration, Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int, int, bool], tuple[Registration, Any]] = \
+            OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
 
     def register(self, view: memoryview) -> tuple[Registration, int]:
-        """(registration covering ``view``, ``view``'s address). Uncached registrations
-        (``Registration.cached`` False) are the caller's to ``release`` after use."""
+        """(registration covering ``view``, ``view``'s address); ``release`` it after use."""
         owner, addr, nbytes, at = exporter_range(view)
-        key = (addr, nbytes, id(owner))
+        writable = not view.readonly
+        key = (addr, nbytes, id(owner), writable)
         found = self._entries.get(key)
         if found is not None and found[1]() is owner:
             self._entries.move_to_end(key)
             self.hits += 1
+            found[0].users += 1
             return found[0], at
         self.misses += 1
         try:
             ref = weakref.ref(owner)
         except TypeError:
             ref = None
-        # readonly memory (bytes) can be a send source: remote access needs a writable page
-        remote = not memoryview(view).readonly
         try:
-            mr = self._mr(self._pd, max(nbytes, 1), access_flags(remote), address=addr or None)
+            mr = self._mr(self._pd, max(nbytes, 1), access_flags(True) if writable else 0,
+                          address=addr or None)
         except Exception as e:   # noqa: BLE001 - pinning limits, bad address...
             raise TransportError(
                 f"verbs: cannot register {nbytes} bytes of memory ({e}); raise the locked-memory "
                 "limit (ulimit -l) or lower PYCOLL_IB_REG_CACHE_BYTES") from None
-        reg = Registration(mr, addr, nbytes, cached=ref is not None and self.max_entries > 0)
-        if not reg.cached:
+        cache = ref is not None and self.max_entries > 0 and nbytes <= self.max_bytes
+        reg = Registration(mr, addr, nbytes, cached=cache)
+        reg.users = 1
+        if not cache:
             return reg, at
         if found is not None:
             self._drop(key)
         self._entries[key] = (reg, ref)
         self._bytes += nbytes
         weakref.finalize(owner, self._forget, key, weakref.ref(reg))
-        while self._entries and (self._bytes > self.max_bytes
-                                 or len(self._entries) > self.max_entries):
-            self._drop(next(iter(self._entries)))
+        self._evict()
         return reg, at
 
-    def _forget(self, key: tuple[int, int, int], reg_ref: Any) -> None:
+    def release(self, reg: Registration) -> None:
+        reg.users -= 1
+        if reg.users <= 0 and not reg.cached:
+            reg.close()
+
+    def _evict(self) -> None:
+        for key in list(self._entries):
+            if self._bytes <= self.max_bytes and len(self._entries) <= self.max_entries:
+                return
+            if self._entries[key][0].users == 0:
+                self._drop(key)
+
+    def _forget(self, key: tuple[int, int, int, bool], reg_ref: Any) -> None:
         found = self._entries.get(key)
         if found is not None and found[0] is reg_ref():
             self._drop(key)
 
-    def _drop(self, key: tuple[int, int, int]) -> None:
+    def _drop(self, key: tuple[int, int, int, bool]) -> None:
         reg, _ = self._entries.pop(key)
         self._bytes -= reg.nbytes
-        reg.release()
+        reg.cached = False
+        if reg.users <= 0:
+            reg.close()
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries),
@@ -409,4 +435,6 @@ class RegistrationCache:
 
     def close(self) -> None:
         while self._entries:
-            self._drop(next(iter(self._entries)))
+            reg, _ = self._entries.popitem()[1]
+            reg.close()
+        self._bytes = 0
