@@ -6,7 +6,7 @@
   which is what routes between hosts on Ethernet; on InfiniBand the port's LID is used).
 * ``probe()`` says whether verbs is usable here. A library must fall back on *any* of: pyverbs
   missing or built against another libibverbs (``ImportError``), no RDMA in the kernel
-  (``get_device_list`` raises), no device, no active port (``../shared/notes/rdma-lab.md``).
+  (``get_device_list`` raises), no device, no active port (``docs/verbs.md``).
 * ``Device`` holds the opened context and protection domain; ``create_qp`` and
   ``connect_qp`` make an RC queue pair and connect it to a peer's.
 * ``RegistrationCache`` registers user buffers once and reuses the registration while the
