@@ -43,6 +43,19 @@ class KillResult:
         """Pids of the job's ranks that still exist (should be none: all reaped)."""
         return [pid for pid in self.pids if os.path.exists(f"/proc/{pid}")]
 
+    def misblamed(self, within: float) -> list[tuple[int, str, float | None, str]]:
+        """Survivors that did not raise ``PeerLost``/``PeerLostAbort`` naming the victim
+        within ``within`` seconds of the kill (a generous bound: far below the deadline, so
+        a hang until the deadline shows), as (rank, kind, latency, message)."""
+        bad = []
+        for s in self.survivors:
+            named = f"rank {self.victim} is gone" in s.message or \
+                f"peer rank {self.victim}" in s.message
+            if (s.kind not in ("PeerLost", "PeerLostAbort") or not named
+                    or s.latency is None or s.latency >= within):
+                bad.append((s.rank, s.kind, s.latency, s.message))
+        return bad
+
     @property
     def worst(self) -> float | None:
         lat = [s.latency for s in self.survivors if s.latency is not None]

@@ -94,6 +94,10 @@ class Channel(ABC):
     transport: "Transport"
     #: the channel's receives and unexpected messages (every transport matches through one)
     _match: "TagMatcher"
+    #: why the channel broke (None while it works); every request after that fails with it
+    _broken: BaseException | None
+    #: the transport's active set (``ActiveSet.channels``): joined when work arrives
+    _active: dict[int, "Channel"]
 
     @abstractmethod
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
@@ -118,6 +122,31 @@ class Channel(ABC):
         req = self.irecv(mem, tag)
         group.enlist(self._match, req)
         return req
+
+    def _post_receive(self, req: Request) -> bool:
+        """The start of every ``irecv``: a held message first (one that arrived before the
+        peer went away is still delivered, through ``_deliver_held``), else a broken channel
+        fails the receive, else it is posted and the channel joins the active set. True when
+        posted (the caller may then progress at once)."""
+        match = self._match
+        if match.unexpected:
+            held = match.take_held(req)
+            if held is not None:
+                self._deliver_held(req, *held)
+                return False
+        broken = self._broken
+        if broken is not None:
+            req.fail(broken)
+            return False
+        match.posted.append(req)
+        self._active[self.peer] = self
+        return True
+
+    def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
+        """Deliver a held message (bytes: copied) to the receive ``req``."""
+        if self._size_ok(req, nbytes):
+            req.view[:] = body
+            req.complete()
 
     def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
         """One-sided write of ``src`` into the peer's registered region ``remote`` (what

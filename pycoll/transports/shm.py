@@ -243,32 +243,18 @@ class ShmChannel(Channel):
         if self._settling:
             self.settle()
         req = Request(self, mem, tag, "recv")
-        match = self._match
-        if match.unexpected:           # held messages first: one that arrived before the
-            held = match.take_held(req)  # peer went away is still delivered
-            if held is not None:
-                self._deliver_held(req, *held)
-                return req
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
-        match.posted.append(req)
-        self._active[self.peer] = self
-        if self._tail < self._in.ctrl[HEAD]:
+        if self._post_receive(req) and self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()
         return req
 
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
-        if not self._size_ok(req, nbytes):
-            return
-        if isinstance(body, RndvNotice):
+        if not isinstance(body, RndvNotice):
+            super()._deliver_held(req, nbytes, body)
+        elif self._size_ok(req, nbytes):
             if self._broken is not None:   # the sender's buffer may be its user's again:
                 req.fail(self._broken)     # only copies (eager messages) outlive the pair
                 return
             self._rndv_read(req, body.pid, body.address, body.seq)
-        else:
-            req.view[:] = body
-            req.complete()
 
     def _rndv_read(self, req: Request, pid: int, address: int, seq: int) -> None:
         try:

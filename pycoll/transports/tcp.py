@@ -27,7 +27,7 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost)
 from .matching import TagMatcher
-from .tcp_setup import Acceptor, Dial, choose_bind_address
+from .tcp_setup import Connector, choose_bind_address
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 #: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
@@ -118,22 +118,7 @@ class TcpChannel(Channel):
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "recv")
-        match = self._match
-        held = None
-        if match.unexpected:           # held messages first: one that arrived before the
-            held = match.take_held(req)  # peer went away is still delivered
-        if held is not None:
-            nbytes, body = held
-            if self._size_ok(req, nbytes):
-                req.view[:] = body
-                req.complete()
-            return req
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
-        match.posted.append(req)
-        self._active[self.peer] = self
-        if self._sock is not None:
+        if self._post_receive(req) and self._sock is not None:
             self._progress_recv()
         return req
 
@@ -266,15 +251,11 @@ class TcpTransport(Transport):
         self.rank = ctx.rank
         self._size = ctx.size
         self._token = ctx.token
-        self._accepts = ctx.accepts
         host, family = choose_bind_address(ctx.master_addr)
-        self._acceptor = Acceptor(self.rank, self._size, self._token, host, family,
-                                  self._may_admit, self._attach)
-        self._channels: dict[int, TcpChannel] = {}
+        self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
+                                lambda peer: TcpChannel(self, peer))
+        self._channels: dict[int, TcpChannel] = self._setup.channels
         self._active = ActiveSet()
-        self._dials: dict[int, Dial] = {}
-        self._awaiting = False       # a channel with work waits for its peer to dial in
-        self.host = host
 
     # -- registry ------------------------------------------------------------------------
     @classmethod
@@ -286,63 +267,32 @@ class TcpTransport(Transport):
         return True
 
     def address(self) -> dict[str, Any]:
-        return self._acceptor.address(self.host)
+        return self._setup.address()
 
     # -- connections -----------------------------------------------------------------------
     def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
-        ch = self._channels.get(peer)
-        if ch is None:
-            ch = self._channels[peer] = TcpChannel(self, peer)
-            if peer < self.rank:
-                self._dials[peer] = Dial(self, ch, address, deadline)
-            else:
-                self._awaiting = True
-            self.setup_pending = True
+        ch = self._setup.connect(peer, address, deadline)
+        self.setup_pending = self._setup.pending
         return ch
 
     def connections(self) -> int:
         """Open data connections (for tests and diagnostics)."""
-        return sum(ch.connected for ch in self._channels.values())
-
-    def _may_admit(self, rank: int) -> bool:
-        existing = self._channels.get(rank)
-        return not (existing is not None and existing.connected) and self._accepts(self.name, rank)
-
-    def _attach(self, rank: int, sock: socket.socket) -> None:
-        ch = self._channels.get(rank) or self._channels.setdefault(rank, TcpChannel(self, rank))
-        ch.attach(sock)
+        return self._setup.connections()
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
-        moved = False
-        if self._dials:
-            for peer, dial in list(self._dials.items()):
-                if dial.progress():
-                    del self._dials[peer]
-                    moved = True
-        moved = self._acceptor.progress(self._awaiting) or moved
-        self._awaiting = any(ch._sock is None and ch.busy() and ch._broken is None  # type: ignore[attr-defined]
-                             for ch in self._active.channels.values())
-        self.setup_pending = bool(self._dials or self._acceptor.handshakes or self._awaiting)
+        moved = self._setup.progress(self._active.channels.values())
+        self.setup_pending = self._setup.pending
         if self._active.channels:
             moved = self._active.progress() or moved
         return moved
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
-        fds = self._acceptor.fds()
-        fds += [(d.sock.fileno(), d.events()) for d in self._dials.values()
-                if d.sock is not None]
+        fds = self._setup.fds()
         fds += [(ch._fd, ch.events()) for ch in self._active.channels.values()  # type: ignore[attr-defined]
                 if ch._sock is not None]  # type: ignore[attr-defined]
         return fds
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
-        self._channels.clear()
+        self._setup.close()
         self._active.channels.clear()
-        for dial in self._dials.values():
-            if dial.sock is not None:
-                dial.sock.close()
-        self._dials.clear()
-        self._acceptor.close()

@@ -253,8 +253,90 @@ class Handshake:
         self.since = time.monotonic()
 
 
+class Connector:
+    """Lazy per-pair sockets, shared by tcp (its data connections) and verbs (setup and
+    liveness): the channel table, the dials of the higher rank of each pair, the lower
+    rank's ``Acceptor``, and whether a channel with work still waits for its peer to dial in.
+
+    A channel is made by ``make_channel(peer)`` and must offer ``attach(sock)``, ``busy()``,
+    ``connected`` and the ``_sock``/``_broken`` attributes the dial and the checks read.
+    """
+
+    def __init__(self, transport: Dialer, size: int, accepts: Callable[[str, int], bool],
+                 host: str, family: int, make_channel: Callable[[int], Any]) -> None:
+        self.transport = transport
+        self.host = host
+        self._accepts = accepts
+        self._make = make_channel
+        self.channels: dict[int, Any] = {}
+        self.dials: dict[int, Dial] = {}
+        self.awaiting = False       # a channel with work waits for its peer to dial in
+        self.acceptor = Acceptor(transport.rank, size, transport._token, host, family,
+                                 self._may_admit, self._attach)
+
+    def address(self) -> dict[str, Any]:
+        return self.acceptor.address(self.host)
+
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Any:
+        """The channel to ``peer``, created on first use: the higher rank dials."""
+        ch = self.channels.get(peer)
+        if ch is None:
+            ch = self.channels[peer] = self._make(peer)
+            if peer < self.transport.rank:
+                self.dials[peer] = Dial(self.transport, ch, address, deadline)
+            else:
+                self.awaiting = True
+        return ch
+
+    def _may_admit(self, rank: int) -> bool:
+        existing = self.channels.get(rank)
+        return ((existing is None or existing._sock is None)
+                and self._accepts(self.transport.name, rank))
+
+    def _attach(self, rank: int, sock: socket.socket) -> None:
+        ch = self.channels.get(rank)
+        if ch is None:
+            ch = self.channels[rank] = self._make(rank)
+        ch.attach(sock)
+
+    def progress(self, active: Any) -> bool:
+        """Advance dials and the acceptor; ``active``: the channels with work."""
+        moved = False
+        if self.dials:
+            for peer, dial in list(self.dials.items()):
+                if dial.progress():
+                    del self.dials[peer]
+                    moved = True
+        moved = self.acceptor.progress(self.awaiting) or moved
+        self.awaiting = any(ch._sock is None and ch.busy() and ch._broken is None
+                            for ch in active)
+        return moved
+
+    @property
+    def pending(self) -> bool:
+        """Connection setup in progress (the engine must progress even idle channels)."""
+        return bool(self.dials or self.acceptor.handshakes or self.awaiting)
+
+    def fds(self) -> list[tuple[int, int]]:
+        return self.acceptor.fds() + [(d.sock.fileno(), d.events()) for d in self.dials.values()
+                                      if d.sock is not None]
+
+    def connections(self) -> int:
+        return sum(ch.connected for ch in self.channels.values())
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+        self.channels.clear()
+        for dial in self.dials.values():
+            if dial.sock is not None:
+                dial.sock.close()
+        self.dials.clear()
+        self.acceptor.close()
+
+
 class Acceptor:
-    """The listening side of connection setup, shared by tcp and verbs.
+    """The listening side of connection setup, shared by tcp and verbs (``Connector``).
 
     Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
     it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:

@@ -54,7 +54,7 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost)
 from .matching import TagMatcher
-from .tcp_setup import Acceptor, Dial, choose_bind_address
+from .tcp_setup import Connector, choose_bind_address
 from .verbs_device import (E, Device, Registration, RegistrationCache, access_flags,
                            connect_qp, create_qp, exporter_range, probe)
 
@@ -63,7 +63,7 @@ HDR = struct.Struct("<IIqqqQ")
 EAGER, RTS, CTS, PUT = 1, 2, 3, 4
 #: queue-pair addresses exchanged over the setup socket
 MAX_QPS = 8
-INFO = struct.Struct(f"<8s40sHIIBIIQII{MAX_QPS}I")
+INFO = struct.Struct(f"<8s40sHIIBIIQI{MAX_QPS}I")
 INFO_MAGIC = b"PCVERBS1"
 #: the only thing the setup socket carries after the exchange: "I leave because rank N died"
 FAREWELL = struct.Struct("<8sq")
@@ -140,7 +140,7 @@ class VerbsChannel(Channel):
         self._reported = 0          # ... of which the peer was told
         self._peer_credit: tuple[int, int] = (0, 0)   # (address, rkey) of our word there
         self._eager_max = transport.eager_max
-        self._ndata = 1
+        self._stride = HDR.size + self._eager_max     # of a ring buffer and a send slot
         # work
         self._outbox: deque[tuple] = deque()          # control messages and put writes
         self._writes: deque[tuple] = deque()          # rendezvous writes waiting for room
@@ -185,12 +185,11 @@ class VerbsChannel(Channel):
             self._qps.append(qp)
             self._sq_free.append(SQ_DEPTH)
             self._rq_free.append(rq)
-        slot = HDR.size + self._eager_max
-        self._ring = np.zeros(t.ring_slots * slot, dtype=np.uint8)
+        self._ring = np.zeros(t.ring_slots * self._stride, dtype=np.uint8)
         self._ring_mr = t.register_own(self._ring)
-        self._slots = np.zeros(t.send_slots * slot, dtype=np.uint8)
+        self._slots = np.zeros(t.ring_slots * self._stride, dtype=np.uint8)
         self._slots_mr = t.register_own(self._slots)
-        self._free_slots = list(range(t.send_slots - 1, -1, -1))
+        self._free_slots = list(range(t.ring_slots - 1, -1, -1))
         for i in range(t.ring_slots):
             self._post_ring(i)
         self._psn = secrets.randbelow(1 << 24)
@@ -198,7 +197,7 @@ class VerbsChannel(Channel):
         ch = dev.choice
         return INFO.pack(INFO_MAGIC, ch.gid.encode(), ch.lid, self._psn, t.ring_slots, nq,
                          self._eager_max, t.credit_mr.rkey,
-                         t.credit_addr + 8 * self.peer, ch.mtu, t.qps_per_peer, *qpns)
+                         t.credit_addr + 8 * self.peer, ch.mtu, *qpns)
 
     def _finish_exchange(self) -> bool:
         """Read the peer's addresses; once complete, bring every queue pair to RTS."""
@@ -216,9 +215,8 @@ class VerbsChannel(Channel):
         if len(self._info_in) < INFO.size:
             return True
         fields = INFO.unpack(bytes(self._info_in))
-        (magic, gid, lid, psn, slots, nq, eager_max, rkey, credit_addr, mtu,
-         _ndata) = fields[:11]
-        qpns = fields[11:11 + nq]
+        magic, gid, lid, psn, slots, nq, eager_max, rkey, credit_addr, mtu = fields[:10]
+        qpns = fields[10:10 + nq]
         if (magic != INFO_MAGIC or nq != len(self._qps) or not 0 < slots < 1 << 20
                 or eager_max != self._eager_max):
             self._break(TransportError(
@@ -237,13 +235,17 @@ class VerbsChannel(Channel):
                                        f"{self.peer}: {e}", peer=self.peer))
             return True
         self._peer_slots = slots
-        self._ndata = nq - 1
         self._peer_credit = (credit_addr, rkey)
         self._state = READY
         self.transport.exchanging -= 1
         debug.logger.info("verbs: queue pairs to rank %d ready (%d data QPs, eager <= %d B)",
                           self.peer, self._ndata, self._eager_max)
         return True
+
+    @property
+    def _ndata(self) -> int:
+        """Data queue pairs (every queue pair but the control one)."""
+        return len(self._qps) - 1
 
     @property
     def connected(self) -> bool:
@@ -253,8 +255,7 @@ class VerbsChannel(Channel):
     def _post_ring(self, i: int) -> None:
         from pyverbs.wr import SGE, RecvWR  # type: ignore[import-not-found]
 
-        slot = HDR.size + self._eager_max
-        sge = SGE(self._ring_mr.buf + i * slot, slot, self._ring_mr.lkey)
+        sge = SGE(self._ring_mr.buf + i * self._stride, self._stride, self._ring_mr.lkey)
         self._qps[0].post_recv(RecvWR(wr_id=(WR_RING << 48) | i, num_sge=1, sg=[sge]))
 
     def _post_send(self, q: int, kind: int, index: int, opcode: int, addr: int, length: int,
@@ -283,7 +284,7 @@ class VerbsChannel(Channel):
         slots = self._slots
         assert slots is not None
         index = self._free_slots.pop()
-        off = index * (HDR.size + self._eager_max)
+        off = index * self._stride
         HDR.pack_into(slots.data, off, kind, aux, tag, nbytes, ident, addr)
         if payload is not None and payload.nbytes:
             slots[off + HDR.size: off + n] = np.frombuffer(payload, dtype=np.uint8)
@@ -452,31 +453,18 @@ class VerbsChannel(Channel):
     # -- receiving -------------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "recv")
-        match = self._match
-        if match.unexpected:
-            held = match.take_held(req)
-            if held is not None:
-                self._deliver_held(req, *held)
-                return req
-        if self._broken is not None:
-            req.fail(self._broken)
-            return req
-        match.posted.append(req)
-        self._active[self.peer] = self
+        self._post_receive(req)
         return req
 
     def _deliver_held(self, req: Request, nbytes: int, payload: Any) -> None:
-        if not self._size_ok(req, nbytes):
-            return
-        if isinstance(payload, RndvNotice):
+        if not isinstance(payload, RndvNotice):
+            super()._deliver_held(req, nbytes, payload)
+        elif self._size_ok(req, nbytes):
             if self._broken is not None:      # its bytes are still at the (gone) sender
                 req.fail(self._broken)
                 return
             self._grant(req, payload.send_id)
             self._active[self.peer] = self
-        else:
-            req.view[:] = payload
-            req.complete()
 
     def _grant(self, req: Request, send_id: int) -> None:
         """Expose the receive buffer to the sender: data receives first, then clear-to-send."""
@@ -506,7 +494,7 @@ class VerbsChannel(Channel):
         """A message landed in ring buffer ``i``."""
         ring = self._ring
         assert ring is not None
-        off = i * (HDR.size + self._eager_max)
+        off = i * self._stride
         if length < HDR.size:
             self._break(TransportError(f"verbs: peer rank {self.peer} sent a malformed message "
                                        f"({length} bytes)", peer=self.peer))
@@ -703,8 +691,7 @@ class VerbsChannel(Channel):
             return False
         return bool(self._outbox or self._match.posted or self._rndv_sends or self._rndv_recvs
                     or self._writes or self._grants or self._puts or self._state == EXCHANGING
-                    or (self._qps and (self._sq_free[0] < SQ_DEPTH
-                                       or any(f < SQ_DEPTH for f in self._sq_free[1:]))))
+                    or any(f < SQ_DEPTH for f in self._sq_free))
 
     def check_alive(self) -> None:
         if self._broken is None and self._sock is not None:
@@ -838,14 +825,12 @@ class VerbsTransport(Transport):
         self.rank = ctx.rank
         self.size = ctx.size
         self._token = ctx.token
-        self._accepts = ctx.accepts
         self.eager_max = env_int("PYCOLL_IB_EAGER_MAX", EAGER_MAX, minimum=0)
         self.qps_per_peer = env_int("PYCOLL_IB_QPS_PER_PEER", 1, minimum=1)
         if self.qps_per_peer > MAX_QPS - 1:
             raise TransportError(f"PYCOLL_IB_QPS_PER_PEER={self.qps_per_peer}: at most "
                                  f"{MAX_QPS - 1}")
-        self.ring_slots = env_int("PYCOLL_IB_EAGER_SLOTS", 16, minimum=2)
-        self.send_slots = self.ring_slots
+        self.ring_slots = env_int("PYCOLL_IB_EAGER_SLOTS", 16, minimum=2)   # and send slots
         self.ack_timeout = env_int("PYCOLL_IB_TIMEOUT", 14, minimum=1)
         self.retry_cnt = min(7, env_int("PYCOLL_IB_RETRY_CNT", 7, minimum=1))
         self.inline = INLINE_BYTES
@@ -864,13 +849,10 @@ class VerbsTransport(Transport):
         self.notices: list[tuple[int, int]] = []
         self._exposed: dict[int, tuple[Any, MemRef]] = {}
         host, family = choose_bind_address(ctx.master_addr)
-        self.host = host
-        self._acceptor = Acceptor(self.rank, self.size, self._token, host, family,
-                                  self._may_admit, self._attach)
-        self._channels: dict[int, VerbsChannel] = {}
+        self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
+                                lambda peer: VerbsChannel(self, peer))
+        self._channels: dict[int, VerbsChannel] = self._setup.channels
         self._active = ActiveSet()
-        self._dials: dict[int, Dial] = {}
-        self._awaiting = False
         self.exchanging = 0
         self._kick_fd = os.eventfd(0, os.EFD_NONBLOCK)
         self._kicked = False
@@ -891,45 +873,20 @@ class VerbsTransport(Transport):
         return a.records["verbs"]["fabric"] == b.records["verbs"]["fabric"]
 
     def address(self) -> dict[str, Any]:
-        return self._acceptor.address(self.host)
+        return self._setup.address()
 
     # -- connections -----------------------------------------------------------------------
     def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
-        ch = self._channels.get(peer)
-        if ch is None:
-            ch = self._channels[peer] = VerbsChannel(self, peer)
-            if peer < self.rank:
-                self._dials[peer] = Dial(self, ch, address, deadline)
-            else:
-                self._awaiting = True
-            self.setup_pending = True
+        ch = self._setup.connect(peer, address, deadline)
+        self.setup_pending = self._setup.pending
         return ch
 
     def connections(self) -> int:
-        return sum(ch.connected for ch in self._channels.values())
-
-    def _may_admit(self, rank: int) -> bool:
-        existing = self._channels.get(rank)
-        return (not (existing is not None and existing._sock is not None)
-                and self._accepts(self.name, rank))
-
-    def _attach(self, rank: int, sock: socket.socket) -> None:
-        ch = self._channels.get(rank)
-        if ch is None:
-            ch = self._channels[rank] = VerbsChannel(self, rank)
-        ch.attach(sock)
+        return self._setup.connections()
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
-        moved = False
-        if self._dials:
-            for peer, dial in list(self._dials.items()):
-                if dial.progress():
-                    del self._dials[peer]
-                    moved = True
-        moved = self._acceptor.progress(self._awaiting) or moved
-        self._awaiting = any(ch._sock is None and ch.busy() and ch._broken is None
-                             for ch in self._working())
+        moved = self._setup.progress(self._active.channels.values())
         if self._kicked:
             self._kicked = False
             try:
@@ -938,14 +895,11 @@ class VerbsTransport(Transport):
                 pass
         if self._active.channels:
             moved = self._active.progress() or moved
-        self.setup_pending = bool(self._dials or self._acceptor.handshakes or self._awaiting
-                                  or self.exchanging)
+        self.setup_pending = self._setup.pending or bool(self.exchanging)
         return moved
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
-        fds = self._acceptor.fds()
-        fds += [(d.sock.fileno(), d.events()) for d in self._dials.values()
-                if d.sock is not None]
+        fds = self._setup.fds()
         slipped = False
         for ch in self._working():
             if ch._sock is not None:
@@ -988,15 +942,8 @@ class VerbsTransport(Transport):
         return self.cache.stats()
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
-        self._channels.clear()
+        self._setup.close()
         self._active.channels.clear()
-        for dial in self._dials.values():
-            if dial.sock is not None:
-                dial.sock.close()
-        self._dials.clear()
-        self._acceptor.close()
         for mr, _ in self._exposed.values():
             try:
                 mr.close()

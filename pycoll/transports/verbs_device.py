@@ -191,8 +191,6 @@ class Device:
         self.choice = select_port()
         self.ctx = Context(name=self.choice.device)
         self.pd = PD(self.ctx)
-        attr = self.ctx.query_port(self.choice.port)
-        self.max_msg = int(attr.max_msg_sz) or (1 << 30)
 
     def comp_channel(self) -> tuple[Any, int]:
         """A completion channel and its (non-blocking) descriptor. pyverbs does not expose

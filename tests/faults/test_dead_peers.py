@@ -34,12 +34,8 @@ def test_killed_rank_is_named_by_every_survivor(world, transport, collective, nb
     result = kill_during(world, collective, nbytes, victim=victim, transport=transport,
                          env={"PYCOLL_TRACE_DIR": str(tmp_path)}, deadline=60.0, wait=20.0)
     assert len(result.survivors) == world - 1
-    for s in result.survivors:
-        assert s.kind in ("PeerLost", "PeerLostAbort"), (s.rank, s.kind, s.message)
-        assert f"rank {victim} is gone" in s.message or f"peer rank {victim}" in s.message, \
-            (s.rank, s.message)
-        assert s.latency is not None and s.latency < 15.0, (s.rank, s.latency)
-        assert "Flight recorder:" in s.message
+    assert result.misblamed(within=15.0) == []
+    assert all("Flight recorder:" in s.message for s in result.survivors)
     assert result.leaked_segments == []
     assert result.still_running() == []
     assert list(tmp_path.glob("pycoll-trace-*-rank*.json")), "survivors dump their recorders"

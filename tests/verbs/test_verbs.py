@@ -107,13 +107,8 @@ def test_kill_9_is_named_by_every_survivor(world, collective, nbytes, tmp_path):
     result = kill_during(world, collective, nbytes, victim=victim, transport="verbs",
                          env={"PYCOLL_TRACE_DIR": str(tmp_path)}, deadline=120.0, wait=60.0)
     assert len(result.survivors) == world - 1
-    for s in result.survivors:
-        assert s.kind in ("PeerLost", "PeerLostAbort"), (s.rank, s.kind, s.message)
-        assert f"rank {victim} is gone" in s.message or f"peer rank {victim}" in s.message, \
-            (s.rank, s.message)
-        # under TCG emulation everything is 10-15x slower: a generous bound against the
-        # 120 s deadline (a hang would hit the deadline)
-        assert s.latency is not None and s.latency < 40.0, (s.rank, s.latency)
+    # under TCG emulation everything is 10-15x slower: a bound far below the 120 s deadline
+    assert result.misblamed(within=40.0) == []
     assert result.still_running() == []
 
 
