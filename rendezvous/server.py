@@ -26,6 +26,7 @@ import heapq
 import itertools
 import logging
 import os
+import resource
 import secrets
 import selectors
 import socket
@@ -110,6 +111,16 @@ class _Waiter:
 
 _LISTENER = object()
 _WAKE = object()
+
+
+def _fd_ceiling() -> int:
+    """The descriptor number above which the process is short of descriptors: the soft
+    RLIMIT_NOFILE less a reserve (64, or a quarter of a small limit) kept for the rest of the
+    process. Descriptors are allocated lowest first, so a new one this high means few left."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return soft - min(64, soft // 4)
 
 
 class StoreServer:
@@ -406,6 +417,11 @@ class StoreServer:
             peer = _fmt_addr(addr)
             if len(self._conns) >= self.max_connections:
                 self._evict_unauthenticated(1)      # an idle stranger makes room, not a rank
+            if sock.fileno() >= _fd_ceiling():
+                # Descriptors run short for the whole process (the store lives in a rank,
+                # which still opens files, sockets and segments): strangers go first, before
+                # the process itself hits EMFILE.
+                self._evict_unauthenticated(max(1, len(self._conns) // 4))
             if len(self._conns) >= self.max_connections:
                 log.warning(
                     "rendezvous server: refusing connection from %s: %d connections open (max_connections)",
