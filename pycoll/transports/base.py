@@ -348,3 +348,17 @@ def peer_left_over(peer: int, lost: int) -> PeerLost:
     this error names as its ``peer``, so survivors all blame the rank that died)."""
     return PeerLost(f"peer rank {lost} is gone: peer rank {peer} left the job because it lost "
                     f"rank {lost}", peer=lost)
+
+
+#: striping a message over several lanes (tcp sockets, verbs queue pairs) only pays off
+#: above this many bytes per lane
+STRIPE_MIN = 256 << 10
+
+
+def stripes(nbytes: int, lanes: int) -> list[tuple[int, int, int]]:
+    """(lane, offset, length) of each stripe of a message: contiguous stripes over up to
+    ``lanes`` lanes, each at least ``STRIPE_MIN`` bytes. Both ends compute it from the size
+    alone, so the receiver knows which bytes each lane brings without any header."""
+    used = max(1, min(lanes, nbytes // STRIPE_MIN))
+    per = -(-nbytes // used)
+    return [(i, i * per, min(per, nbytes - i * per)) for i in range(used)]

@@ -22,8 +22,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..envvars import env_choice, env_int
-from ..errors import TransportError
+from ..errors import InvalidArgument, TransportError
 from .base import peer_lost
+from .name_rules import parse_name_rules
 
 if TYPE_CHECKING:
     from .base import Channel
@@ -36,42 +37,76 @@ class Dialer(Protocol):
     rank: int
     _token: str | None
 
-HELLO = struct.Struct("<8sI32s")         # magic, rank, proof
-MAGIC = b"PYCOLLv1"
+HELLO = struct.Struct("<8sIHH32s")       # magic, rank, stream, streams, proof
+MAGIC = b"PYCOLLv2"
+#: sockets per peer pair at most (``PYCOLL_SOCKET_NSOCKS``)
+MAX_STREAMS = 16
 
 
-def proof(token: str | None, nonce: str, rank: int) -> bytes:
+def proof(token: str | None, nonce: str, rank: int, stream: int, streams: int) -> bytes:
     key = (token or "").encode()
-    return hmac.new(key, f"{nonce}:{rank}".encode(), hashlib.sha256).digest()
+    return hmac.new(key, f"{nonce}:{rank}:{stream}/{streams}".encode(), hashlib.sha256).digest()
 
 
-def interface_address(ifname: str, family: int) -> str:
-    """The first address of network interface ``ifname`` (``PYCOLL_SOCKET_IFNAME``)."""
+def socket_streams() -> int:
+    """Sockets per peer pair (``PYCOLL_SOCKET_NSOCKS``, NCCL's ``NCCL_SOCKET_NTHREADS`` x
+    ``NCCL_NSOCKS_PERTHREAD``): large messages are striped over them, so one slow flow (a
+    congestion window, a flow-hashed bond or ECMP path) does not cap a pair's bandwidth."""
+    n = env_int("PYCOLL_SOCKET_NSOCKS", 1, minimum=1)
+    if n > MAX_STREAMS:
+        raise InvalidArgument(f"PYCOLL_SOCKET_NSOCKS={n}: at most {MAX_STREAMS} sockets per peer")
+    return n
+
+
+def interface_address(ifname: str, family: int) -> str | None:
+    """The address of network interface ``ifname`` in ``family``, or None. IPv6: a global
+    (or, on loopback, the host) address, never a link-local one, which would need a scope."""
     if family == socket.AF_INET6:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                fields = line.split()
-                if fields[-1] == ifname:
-                    raw = fields[0]
-                    addr = ":".join(raw[i:i + 4] for i in range(0, 32, 4))
-                    return str(ipaddress.IPv6Address(addr))
-        raise TransportError(f"interface {ifname!r} has no IPv6 address (PYCOLL_SOCKET_IFNAME)")
+        found: dict[str, str] = {}
+        try:
+            with open("/proc/net/if_inet6") as f:
+                for line in f:
+                    raw, _index, _plen, scope, _flags, name = line.split()
+                    if name == ifname:
+                        found.setdefault(scope, str(ipaddress.IPv6Address(int(raw, 16))))
+        except OSError:
+            return None
+        return found.get("00") or found.get("10")      # global, else host (::1)
     SIOCGIFADDR = 0x8915
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", ifname.encode()[:15]))
-        except OSError as e:
-            raise TransportError(f"interface {ifname!r} has no IPv4 address "
-                                 f"(PYCOLL_SOCKET_IFNAME): {e}") from None
+        except OSError:
+            return None
     return socket.inet_ntoa(packed[20:24])
+
+
+def select_interface(spec: str, family: int) -> tuple[str, str]:
+    """(interface, address) for ``PYCOLL_SOCKET_IFNAME=spec`` (NCCL's syntax: ``eth``,
+    ``=eth0``, ``^lo,docker``; see ``name_rules``): the first interface, in the kernel's
+    order, that the rules admit and that has an address of ``family``."""
+    rules = parse_name_rules("PYCOLL_SOCKET_IFNAME", spec)
+    fam = "IPv6" if family == socket.AF_INET6 else "IPv4"
+    seen = []
+    for _, name in socket.if_nameindex():
+        if not rules.admits(name):
+            continue
+        addr = interface_address(name, family)
+        if addr is not None:
+            return name, addr
+        seen.append(f"{name} has no {fam} address")
+    names = ", ".join(n for _, n in socket.if_nameindex())
+    why = "; ".join(seen) or f"it admits none of this host's interfaces ({names})"
+    raise TransportError(f"PYCOLL_SOCKET_IFNAME={spec!r}: no usable interface: {why}")
 
 
 def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
     """Pick (address, family) for the data port.
 
-    ``PYCOLL_SOCKET_IFNAME`` names the interface; ``PYCOLL_SOCKET_FAMILY`` (ipv4/ipv6) the
-    family. Otherwise use the local address the kernel would use to reach the master, which
-    on a single host is loopback.
+    ``PYCOLL_SOCKET_IFNAME`` selects the interface (``select_interface``);
+    ``PYCOLL_SOCKET_FAMILY`` (ipv4/ipv6) the family, which otherwise is the master address's.
+    Without an interface, use the local address the kernel would use to reach the master,
+    which on a single host is loopback.
     """
     fam_name = env_choice("PYCOLL_SOCKET_FAMILY", "", ("ipv4", "ipv6", "inet", "inet6", "4", "6"))
     target = master_addr or "127.0.0.1"
@@ -83,7 +118,7 @@ def choose_bind_address(master_addr: str | None) -> tuple[str, int]:
         family = socket.getaddrinfo(target, None)[0][0]
     ifname = os.environ.get("PYCOLL_SOCKET_IFNAME", "").strip()
     if ifname:
-        return interface_address(ifname, family), family
+        return select_interface(ifname, family)[1], family
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         try:
             s.connect((target if family == socket.getaddrinfo(target, None)[0][0]
@@ -131,20 +166,23 @@ ACCEPT_INTERVAL = 0.01
 
 
 class Dial:
-    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack."""
+    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack.
+    One per socket of the pair (``stream`` of ``streams``)."""
 
     def __init__(self, transport: Dialer, channel: "Channel", addr: dict[str, Any],
-                 deadline: float) -> None:
+                 deadline: float, stream: int = 0, streams: int = 1) -> None:
         self.transport = transport
         self.channel = channel
+        self.stream = stream
         self.addr = addr
         self.deadline = deadline
         self.sock: socket.socket | None = None
         self.state = "idle"            # idle -> connecting -> ack
         self.retry_at = 0.0
         self.delay = 0.01
-        self.hello = HELLO.pack(MAGIC, transport.rank,
-                                proof(transport._token, str(addr["nonce"]), transport.rank))
+        self.hello = HELLO.pack(MAGIC, transport.rank, stream, streams,
+                                proof(transport._token, str(addr["nonce"]), transport.rank,
+                                      stream, streams))
 
     def _fail(self, why: str) -> None:
         peer = self.channel.peer
@@ -213,7 +251,7 @@ class Dial:
             if err:
                 return self._retry(os.strerror(err))
             try:
-                sock.sendall(self.hello)     # 44 bytes into an empty socket buffer
+                sock.sendall(self.hello)     # 48 bytes into an empty socket buffer
             except OSError as e:
                 return self._retry(str(e))
             self.state = "ack"
@@ -238,7 +276,7 @@ class Dial:
                 "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
                 peer=peer))
             return True
-        self.channel.attach(sock)  # type: ignore[attr-defined]
+        self.channel.attach(sock, self.stream)  # type: ignore[attr-defined]
         return True
 
 
@@ -258,58 +296,71 @@ class Connector:
     liveness): the channel table, the dials of the higher rank of each pair, the lower
     rank's ``Acceptor``, and whether a channel with work still waits for its peer to dial in.
 
-    A channel is made by ``make_channel(peer)`` and must offer ``attach(sock)``, ``busy()``,
-    ``connected`` and the ``_sock``/``_broken`` attributes the dial and the checks read.
+    A pair has ``streams`` sockets: the smaller of the two ranks' counts, which each side
+    computes from the other's published address (the dialer also states it in its
+    ``HELLO``). A channel is made by ``make_channel(peer, streams)`` and must offer
+    ``attach(sock, stream)``, ``busy()``, ``connected``, ``streams`` and ``_broken``.
     """
 
     def __init__(self, transport: Dialer, size: int, accepts: Callable[[str, int], bool],
-                 host: str, family: int, make_channel: Callable[[int], Any]) -> None:
+                 host: str, family: int, make_channel: Callable[[int, int], Any],
+                 streams: int = 1) -> None:
         self.transport = transport
         self.host = host
+        self.streams = streams
         self._accepts = accepts
         self._make = make_channel
         self.channels: dict[int, Any] = {}
-        self.dials: dict[int, Dial] = {}
+        self.attached: dict[int, set[int]] = {}      # peer -> its sockets accepted so far
+        self.dials: dict[tuple[int, int], Dial] = {}
         self.awaiting = False       # a channel with work waits for its peer to dial in
         self.acceptor = Acceptor(transport.rank, size, transport._token, host, family,
                                  self._may_admit, self._attach)
 
     def address(self) -> dict[str, Any]:
-        return self.acceptor.address(self.host)
+        return dict(self.acceptor.address(self.host), streams=self.streams)
 
     def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Any:
         """The channel to ``peer``, created on first use: the higher rank dials."""
         ch = self.channels.get(peer)
         if ch is None:
-            ch = self.channels[peer] = self._make(peer)
+            streams = max(1, min(self.streams, int(address.get("streams", 1))))
+            ch = self.channels[peer] = self._make(peer, streams)
             if peer < self.transport.rank:
-                self.dials[peer] = Dial(self.transport, ch, address, deadline)
+                for stream in range(streams):
+                    self.dials[(peer, stream)] = Dial(self.transport, ch, address, deadline,
+                                                      stream, streams)
             else:
                 self.awaiting = True
         return ch
 
-    def _may_admit(self, rank: int) -> bool:
+    def _may_admit(self, rank: int, stream: int, streams: int) -> bool:
         existing = self.channels.get(rank)
-        return ((existing is None or existing._sock is None)
-                and self._accepts(self.transport.name, rank))
+        if existing is None:
+            fits = streams <= self.streams
+        else:
+            fits = streams == existing.streams and stream not in self.attached.get(rank, ())
+        return fits and self._accepts(self.transport.name, rank)
 
-    def _attach(self, rank: int, sock: socket.socket) -> None:
+    def _attach(self, rank: int, stream: int, streams: int, sock: socket.socket) -> None:
         ch = self.channels.get(rank)
         if ch is None:
-            ch = self.channels[rank] = self._make(rank)
-        ch.attach(sock)
+            ch = self.channels[rank] = self._make(rank, streams)
+        self.attached.setdefault(rank, set()).add(stream)
+        ch.attach(sock, stream)
 
     def progress(self, active: Any) -> bool:
         """Advance dials and the acceptor; ``active``: the channels with work."""
         moved = False
         if self.dials:
-            for peer, dial in list(self.dials.items()):
+            for key, dial in list(self.dials.items()):
                 if dial.progress():
-                    del self.dials[peer]
+                    del self.dials[key]
                     moved = True
         moved = self.acceptor.progress(self.awaiting) or moved
-        self.awaiting = any(ch._sock is None and ch.busy() and ch._broken is None
-                            for ch in active)
+        rank, attached = self.transport.rank, self.attached
+        self.awaiting = any(ch.peer > rank and ch.busy() and ch._broken is None
+                            and len(attached.get(ch.peer, ())) < ch.streams for ch in active)
         return moved
 
     @property
@@ -340,15 +391,15 @@ class Acceptor:
 
     Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
     it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:
-    ``may_admit(r)`` (is ``r`` a higher rank that may dial us now) and then ``attach(r,
-    sock)`` after the one-byte ack. Anything else (a stranger, a flood of silent sockets, a
+    ``may_admit(r, stream, streams)`` (is ``r`` a higher rank that may dial this socket of
+    the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack. Anything else (a stranger, a flood of silent sockets, a
     peer of another job) is dropped without disturbing the job; when descriptors run short
     the oldest unproven connection goes first.
     """
 
     def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,
-                 may_admit: Callable[[int], bool],
-                 attach: Callable[[int, socket.socket], None]) -> None:
+                 may_admit: Callable[[int, int, int], bool],
+                 attach: Callable[[int, int, int, socket.socket], None]) -> None:
         self.rank = rank
         self.size = size
         self.token = token
@@ -436,16 +487,18 @@ class Acceptor:
         """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
         other code), then that the rank may dial us; attach the socket if all holds."""
         try:
-            magic, rank, claimed = HELLO.unpack(bytes(hs.buf))
+            magic, rank, stream, streams, claimed = HELLO.unpack(bytes(hs.buf))
             if (magic != MAGIC or not self.rank < rank < self.size
-                    or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank))
-                    or not self._may_admit(rank)):
+                    or not 0 <= stream < streams <= MAX_STREAMS
+                    or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank,
+                                                              stream, streams))
+                    or not self._may_admit(rank, stream, streams)):
                 return False
             hs.sock.send(b"\x01")
             tune(hs.sock)
         except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
             return False
-        self._attach(rank, hs.sock)
+        self._attach(rank, stream, streams, hs.sock)
         return True
 
     def close(self) -> None:

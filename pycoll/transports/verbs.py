@@ -52,7 +52,7 @@ from ..envvars import env_int
 from ..errors import TransportError
 from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                   peer_left_over, peer_lost)
+                   peer_left_over, peer_lost, stripes)
 from .matching import TagMatcher
 from .tcp_setup import Connector, choose_bind_address
 from .verbs_device import (E, Device, Registration, RegistrationCache, access_flags,
@@ -80,22 +80,11 @@ INDEX_MASK = (1 << 40) - 1
 EAGER_MAX = 64 << 10
 #: rendezvous writes: at most this many bytes per work request
 CHUNK_BYTES = 1 << 20
-#: stripes over several data queue pairs only pay off above this many bytes each
-STRIPE_MIN = 256 << 10
 SQ_DEPTH = 256
 DATA_RQ_DEPTH = 128
 INLINE_BYTES = 128
 
 READY, EXCHANGING, CONNECTING = "ready", "exchanging", "connecting"
-
-
-def stripes(nbytes: int, nqps: int) -> list[tuple[int, int, int]]:
-    """(data queue pair, offset, length) of each stripe of a rendezvous message: contiguous
-    stripes over up to ``nqps`` queue pairs, each at least ``STRIPE_MIN`` bytes. Both ends
-    compute it from the size alone (the receiver expects one notice per stripe)."""
-    used = max(1, min(nqps, nbytes // STRIPE_MIN))
-    per = -(-nbytes // used)
-    return [(i, i * per, min(per, nbytes - i * per)) for i in range(used)]
 
 
 class RndvNotice:
@@ -153,7 +142,10 @@ class VerbsChannel(Channel):
         self._slot_of_put: dict[int, int | None] = {}   # put id -> send slot of its notice
 
     # -- setup -----------------------------------------------------------------------------
-    def attach(self, sock: socket.socket) -> None:
+    #: one setup socket per pair (it carries no data, so striping over several buys nothing)
+    streams = 1
+
+    def attach(self, sock: socket.socket, stream: int = 0) -> None:
         """The setup socket is up (dialed or accepted): create the queue pairs, post the
         ring, and send this side's addresses; the peer's complete the connection."""
         sock.setblocking(False)
@@ -850,7 +842,7 @@ class VerbsTransport(Transport):
         self._exposed: dict[int, tuple[Any, MemRef]] = {}
         host, family = choose_bind_address(ctx.master_addr)
         self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
-                                lambda peer: VerbsChannel(self, peer))
+                                lambda peer, streams: VerbsChannel(self, peer))
         self._channels: dict[int, VerbsChannel] = self._setup.channels
         self._active = ActiveSet()
         self.exchanging = 0

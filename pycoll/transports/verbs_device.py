@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..envvars import env_int
-from ..errors import InvalidArgument, TransportError
+from ..errors import TransportError
+from .name_rules import parse_name_rules
 
 #: pyverbs' enums module moved (rdma-core <= ~50: pyverbs.enums; later: libibverbs_enums)
 try:
@@ -41,37 +42,6 @@ except ImportError:  # pragma: no cover - depends on the installed rdma-core
 LINK_ETHERNET = 2       # ibv_port_attr.link_layer: IBV_LINK_LAYER_ETHERNET
 PORT_ACTIVE = 4         # IBV_PORT_ACTIVE
 SYSFS = "/sys/class/infiniband"
-
-
-@dataclass(frozen=True)
-class HcaRule:
-    name: str
-    port: int | None
-    exact: bool
-
-    def matches(self, device: str, port: int) -> bool:
-        named = device == self.name if self.exact else device.startswith(self.name)
-        return named and (self.port is None or self.port == port)
-
-
-def parse_hca(spec: str) -> tuple[bool, list[HcaRule]]:
-    """``PYCOLL_IB_HCA``: (exclude, rules). ``^`` excludes, ``=`` makes names exact."""
-    spec = spec.strip()
-    exclude = spec.startswith("^")
-    if exclude:
-        spec = spec[1:]
-    exact = spec.startswith("=")
-    if exact:
-        spec = spec[1:]
-    rules = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, port = item.partition(":")
-        try:
-            rules.append(HcaRule(name, int(port) if port else None, exact))
-        except ValueError:
-            raise InvalidArgument(f"PYCOLL_IB_HCA={spec!r}: bad port in {item!r} "
-                                  "(expected name[:port], comma separated)") from None
-    return exclude, rules
 
 
 def _gid_type(device: str, port: int, index: int) -> str:
@@ -128,7 +98,7 @@ def select_port() -> PortChoice:
     if not names:
         raise TransportError("no RDMA device (ibv_devices lists none)")
     spec = os.environ.get("PYCOLL_IB_HCA", "")
-    exclude, rules = parse_hca(spec)
+    rules = parse_name_rules("PYCOLL_IB_HCA", spec, ports=True)
     gid_env = os.environ.get("PYCOLL_IB_GID_INDEX", "").strip()
     seen = []
     for name in sorted(names):
@@ -140,8 +110,7 @@ def select_port() -> PortChoice:
         try:
             nports = ctx.query_device().phys_port_cnt
             for port in range(1, nports + 1):
-                listed = any(r.matches(name, port) for r in rules)
-                if rules and listed == exclude:
+                if not rules.admits(name, port):
                     continue
                 attr = ctx.query_port(port)
                 if attr.state != PORT_ACTIVE:

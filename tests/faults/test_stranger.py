@@ -43,14 +43,16 @@ def _strangers(store_port, stop, log):
     addr = json.loads(scoped.get("hello/0", timeout=30))["addr"]["tcp"]
     target = (addr["host"], addr["port"])
     socks = []
-    hello = struct.Struct("<8sI32s")
+    hello = struct.Struct("<8sIHH32s")     # magic, rank, stream, streams, proof
     payloads = {
         "silent": None,                                           # connects, sends nothing
         "garbage": os.urandom(hello.size),
-        "wrong-magic": hello.pack(b"NOTPYCOL", 1, b"\0" * 32),
-        "forged-proof": hello.pack(b"PYCOLLv1", 1, os.urandom(32)),   # claims rank 1
-        "no-such-rank": hello.pack(b"PYCOLLv1", 1000, os.urandom(32)),  # rank >= world size
-        "short": b"PYCOLLv1",                                     # half a hello, then silence
+        "wrong-magic": hello.pack(b"NOTPYCOL", 1, 0, 1, b"\0" * 32),
+        "forged-proof": hello.pack(b"PYCOLLv2", 1, 0, 1, os.urandom(32)),   # claims rank 1
+        "no-such-rank": hello.pack(b"PYCOLLv2", 1000, 0, 1, os.urandom(32)),  # rank >= world
+        "bad-stream": hello.pack(b"PYCOLLv2", 1, 7, 2, os.urandom(32)),   # stream >= streams
+        "many-streams": hello.pack(b"PYCOLLv2", 1, 0, 60000, os.urandom(32)),
+        "short": b"PYCOLLv2",                                     # half a hello, then silence
     }
     for name, data in payloads.items():
         try:
@@ -102,7 +104,8 @@ def test_stranger_during_setup_is_dropped(tmp_path):
     assert results == [(3.0, 3.0, "tcp")] * 2
     # Every stranger knocked; on a loaded machine the last ones may arrive after setup, when
     # the listener is already closed (connection refused or reset): that is fine too.
-    names = ["silent", "garbage", "wrong-magic", "forged-proof", "no-such-rank", "short"]
+    names = ["silent", "garbage", "wrong-magic", "forged-proof", "no-such-rank", "bad-stream",
+             "many-streams", "short"]
     assert [entry.split(":")[0] for entry in log] == names, log
     assert log[0] == "silent", log      # the first one did get in while setup waited
     # After the job the listener is closed: nobody can connect any more.

@@ -42,6 +42,8 @@ VARIANTS = {
     "tcp": ("tcp", {}),
     "tcp-ipv6": ("tcp", {"PYCOLL_SOCKET_FAMILY": "ipv6"}),
     "tcp-ifname": ("tcp", {"PYCOLL_SOCKET_IFNAME": "lo"}),
+    # 3 sockets per pair: messages of 512 KiB and up striped over 2 or 3 of them
+    "tcp-nsocks": ("tcp", {"PYCOLL_SOCKET_NSOCKS": "3"}),
     "inproc": ("inproc", {}),
     # verbs: the defaults; rendezvous for all but tiny messages over 4 queue pairs with a
     # 4-buffer ring (credits run out constantly) and a 64 KiB registration cache (larger

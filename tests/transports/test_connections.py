@@ -17,35 +17,13 @@ import numpy as np
 import pycoll
 import pytest
 
-from pycoll.testing import run_ranks
+from pycoll.testing import run_ranks, tcp_connections
 
 
 def data_sockets(store_port: int) -> int:
     """Established TCP connections of this process, except those to or from the store."""
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            mine.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            if inode not in mine or state != "01":        # 01: ESTABLISHED
-                continue
-            ports = {int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)}
-            if store_port not in ports:
-                count += 1
-    return count
+    return sum(store_port not in (local, remote)
+               for _, local, _, remote in tcp_connections())
 
 
 def _store_barrier(comm, key):
