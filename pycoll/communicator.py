@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import debug
+from . import debug, link_probe
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers
 from .bootstrap import ChannelView, Connections
@@ -32,13 +33,15 @@ from .errors import InvalidArgument, PeerLost
 from .memops import HostOps
 from .planning import Planner
 from .timeouts import as_seconds
-from .topology import host_identity, hierarchy_members, is_uniform, node_layout
+from .topology import host_identity, hierarchy_members, is_uniform, node_layout, ring_crossings
 from .transports import registry
 from .transports.base import Channel
 from .tuning import Hierarchy, LinkModel, Selector
 
 DEFAULT_TIMEOUT = 300.0
 COMM_ID_BITS = 20
+#: how long a failed communicator's finalize tries to reach the store (it may be cut off)
+FAILED_FINALIZE_SECONDS = 2.0
 
 Timeout = float | timedelta | None
 
@@ -132,9 +135,11 @@ class Communicator(FusedCollectives):
                           name, size, ", ".join(conn.transports_in_use()) or "none",
                           ", ".join(conn.order))
         try:
-            return cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
+            comm = cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
                        master_addr=master_addr)
+            comm._measure_links(scoped, limit)
+            return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
             raise
@@ -276,6 +281,28 @@ class Communicator(FusedCollectives):
                          LinkModel.from_capabilities([caps(intra).capabilities]),
                          LinkModel.from_capabilities([caps(inter).capabilities]))
 
+    def _measure_links(self, store: Any, limit: float) -> None:
+        """On several equal nodes, feed the cost model measured (or declared) intra- and
+        inter-node links (``link_probe``): what decides flat against hierarchical."""
+        model = self._plan.selector.hierarchy
+        if model is None or not link_probe.enabled():
+            return
+        links = link_probe.probe_links(self._peers, store, self.rank, self._layout,
+                                       self._comm_id, limit)
+        intra = replace(model.intra, alpha=links["intra"].alpha, beta=links["intra"].beta)
+        inter = replace(model.inter, alpha=links["inter"].alpha, beta=links["inter"].beta)
+        self._plan.selector.hierarchy = replace(model, intra=intra, inter=inter)
+        # flat algorithms cross the slowest link; a flat ring's edges between nodes share
+        # each node's network link (several of them when ranks are placed round-robin)
+        shared = ring_crossings(self._layout)
+        self._plan.selector.link = replace(
+            self._plan.selector.link, alpha=max(intra.alpha, inter.alpha),
+            beta=max(intra.beta, inter.beta * shared))
+        debug.logger.info("links measured: inside a node %.1f us, %.2f GB/s; between nodes "
+                          "%.1f us, %.2f GB/s (a flat ring crosses each node's link %d times)",
+                          intra.alpha * 1e6, links["intra"].gbps, inter.alpha * 1e6,
+                          links["inter"].gbps, shared)
+
     def _subgroup(self, kind: str) -> Peers | None:
         """Node-local (``"node"``) or cross-node (``"cross"``) peers for hierarchical
         algorithms: a renumbered view of this communicator's channels, made locally (every
@@ -317,6 +344,10 @@ class Communicator(FusedCollectives):
             try:
                 from rendezvous import PrefixStore
                 scoped = PrefixStore(f"pycoll/{self.name}/", store)
+                if (lost is not None or self._failed is not None) and hasattr(store, "set_timeout"):
+                    # after a failure the store may be out of reach (a rank cut off from node
+                    # 0): a short try, not the whole init timeout before this process can exit
+                    store.set_timeout(FAILED_FINALIZE_SECONDS)
                 scoped.add("finalized", 1)
                 if self._owns_store and getattr(store, "server", None) is not None:
                     # Ranks may still be talking to the server (reading the abort record

@@ -34,7 +34,7 @@ P2P_TAG_LIMIT = 1 << 40
 
 COLLECTIVE_NAMES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
                     "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced", "split",
-                    "allgather_coalesced", "allgatherv")
+                    "allgather_coalesced", "allgatherv", "link_probe")
 _CODES = {name: code for code, name in enumerate(COLLECTIVE_NAMES, start=1)}
 
 

@@ -67,3 +67,16 @@ def hierarchy_members(layout: list[tuple[int, int]], rank: int, kind: str) -> li
         return sorted(ranks, key=lambda r: layout[r][1])
     ranks = [r for r, (_, lo) in enumerate(layout) if lo == local]
     return sorted(ranks, key=lambda r: layout[r][0])
+
+
+def ring_crossings(layout: list[tuple[int, int]]) -> int:
+    """How many edges of a ring in rank order leave the busiest node: 1 when each node's
+    ranks are consecutive (block placement), up to the ranks per node when they are dealt
+    round-robin (cyclic placement). Those edges share the node's network link."""
+    size = len(layout)
+    leaving: dict[int, int] = {}
+    for r in range(size):
+        node, nxt = layout[r][0], layout[(r + 1) % size][0]
+        if node != nxt:
+            leaving[node] = leaving.get(node, 0) + 1
+    return max(leaving.values(), default=1)

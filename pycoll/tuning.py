@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .errors import InvalidArgument
@@ -297,8 +297,9 @@ class Hierarchy:
         if collective == "allreduce":
             p, a, b, g = self.local, self.intra.alpha, self.intra.beta, _gamma()
             inside = 2 * (p - 1) * a + (p - 1) / p * nbytes * (2 * b + g)
-            shard = nbytes / p
-            across = min(cost_allreduce(name, int(shard), self.nodes, self.inter)
+            # the node's p cross-node allreduces (one shard each) share its network link
+            shard, shared = nbytes / p, replace(self.inter, beta=self.inter.beta * p)
+            across = min(cost_allreduce(name, int(shard), self.nodes, shared)
                          for name in ("ring", "recursive_doubling"))
             return inside + across
         if collective == "broadcast":
