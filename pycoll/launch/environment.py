@@ -18,7 +18,8 @@ none       (nothing set)                       world size 1, rank 0
 =========  ==================================  ==========================================
 
 ``srun --mpi=pmi2`` (PMI_* agreeing with SLURM_*) counts as Slurm. Variables of launchers
-pycoll does not read (``HOROVOD_*``, ``PMIX_RANK`` alone) are an error, not a world of one.
+pycoll does not read (``HOROVOD_*``) are an error, not a world of one. ``PMIX_RANK`` alone (a
+PMIx launcher: prterun, Open MPI 5) has no world size: ``init()`` bootstraps over MPI then.
 
 Store address rules (the store is pycoll's rendezvous server, not torch's TCPStore):
 
@@ -66,7 +67,7 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500
 
 #: Every value ``LaunchInfo.launcher`` can take.
-LAUNCHERS = ("pycoll", "torchrun", "openmpi", "mpich", "slurm", "none")
+LAUNCHERS = ("pycoll", "torchrun", "openmpi", "mpich", "slurm", "pmix", "none")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -162,8 +163,7 @@ _LAUNCHER_VARS = (
 
 #: variables of launchers pycoll does not read: a process started by one must not silently
 #: become a world of one
-_UNSUPPORTED = (("HOROVOD_RANK", "horovodrun"), ("HOROVOD_SIZE", "horovodrun"),
-                ("PMIX_RANK", "a PMIx launcher (prterun)"))
+_UNSUPPORTED = (("HOROVOD_RANK", "horovodrun"), ("HOROVOD_SIZE", "horovodrun"))
 
 
 def _slurm():
@@ -191,6 +191,11 @@ def _detect_raw(env: Mapping[str, str]) -> _Raw:
             _get(env, "SLURM_LOCALID"),
             _slurm_local_world_size(env),
         )
+    if "PMIX_RANK" in env:
+        # a PMIx launcher (prterun, Open MPI 5's mpirun with a non-Open-MPI program, srun
+        # --mpi=pmix without SLURM_*): the rank, but no world size in the environment; plain
+        # init() bootstraps over MPI (mpi.should_bootstrap), which asks PMIx for the world
+        return _Raw("pmix", _get(env, "PMIX_RANK"), None, None, None)
     for var, name in _UNSUPPORTED:
         if var in env:
             raise _fail(f"environment variable {var}", "none",
@@ -294,6 +299,11 @@ def resolve_launch(
                 "mpich": "PMI_SIZE",
                 "slurm": "SLURM_NTASKS",
             }.get(launcher, "world_size")
+            if launcher == "pmix":
+                raise _fail("environment variable PMIX_RANK", launcher,
+                            "is set, but PMIx puts no world size in the environment: install "
+                            "mpi4py (pycoll.init() then bootstraps over MPI.COMM_WORLD), or set "
+                            "WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
             raise _fail(f"environment variable {missing}", launcher, "is not set (world size unknown)")
         if rank_src is None:
             if launcher == "none":

@@ -361,7 +361,7 @@ def launch(
             from ..transports.shm_segment import sweep
             sweep(p.pid for p in job.procs)
             if job.control is not None:
-                job.control.finish(wait=grace_period + 30.0)
+                job.control.finish(wait=grace_period + 30.0, beat_timeout=grace_period + 3.0)
         finally:
             for signum, handler in old_handlers.items():
                 try:

@@ -63,7 +63,11 @@ def bootstrap(comm: Any, timeout: float) -> tuple[int, int, Any, str, str]:
 
 
 def should_bootstrap(launcher: str, env: Any, master_addr: str | None) -> bool:
-    """Plain ``init()`` under an MPI launcher on several hosts, without an address given."""
+    """Plain ``init()`` under an MPI launcher on several hosts, without an address given;
+    under a PMIx launcher always (its environment has no world size), if mpi4py is there."""
+    import importlib.util
+    if launcher == "pmix":
+        return importlib.util.find_spec("mpi4py") is not None
     if launcher not in ("openmpi", "mpich") or master_addr is not None:
         return False
     if env.get("PYCOLL_MASTER_ADDR") or env.get("MASTER_ADDR"):
@@ -72,5 +76,4 @@ def should_bootstrap(launcher: str, env: Any, master_addr: str | None) -> bool:
     size = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE")
     if local is not None and local == size:
         return False                          # one host: loopback needs no discovery
-    import importlib.util
     return importlib.util.find_spec("mpi4py") is not None

@@ -223,9 +223,13 @@ def test_srun_with_pmi2_is_slurm_not_mpich():
 
 
 def test_launchers_pycoll_does_not_read_are_an_error():
-    for var in ("HOROVOD_RANK", "PMIX_RANK"):
-        with pytest.raises(ValueError, match=var):
-            detect_launch({var: "1"})
+    with pytest.raises(ValueError, match="HOROVOD_RANK"):
+        detect_launch({"HOROVOD_RANK": "1"})
+
+
+def test_pmix_alone_has_no_world_size_and_says_what_to_do():
+    with pytest.raises(ValueError, match="PMIX_RANK.*mpi4py"):
+        detect_launch({"PMIX_RANK": "1", "PMIX_NAMESPACE": "prterun-x-1@1"})
 
 
 def test_slurm_without_master_addr_is_a_clear_error():
@@ -424,17 +428,36 @@ def test_import_is_cheap_and_standalone():
 def test_init_from_an_mpi_communicator():
     """pycoll.init(comm=MPI.COMM_WORLD) under mpiexec: rank 0's store address and the job
     secret travel over MPI (no MASTER_ADDR, no PYCOLL_TOKEN)."""
+    _mpiexec_allreduce("import numpy as np\nfrom mpi4py import MPI\nimport pycoll\n"
+                       "c = pycoll.init(comm=MPI.COMM_WORLD, timeout=30)\n")
+
+
+def _mpiexec_allreduce(setup: str) -> None:
+    """Run ``setup`` (which leaves a communicator in ``c``) and an allreduce on 3 ranks of
+    the mpich wheel's mpiexec; every rank must get the sum."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if not os.path.exists(mpiexec):
         pytest.skip("mpiexec (mpich wheel) not installed")
     pytest.importorskip("mpi4py")
-    code = ("import numpy as np\nfrom mpi4py import MPI\nimport pycoll\n"
-            "c = pycoll.init(comm=MPI.COMM_WORLD, timeout=30)\n"
-            "a = np.ones(2) * (c.rank + 1); c.allreduce(a)\n"
-            "print('RESULT', c.rank, c.size, a.tolist(), flush=True)\n")
+    code = setup + ("a = np.ones(2) * (c.rank + 1); c.allreduce(a)\n"
+                    "print('RESULT', c.rank, c.size, a.tolist(), flush=True)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
     proc = subprocess.run([mpiexec, "-launcher", "fork", "-hosts", "127.0.0.1", "-n", "3",
                            sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("[6.0, 6.0]") == 3, proc.stdout
+
+
+def test_plain_init_under_a_pmix_launcher_bootstraps_over_mpi():
+    """A PMIx launcher (prterun, Open MPI 5's mpirun) sets PMIX_RANK and no world size: plain
+    ``pycoll.init()`` bootstraps over MPI.COMM_WORLD. Real MPI (the mpich wheel's hydra)
+    starts the ranks; once MPI is up, each rank's environment is made to look like a PMIx
+    launch (PMI_* and hydra's local-rank variables removed, PMIX_RANK set)."""
+    _mpiexec_allreduce("import os\nimport numpy as np\nfrom mpi4py import MPI\nimport pycoll\n"
+                       "os.environ['PMIX_RANK'] = os.environ['PMI_RANK']\n"
+                       "for k in [k for k in os.environ if k.startswith(('PMI_', 'MPI_LOCAL'))]:\n"
+                       "    del os.environ[k]\n"
+                       "from pycoll.launch.environment import launcher_name\n"
+                       "assert launcher_name() == 'pmix'\n"
+                       "c = pycoll.init(timeout=30)\n")
