@@ -1,0 +1,131 @@
+"""Spark barrier mode across hosts: a standalone master and two workers, each worker on its
+own network-namespace host (``pycoll.testing.hosts``), and a 4-rank allreduce over them.
+
+Each host runs one worker with 2 cores, so the 4 barrier tasks are 2 executors' Python
+workers on 2 hosts: ranks on one host talk shared memory, ranks on different hosts tcp over
+the namespaces' private addresses, as on a real cluster. The driver runs on host 0 (only
+the namespaces can reach each other). Every process is started in its own session and its
+whole group is killed at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
+                                                "'pycoll[spark]')")
+
+from pycoll.testing.hosts import NamespaceHosts, available  # noqa: E402
+
+ok, why = available()
+JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}"),
+    pytest.mark.skipif(not JAVA, reason="Spark needs a Java runtime: no java on PATH and "
+                                        "JAVA_HOME is not set"),
+]
+JOB = Path(__file__).with_name("spark_job.py")
+SPARK_HOME = Path(pyspark.__file__).parent
+MASTER_PORT = 7077          # inside host 0's own network namespace: nothing else is there
+WORLD = 4
+
+
+def _env(host_addr: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYCOLL_", "MASTER_", "SLURM_", "SPARK_", "PYSPARK_"))}
+    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP=host_addr,
+               PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_MEMORY="256m",
+               OMP_NUM_THREADS="1", SPARK_NO_DAEMONIZE="1")
+    return env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """TERM the process's whole group (a worker's executors and Python workers too), then
+    KILL what is left; always reaped."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:                        # children that outlived the leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen in {path.name} within {limit:g} s "
+                         f"(exit code {proc.poll()}):\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def test_allreduce_across_two_namespace_hosts(tmp_path):
+    procs: list[subprocess.Popen] = []
+    logs: list[Path] = []
+
+    def start(host: int, argv: list[str], name: str, hosts: NamespaceHosts) -> subprocess.Popen:
+        log = tmp_path / f"{name}.log"
+        logs.append(log)
+        with open(log, "wb") as out:
+            proc = hosts.popen(host, argv, env=_env(hosts.addresses[host]), stdout=out,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    with NamespaceHosts(2) as hosts:
+        try:
+            master_url = f"spark://{hosts.addresses[0]}:{MASTER_PORT}"
+            master = start(0, [spark_class, "org.apache.spark.deploy.master.Master",
+                               "--host", hosts.addresses[0], "--port", str(MASTER_PORT),
+                               "--webui-port", "0"], "master", hosts)
+            _wait_for(logs[0], "I have been elected leader", master, 60)
+            for i in range(2):
+                work = tmp_path / f"work{i}"
+                work.mkdir()
+                start(i, [spark_class, "org.apache.spark.deploy.worker.Worker",
+                          "--host", hosts.addresses[i], "--cores", str(WORLD // 2),
+                          "--memory", "1g", "--work-dir", str(work), "--webui-port", "0",
+                          master_url], f"worker{i}", hosts)
+            for i in range(2):
+                _wait_for(logs[1 + i], "Successfully registered with master", procs[1 + i], 60)
+            driver = start(0, [sys.executable, str(JOB), master_url, str(WORLD)], "driver",
+                           hosts)
+            try:
+                code = driver.wait(150)
+            except subprocess.TimeoutExpired:
+                code = None
+            output = logs[-1].read_text(errors="replace")
+            assert code == 0, f"driver exit code {code}:\n{output[-5000:]}"
+            results = json.loads(output.strip().splitlines()[-1])
+        finally:
+            for proc in reversed(procs):
+                _stop(proc)
+    assert [r["rank"] for r in results] == list(range(WORLD))
+    assert all(r["size"] == WORLD and r["exact"] for r in results), results
+    by_host: dict[str, list[int]] = {}
+    for r in results:
+        by_host.setdefault(r["host"], []).append(r["rank"])
+    assert sorted(by_host) == hosts.hostnames, results            # both hosts took part
+    assert all(len(ranks) == WORLD // 2 for ranks in by_host.values()), results
+    assert all("tcp" in r["transports"] for r in results), results  # crossed the bridge
