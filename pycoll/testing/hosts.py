@@ -5,11 +5,12 @@
 * a *switch* namespace holding a bridge, so nothing is added to the machine's own network;
 * ``k`` host namespaces, each with loopback, one ``eth0`` (a veth pair whose other end is
   plugged into the bridge) and an address in a private range that exists only inside these
-  namespaces (``10.<a>.<b>.<i+1>/24``, drawn per instance);
+  namespaces (``10.<a>.<b>.<i+1>/24`` and ``fd<a>:<b>::<i+1>/64``, drawn per instance);
 * per host: its own hostname (``run`` starts commands in a new UTS namespace) and its own
   ``/etc/hosts`` view (``/etc/netns/<name>/hosts``, which ``ip netns exec`` mounts), naming
   every host, so ranks resolve each other's names;
-* optionally a shaped link per host (``tc`` netem: rate and delay on its ``eth0``).
+* optionally a shaped link per host (``tc`` on its ``eth0``: a ``tbf`` rate; ``netem`` delay
+  where the kernel has it).
 
 Only these namespaces and their loopbacks are ever addressed. Names carry the creating
 process id (``pycoll-<pid>-h<i>``): ``sweep()`` removes namespaces (and ``/etc/netns``
@@ -26,6 +27,7 @@ Command line, for trying things by hand::
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import shlex
@@ -98,6 +100,9 @@ class NamespaceHosts:
         self.switch = f"pycoll-{self._tag}-sw"
         net = random.randrange(64, 128), random.randrange(0, 256)
         self.addresses = [f"10.{net[0]}.{net[1]}.{i + 1}" for i in range(k)]
+        #: IPv6 addresses (unique local, fd00::/8), also only inside these namespaces
+        self.addresses6 = [str(ipaddress.IPv6Address(f"fd{net[0]:02x}:{net[1]:02x}::{i + 1:x}"))
+                           for i in range(k)]
         self._created: list[str] = []
 
     # -- life cycle --------------------------------------------------------------------------
@@ -130,6 +135,8 @@ class NamespaceHosts:
             _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
             _ip("-n", self.switch, "link", "set", f"p{i}", "up")
             _ip("-n", name, "addr", "add", f"{self.addresses[i]}/24", "dev", "eth0")
+            # nodad: usable at once, not after duplicate address detection's ~1 s
+            _ip("-n", name, "addr", "add", f"{self.addresses6[i]}/64", "dev", "eth0", "nodad")
             _ip("-n", name, "link", "set", "eth0", "up")
             if self.rate or self.delay:
                 self.shape(i, rate=self.rate, delay=self.delay)
@@ -189,6 +196,40 @@ class NamespaceHosts:
         kwargs.setdefault("text", True)
         kwargs.setdefault("timeout", 60)
         return subprocess.run(self.command(i, argv), **kwargs)
+
+    # -- partitions --------------------------------------------------------------------------
+    def partition(self, groups: Sequence[Sequence[int]]) -> None:
+        """Split the network: hosts in different ``groups`` can no longer reach each other,
+        hosts in one group still can. Every group after the first gets a bridge of its own
+        in the switch namespace and its hosts' ports move there (nothing but ``ip``: no
+        firewall tool needed); hosts in no group stay with the first. Links stay up, as
+        when a switch between racks fails. ``heal()`` joins everything again."""
+        self.heal()
+        seen: set[int] = set()
+        for group in groups:
+            for i in group:
+                if not 0 <= i < self.k or i in seen:
+                    raise ValueError(f"partition {groups!r}: host {i} is out of range or twice")
+                seen.add(i)
+        for g, group in enumerate(groups[1:], start=1):
+            _ip("-n", self.switch, "link", "add", f"br{g}", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", f"br{g}", "up")
+            for i in group:
+                _ip("-n", self.switch, "link", "set", f"p{i}", "master", f"br{g}")
+
+    def heal(self) -> None:
+        """Undo ``partition``: every host's port back on the one bridge, and every host's
+        neighbour cache flushed (addresses that failed to resolve meanwhile would be
+        "no route to host" for a few seconds more)."""
+        out = _ip("-n", self.switch, "-o", "link", "show", "type", "bridge").stdout
+        extra = [ln.split(":")[1].strip() for ln in out.splitlines() if ":" in ln]
+        extra = [b for b in extra if b != "br0"]
+        for bridge in extra:
+            _ip("-n", self.switch, "link", "del", bridge)
+        if extra:
+            for i, name in enumerate(self.names):
+                _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
+                _ip("-n", name, "neigh", "flush", "all", check=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,9 @@ import sys
 import numpy as np
 
 import pycoll
+from pycoll.testing import tcp_connections
+
+
 
 comm = pycoll.init(timeout=60)
 r, n = comm.rank, comm.size
@@ -29,6 +32,7 @@ result = {
     "big": float(big[0]) == n * (n + 1) / 2,
     "transports": {p: comm.transport_of(p) for p in range(n) if p != r},
     "store": type(comm._store).__name__,
+    "remotes": sorted({remote for _, _, remote, _ in tcp_connections()}),
 }
 with open(os.path.join(sys.argv[1], f"rank{r}.json"), "w") as f:
     json.dump(result, f)

@@ -19,6 +19,8 @@ import pytest
 from pycoll.testing import free_port
 from pycoll.testing.hosts import NETNS_ETC, NamespaceHosts, available
 
+from .jobs import _all_succeed, _env, _rank_env, _reap, _results, _run_job, _start
+
 ok, why = available()
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}")]
@@ -71,62 +73,6 @@ def test_hosts_of_a_killed_test_are_swept():
     with NamespaceHosts(1):
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert name not in listed
-
-
-def _env(**extra: str) -> dict:
-    """The test's environment without any launcher's variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYCOLL_", "MASTER_", "SLURM_"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def _start(hosts: NamespaceHosts, h: int, argv: list[str], env: dict,
-           merge: bool = True) -> subprocess.Popen:
-    return hosts.popen(h, argv, env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True)
-
-
-def _reap(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-
-
-def _all_succeed(procs: list[subprocess.Popen], timeout: float) -> None:
-    """Wait for every process (output merged) and require exit code 0 of each."""
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-
-
-def _results(out: Path, world: int) -> list[dict]:
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
-
-
-def _rank_env(hosts: NamespaceHosts, rank: int, local: int, per_host: int, world: int,
-              port: int, **extra: str) -> dict:
-    """torchrun-style variables of one rank, the store on host 0."""
-    return _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
-                LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=hosts.addresses[0],
-                MASTER_PORT=str(port), **extra)
-
-
-def _run_job(hosts: NamespaceHosts, per_host: int, out: Path) -> list[dict]:
-    world = hosts.k * per_host
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-    try:
-        for h in range(hosts.k):
-            for local in range(per_host):
-                env = _rank_env(hosts, h * per_host + local, local, per_host, world, port,
-                                PYCOLL_TOKEN="namespace-test-secret")
-                procs.append(_start(hosts, h, [sys.executable, str(JOB), str(out)], env))
-        _all_succeed(procs, 100)
-    finally:
-        _reap(procs)
-    return _results(out, world)
 
 
 @pytest.mark.parametrize("hosts_n,per_host", [(2, 2), (4, 2)])
