@@ -130,6 +130,7 @@ def test_pycoll_run_on_several_hosts(tmp_path):
     for res in _results(tmp_path, 4):
         assert res["host"] == f"pchost{res['rank'] // 2}", res
         assert all(res[k] for k in ("allreduce", "broadcast", "allgather", "alltoall", "big"))
+        assert all(res["others"].values()), res["others"]
         assert sorted(res["transports"].values()) == ["shm", "tcp", "tcp"], res
 
 
