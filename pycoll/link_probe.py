@@ -13,7 +13,7 @@ several equal nodes is created:
   (ranks that chose differently would run different algorithms and deadlock).
 
 It costs one store round for everybody and, for the two pairs, ~10 round trips plus
-``PROBE_BYTES`` each way: ~50 ms on a 2 Gbit/s link. ``PYCOLL_LINK_PROBE=0`` turns it off
+``PROBE_BYTES`` one way: ~50 ms on a 2 Gbit/s link. ``PYCOLL_LINK_PROBE=0`` turns it off
 (the declared numbers are used); ``PYCOLL_INTER_NODE_GBPS`` / ``PYCOLL_INTER_NODE_LATENCY_US``
 declare the network instead of measuring it.
 """
