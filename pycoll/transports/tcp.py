@@ -29,7 +29,7 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost, stripes)
 from .matching import TagMatcher
-from .tcp_setup import Connector, choose_bind_address, socket_streams
+from .tcp_setup import Connector, ConnectorTransport, choose_bind_address, socket_streams
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 #: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
@@ -326,7 +326,7 @@ class TcpChannel(Channel):
                     pass
 
 
-class TcpTransport(Transport):
+class TcpTransport(ConnectorTransport, Transport):
     """TCP transport for peers anywhere on the network."""
 
     name = "tcp"
@@ -352,19 +352,6 @@ class TcpTransport(Transport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return True
-
-    def address(self) -> dict[str, Any]:
-        return self._setup.address()
-
-    # -- connections -----------------------------------------------------------------------
-    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
-        ch = self._setup.connect(peer, address, deadline)
-        self.setup_pending = self._setup.pending
-        return ch
-
-    def connections(self) -> int:
-        """Open data connections (for tests and diagnostics)."""
-        return self._setup.connections()
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:

@@ -386,6 +386,26 @@ class Connector:
         self.acceptor.close()
 
 
+class ConnectorTransport:
+    """The transport methods that only hand over to a ``Connector`` (``self._setup``), for
+    tcp and verbs alike: their published address, lazy channels, the open-connection count."""
+
+    _setup: Connector
+    setup_pending: bool
+
+    def address(self) -> dict[str, Any]:
+        return self._setup.address()
+
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Any:
+        ch = self._setup.connect(peer, address, deadline)
+        self.setup_pending = self._setup.pending
+        return ch
+
+    def connections(self) -> int:
+        """Open connections (for tests and diagnostics)."""
+        return self._setup.connections()
+
+
 class Acceptor:
     """The listening side of connection setup, shared by tcp and verbs (``Connector``).
 

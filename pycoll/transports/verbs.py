@@ -54,7 +54,7 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost, stripes)
 from .matching import TagMatcher
-from .tcp_setup import Connector, choose_bind_address
+from .tcp_setup import Connector, ConnectorTransport, choose_bind_address
 from .verbs_device import (E, Device, Registration, RegistrationCache, access_flags,
                            connect_qp, create_qp, exporter_range, probe)
 
@@ -806,7 +806,7 @@ class VerbsChannel(Channel):
 
 
 
-class VerbsTransport(Transport):
+class VerbsTransport(ConnectorTransport, Transport):
     """RDMA over InfiniBand or RoCE through pyverbs (see the module docstring)."""
 
     name = "verbs"
@@ -863,18 +863,6 @@ class VerbsTransport(Transport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return a.records["verbs"]["fabric"] == b.records["verbs"]["fabric"]
-
-    def address(self) -> dict[str, Any]:
-        return self._setup.address()
-
-    # -- connections -----------------------------------------------------------------------
-    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
-        ch = self._setup.connect(peer, address, deadline)
-        self.setup_pending = self._setup.pending
-        return ch
-
-    def connections(self) -> int:
-        return self._setup.connections()
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
