@@ -11,8 +11,10 @@ machine hits every variant alike; every number is a median (the machine is noisy
 2. Per-op bus bandwidth (nccl-tests definitions) at 1..64 MiB of three variants, rotating
    their order every repetition: ``torch`` = ``torch.distributed`` on the pycoll process group;
    ``direct`` = the same pycoll communicator called directly (``pg.comm``), i.e. what the
-   torch layer costs; ``gloo`` = ``torch.distributed`` on Gloo. Each timed op is preceded by
-   a barrier; rank 0's time is reported.
+   torch layer costs; ``gloo`` = ``torch.distributed`` on Gloo. Each timed repetition is a
+   barrier, then the op back to back for about ``--op-budget`` seconds (OSU style: a single
+   op of 1 MiB takes ~0.1 ms, within the noise of who leaves the barrier first); rank 0's
+   mean time per op is reported.
 """
 from __future__ import annotations
 
@@ -105,15 +107,24 @@ def op_part(args, pyc, gloo) -> list[dict]:
             fns = make_ops(op, nbytes, world, pyc, gloo)
             names = list(fns)
             times: dict[str, list[float]] = {n: [] for n in names}
+            iters: dict[str, int] = {}
             for rep in range(args.reps + 1):
                 order = names[rep % len(names):] + names[:rep % len(names)]
                 for name in order:
+                    n_ops = iters.get(name, 1)
                     dist.barrier(group=pyc)
                     t0 = time.perf_counter()
-                    fns[name]()
-                    dt = time.perf_counter() - t0
-                    if rep:            # repetition 0 is warm-up
+                    for _ in range(n_ops):
+                        fns[name]()
+                    dt = (time.perf_counter() - t0) / n_ops
+                    if rep:            # repetition 0 is warm-up (and sizes the loops)
                         times[name].append(dt)
+                    else:   # OSU-style: back-to-back ops for about --op-budget seconds, the
+                        # same count on every rank (rank 0 decides), so one late start or a
+                        # scheduler tick does not decide a point
+                        want = torch.tensor([max(1, min(50, int(args.op_budget / dt)))])
+                        dist.broadcast(want, 0, group=pyc)
+                        iters[name] = int(want.item())
             f = busbw_factor(op, world)
             row = {"op": op, "MiB": mib}
             for name in names:
@@ -143,6 +154,8 @@ def main() -> None:
     ap.add_argument("--ops", type=lambda s: s.split(","),
                     default=["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"])
     ap.add_argument("--skip-ddp", action="store_true")
+    ap.add_argument("--op-budget", type=float, default=0.02,
+                    help="seconds of back-to-back ops per timed repetition (OSU style)")
     ap.add_argument("--json", help="write the results here (rank 0)")
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))

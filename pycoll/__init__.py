@@ -10,7 +10,9 @@ from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgu
                      InvalidDtype, MessageSizeMismatch, PeerLost, PycollError, TransportError)
 from .reduction import OP_NAMES, ReduceOp
 from .work import Work
+from .persistent import AllreducePlan
 from .world import (allgather, allgather_coalesced, allgatherv, allreduce, allreduce_coalesced,
+                    allreduce_init,
                     alltoall, barrier, broadcast, finalize, gather, get_rank, get_world_size, init, is_initialized, new_group,
                     recv, reduce, reduce_scatter, scatter, send, world)
 
@@ -18,10 +20,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",
-    "allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+    "allreduce", "allreduce_init", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
     "gather", "scatter", "send", "recv", "allreduce_coalesced", "allgather_coalesced",
     "allgatherv", "new_group",
-    "Communicator", "Work", "ReduceOp", "OP_NAMES",
+    "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
 ]

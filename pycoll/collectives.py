@@ -20,7 +20,9 @@ from .tags import P2P_TAG_LIMIT, p2p_tag
 from .work import Outcome, Work
 
 if TYPE_CHECKING:
+    from .fastpath.runner import FastPath
     from .memops import HostOps
+    from .persistent import AllreducePlan
     from .planning import Planner
 
 
@@ -29,19 +31,38 @@ class Collectives(Execution):
     barrier, send/recv and batched point-to-point (the fused ones: ``fused.py``)."""
 
     _plan: "Planner"
+    _fast: "FastPath | None"
     _ops: "HostOps"
     _detail: bool
 
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
-        """The algorithm this communicator would run for ``collective`` on ``nbytes``."""
+        """The algorithm this communicator would run for ``collective`` on ``nbytes``
+        ("fastpath..." for the one-host fast path; allreduce: of a native dtype)."""
+        fast = self._fast
+        if fast is not None and algo is None:
+            found = fast.kind_of(collective, nbytes)
+            if found is not None:
+                return found
         return self._plan.select(collective, nbytes, algo)
 
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result."""
+        fast = self._fast
+        if fast is not None and algo is None and type(tensor) is np.ndarray:
+            try:    # a 1-D array of a kind already validated: no classification needed
+                call = fast.host_calls.get(("allreduce", op, tensor.dtype, tensor.nbytes))
+            except TypeError:
+                call = None          # an unhashable op: parse_op says what is wrong
+            if call is not None and tensor.ndim == 1 and tensor.flags.carray:
+                return fast.run(call, tensor, timeout, async_op, tensor)
         buf = self._plan.buffer(tensor, "allreduce")
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
+        if fast is not None and algo is None and fast.takes(buf.nbytes, buf.dtype, rop):
+            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
+            fast.remember(("allreduce", op), tensor, call)
+            return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("allreduce", buf.nbytes, algo)
         algorithm = ALGORITHMS["allreduce"][name]
         arr = buf.array
@@ -61,8 +82,22 @@ class Collectives(Execution):
         return self._execute("allreduce", buf.nbytes, body, timeout, async_op,
                              (buf.dtype, buf.count, rop, None), tensor)
 
+    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                       timeout: float | None = None) -> "AllreducePlan":
+        """A persistent allreduce of ``tensor`` (``pycoll.persistent``): checked and planned
+        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
+        itself (no communication until a run)."""
+        from .persistent import AllreducePlan
+        return AllreducePlan(self, tensor, op, algo=algo, timeout=timeout)  # type: ignore[arg-type]
+
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
+        fast = self._fast
+        if fast is not None:
+            call = fast.barrier_call
+            if call is None:
+                call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
+            return fast.run(call, fast.barrier_buffer, timeout, async_op, None)
         fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0)]
 
         def body(peers: Peers) -> None:
@@ -74,8 +109,18 @@ class Collectives(Execution):
     def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+        fast = self._fast
+        if (fast is not None and algo is None and type(tensor) is np.ndarray
+                and type(root) is int):      # as in allreduce: a kind already validated
+            call = fast.host_calls.get(("broadcast", root, tensor.dtype, tensor.nbytes))
+            if call is not None and tensor.ndim == 1 and tensor.flags.carray:
+                return fast.run(call, tensor, timeout, async_op, tensor)
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
+        if fast is not None and algo is None and buf.nbytes <= fast.broadcast_limit:
+            call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
+            fast.remember(("broadcast", root), tensor, call)
+            return fast.run(call, buf.array, timeout, async_op, tensor)
         fn = ALGORITHMS["broadcast"][self._plan.select("broadcast", buf.nbytes, algo)]
         arr = buf.array
 

@@ -23,13 +23,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import debug, link_probe
+from . import debug, fastpath, link_probe
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers
 from .bootstrap import ChannelView, Connections
 from .fused import FusedCollectives
 from .envvars import env_int
-from .errors import InvalidArgument, PeerLost
+from .errors import InvalidArgument, PeerLost, PycollError
+from .fastpath.runner import FastPath
 from .memops import HostOps
 from .planning import Planner
 from .timeouts import as_seconds
@@ -106,6 +107,30 @@ class Communicator(FusedCollectives):
             channels, engine = {}, ProgressEngine()
         self._peers = Peers(rank, size, channels, 0.0, self._segment_bytes, self._ops, engine,
                             check=self._check, layout=self._layout, subgroup=self._subgroup)
+        self._fast = self._fast_path()
+
+    def _fast_path(self) -> FastPath | None:
+        """The compiled small-message path, when every member shares this host and shm and
+        can run it (each rank's limit is in its shm probe record; the same on every rank)."""
+        conn = self._conn
+        if conn is None or self._store is None or len(set(self._hosts)) != 1:
+            return None
+        try:
+            if conn.transports_in_use(self._members) != ["shm"]:
+                return None
+        except PycollError:
+            return None
+        limit, chunked = fastpath.agreed_limits(
+            [conn.table.records[m].get("shm", {}) for m in self._members], self.size)
+        if not limit:
+            return None
+        from rendezvous import PrefixStore
+        from .fastpath.segment import SharedSlots
+        # made now, while every member is here: a lazy segment would make the first fast
+        # call wait for rank 0, which a rank stuck in another call never lets happen
+        slots = SharedSlots.setup(PrefixStore(f"pycoll/{self.name}/fastpath/", self._store),
+                                  self.rank, self.size, limit, self.timeout)
+        return FastPath(self, limit, chunked, slots) if slots is not None else None
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -331,6 +356,8 @@ class Communicator(FusedCollectives):
         if self._closed:
             return
         self._stop_execution()
+        if self._fast is not None:
+            self._fast.close()
         self._announce_exit()
         lost = self._lost_rank()
         for child in self._children:

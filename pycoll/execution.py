@@ -41,6 +41,9 @@ class Execution(FaultHandling):
         self._closed = False
         self._tag_low: dict[str, int] = {}
         self._last_sig: tuple = ("", None, 0)
+        #: a collective ran on the generic path since the last fast call (see
+        #: ``fastpath.runner.FastPath._refuse_leftovers``)
+        self._generic_ran = False
 
     def _execute(self, collective: str, nbytes: int, body: Body, timeout: Any,
                  async_op: bool, sig: tuple = (None, None, None, None),
@@ -122,6 +125,8 @@ class Execution(FaultHandling):
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
+            if collective not in P2P:
+                self._generic_ran = True     # (a fast path body clears it)
             body(peers)
             if collective not in P2P:    # messages nobody will ever receive? (tags.py)
                 for r in peers.posted:

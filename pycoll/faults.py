@@ -80,9 +80,11 @@ class FaultHandling:
             if waiting and self._abort is not None and self.size > 2:
                 self._abort.report_stall(seq, waiting)   # for the ranks naming who stalls
         elif isinstance(e, WaitTimeout):
-            pending = sorted({r.channel.peer for r in e.pending})
+            pending = e.peers
             done = sum(r.bytes_done for r in e.pending)
             total = sum(r.nbytes for r in e.pending)
+            progress = (f" ({done} of {total} bytes of the pending messages done)"
+                        if e.pending else "")
             absent = sorted({r.channel.peer for r in e.pending if not r.channel.peer_joined()})
             core = (f"CollectiveTimeout: timed out after {limit:g} s waiting for peer rank(s) "
                     f"{pending}")
@@ -99,7 +101,7 @@ class FaultHandling:
                 core += f"; the whole job is waiting for rank(s) {stuck}"
             err = CollectiveTimeout(
                 f"{where}: timed out after {limit:g} s waiting for "
-                f"peer rank(s) {pending} ({done} of {total} bytes of the pending messages done)."
+                f"peer rank(s) {pending}{progress}."
                 f"{never} Hint: a peer is stuck, slow, or called a different collective; raise "
                 "the timeout only if the peers are merely busy.")
         elif isinstance(e, PeerLost):

@@ -179,7 +179,11 @@ def _wall(t: float, offset: float) -> float | None:
 
 
 def describe_body(body: Any, algorithms: dict[str, dict[str, Callable]]) -> dict[str, Any]:
-    """dtype, element count, algorithm, op and root of a collective, read from its closure."""
+    """dtype, element count, algorithm, op and root of a collective, read from its closure
+    (or, for a body that carries them, its ``flight_info``: the fast path's)."""
+    info = getattr(body, "flight_info", None)
+    if isinstance(info, dict):
+        return dict(info)
     try:
         names = body.__code__.co_freevars
         cells = body.__closure__ or ()

@@ -144,6 +144,13 @@ def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
     return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op)
 
 
+def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                   timeout: float | None = None) -> Any:
+    """A persistent allreduce of ``tensor`` on the default communicator
+    (``Communicator.allreduce_init``)."""
+    return world().allreduce_init(tensor, op, algo=algo, timeout=timeout)
+
+
 def barrier(*, timeout: float | None = None, async_op: bool = False) -> Work | None:
     """Block until every rank of the default communicator has reached the barrier."""
     return world().barrier(timeout=timeout, async_op=async_op)

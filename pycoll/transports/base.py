@@ -165,6 +165,16 @@ class Channel(ABC):
         the progress engine calls it when a wait goes idle."""
         return self._match.refuse_conflicts()
 
+    def check_leftovers(self, tag: int) -> None:
+        """Raise ``CollectiveMismatch`` for a message that arrived (held, or not yet read)
+        for call ``tag`` or an earlier one of its communicator and that no receive took
+        (``TagMatcher.check_leftovers``). The fast path calls it: it posts no receives."""
+        self._match.check_leftovers(tag, self.unread_tags())
+
+    def unread_tags(self) -> list[int]:
+        """Tags of messages that arrived but were not read yet (read only for a receive)."""
+        return []
+
     def peer_joined(self) -> bool:
         """Whether the peer has opened its side of this channel (False: lazy connections
         whose peer never used the pair, e.g. because it runs a different call)."""

@@ -21,7 +21,7 @@ order that source sent them.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import CollectiveMismatch
 from ..tags import conflicts, describe_tag
@@ -66,12 +66,13 @@ class TagMatcher:
                         break
         return found
 
-    def check_leftovers(self, tag: int) -> None:
-        """After a call with ``tag`` completed: a held message of this call or an earlier one
-        of the same communicator was sent for a receive that was never posted (two ranks
-        that both believed they were a broadcast's root, say). Raise ``CollectiveMismatch``.
-        Costs nothing unless messages are held (usually ones of the next call: fine)."""
-        for utag, _n, _p in self.unexpected:
+    def check_leftovers(self, tag: int, unread: Sequence[int] = ()) -> None:
+        """After a call with ``tag`` completed: a held message (or one not yet read, with a
+        tag in ``unread``) of this call or an earlier one of the same communicator was sent
+        for a receive that was never posted (two ranks that both believed they were a
+        broadcast's root, say). Raise ``CollectiveMismatch``. Costs nothing unless messages
+        are held (usually ones of the next call: fine)."""
+        for utag in [t for t, _n, _p in self.unexpected] + list(unread):
             # the usual held message is one of a later call (a peer already there): its tag
             # is more negative (the call number sits in the high bits); only others are judged
             if utag < tag:

@@ -38,11 +38,15 @@ from .base import Request, Transport
 
 
 class WaitTimeout(TransportError):
-    """A wait reached its deadline; ``pending`` lists the requests still open."""
+    """A wait reached its deadline; ``pending`` lists the requests still open, ``peers`` the
+    ranks waited for (from the requests, or given: the fast path waits on flags, not
+    requests)."""
 
-    def __init__(self, pending: Sequence[Request]) -> None:
-        super().__init__("deadline passed with %d request(s) pending" % len(pending))
+    def __init__(self, pending: Sequence[Request], peers: Sequence[int] | None = None) -> None:
         self.pending = list(pending)
+        self.peers = (sorted({r.channel.peer for r in self.pending}) if peers is None
+                      else sorted(peers))
+        super().__init__(f"deadline passed waiting for peer rank(s) {self.peers}")
 
 
 # How long a waiter yields before it escalates to short sleeps, and the longest sleep.

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .. import debug
+from .. import debug, fastpath
 from ..errors import TransportError
 from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
@@ -266,6 +266,16 @@ class ShmChannel(Channel):
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
         req.complete()
 
+    def unread_tags(self) -> list[int]:
+        seg = self._in
+        tags = []
+        for index in range(self._tail, seg.ctrl[HEAD]):
+            tag, _total, kind, _aux = SLOT_HEADER.unpack_from(seg.data,
+                                                              self._slot_offset(seg, index))
+            if kind in (EAGER, FIRST, RNDV):
+                tags.append(tag)
+        return tags
+
     def _progress_recv(self, drain: bool = False) -> bool:
         """Consume arrived slots while a receive waits for them (``drain``: all of them,
         holding unexpected messages, to find one-sided notices)."""
@@ -443,7 +453,9 @@ class ShmTransport(Transport):
                           "(weakly ordered), which it does not handle yet")
         if not os.access(SHM_DIR, os.W_OK):
             return None, f"{SHM_DIR} is missing or not writable"
-        return {}, ""
+        # this rank's limits for the compiled path (0: off): every rank sees every rank's,
+        # so all agree which calls take it (pycoll/fastpath)
+        return fastpath.probe_record(), ""
 
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:

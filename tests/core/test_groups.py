@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 import pycoll
 
@@ -97,21 +98,28 @@ def _group_failure_breaks_the_pair(comm):
     else:
         time.sleep(1.0)
         g.broadcast(a, root=1)
-    try:
-        comm.barrier()
-        comm.barrier()
+    try:   # world calls over that pair
+        comm.broadcast(np.zeros(4), root=1)
+        comm.broadcast(np.zeros(4), root=1)
         return "no error", a.tolist()
     except pycoll.PycollError as e:
         return type(e).__name__, a.tolist()
 
 
-def test_failed_group_collective_never_leaks_late_data():
+@pytest.mark.parametrize("fastpath", ["0", "1"])
+def test_failed_group_collective_never_leaks_late_data(fastpath):
+    """Without the fast path both communicators share the channel, and the world must
+    refuse the broken pair; with it (one host) the group's broadcast went through the
+    group's own segment, which nothing reads again: the world may go on, and the late data
+    still never lands."""
+    env = {"PYCOLL_FASTPATH": fastpath}
     outcomes = run_ranks(_group_failure_breaks_the_pair, 2, expect_failure=True,
-                         collective_timeout=10)
+                         collective_timeout=10, rank_env={0: env, 1: env})
     kind, value = outcomes[0]
     assert kind == "ok", value
     error, buf = value
-    assert error != "no error"
+    if fastpath == "0":
+        assert error != "no error"
     assert buf == [42.0] * 4          # the late broadcast data never arrived
 
 

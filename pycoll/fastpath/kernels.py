@@ -1,0 +1,312 @@
+"""The compiled kernels of the fast path (numba, GIL released): publish, wait, reduce.
+
+One shared segment per communicator (``segment.py`` has the layout): every rank owns two
+slots (alternating between consecutive stages) of one header line followed by the payload.
+The header line holds the ready flag, the call's sequence word, its signature and its length,
+and the first 32 payload bytes: a message of up to 32 bytes travels in the same cache line as
+its flag (NCCL's LL idea), so a reader that sees the flag has the data.
+
+Calls are cut into *stages*, numbered by the communicator (every rank counts alike); a stage
+uses slot ``stage & 1`` and raises the flag to ``2 * stage`` (inputs staged) and, for chunked
+calls, to ``2 * stage + 1`` (this rank's share reduced). Reusing a slot two stages later needs
+no acknowledgement: a peer publishes stage s+1 only after it finished stage s, and this rank
+starts stage s+2 only after seeing every peer's stage s+1.
+
+* ``allreduce`` (a message that fits one slot): copy my input into my slot, publish, wait for
+  every peer's flag, reduce all slots in rank order (every rank computes bit-identical
+  results, and one pass over the slots is all the traffic there is);
+* ``allreduce_chunked`` (larger messages, Open MPI's shared-memory idea kept in cache): per
+  chunk of one slot, stage what the others need (all but my 1/n share), publish; reduce my
+  share in my own buffer from every other slot and copy the result into my slot, publish
+  again; copy every other rank's reduced share into my buffer. The working set is n slots,
+  which stay in cache; each rank reduces only its share, and no byte is copied twice.
+
+Waiting polls (first with the CPU's relax hint, then with ``sched_yield`` between polls), then
+sleeps on the segment's futex word; a publisher wakes sleepers only when
+the sleeper count says there are some, so an uncontended call makes no system call at all.
+A wait returns to Python after ``slice_ns`` of sleep without progress, so that deadlines,
+dead peers and abort records are checked there.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import segment as layout
+
+from .atomics import (FUTEX_WAIT, FUTEX_WAKE, SYS_FUTEX, address_of, copy_bytes, cpu_relax,
+                      fetch_add, full_fence, load_acquire, sched_yield, store_release, syscall6)
+
+# the segment's layout (segment.py), and its slot arithmetic compiled
+HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS
+PID_BASE, TIMESPEC_BASE = layout.PID_BASE, layout.TIMESPEC_BASE
+FLAG, SEQ, SIG, NBYTES, DATA = layout.FLAG, layout.SEQ, layout.SIG, layout.NBYTES, layout.DATA
+slot_offset = njit(nogil=True, cache=True)(layout.slot_offset)
+
+# status codes
+DONE = 0
+SLEPT = 1                    # a sleep slice passed without progress: check peers, call again
+#: ``allreduce_chunked`` reports a sleep as SLEPT_AT + the position to resume from
+SLEPT_AT = 1 << 40
+# a negative status -(r + 1): rank r published this call with another sequence number or
+# signature (the ranks disagree about the call)
+
+# op codes
+OP_NONE = -1                 # exchange only: Python reduces (dtypes numba cannot)
+OP_SUM, OP_PROD, OP_MIN, OP_MAX = 0, 1, 2, 3
+OP_BAND, OP_BOR, OP_BXOR = 4, 5, 6      # on the bytes: the same for every integer width
+
+
+@njit(nogil=True, cache=True)
+def _raise_flag(seg, words, w, value):
+    """Release-store ``value`` into the flag at word ``w`` and wake any sleeper.
+
+    Every publisher wakes the sleepers (when the count says there are some), not only the
+    last one: with more ranks than cores, waking them as the flags arrive lets the scheduler
+    run them in turn; waking all at the end made a 4-rank call on 2 cores about twice as
+    slow (22-27 us against 48-55 here)."""
+    store_release(words, w + FLAG, value)
+    full_fence()                      # the flag before the sleeper count (see _wait)
+    ints = seg.view(np.uint32)
+    if load_acquire(ints, SLEEPERS) != 0:
+        fetch_add(ints, FUTEX_WORD, 1)
+        syscall6(SYS_FUTEX, address_of(ints, FUTEX_WORD), FUTEX_WAKE, 0x7FFFFFFF, 0, 0)
+
+
+@njit(nogil=True, cache=True)
+def _stage(seg, words, src, start, nbytes, keep_lo, keep_hi, rank, stride, stage, seq, sig,
+           total):
+    """Copy ``nbytes`` of ``src`` from byte ``start`` into my slot, except the bytes
+    ``[keep_lo, keep_hi)`` of that range (my own share: nobody else reads it), and publish."""
+    base = slot_offset(rank, stage & 1, stride)
+    copy_bytes(seg, base + DATA, src, start, keep_lo)
+    copy_bytes(seg, base + DATA + keep_hi, src, start + keep_hi, nbytes - keep_hi)
+    w = base // 8
+    words[w + SEQ] = seq
+    words[w + SIG] = sig
+    words[w + NBYTES] = total
+    _raise_flag(seg, words, w, 2 * stage)
+
+
+@njit(nogil=True, cache=True)
+def _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes):
+    """0 when every peer's flag of ``stage`` has reached ``flag``; 1 while some have not;
+    -(r+1) when rank r staged this stage for a different call (checked when ``flag`` is even).
+
+    "Reached", not "equals": a peer may already have reduced its share of the stage (flag
+    ``2 * stage + 1``) while this rank still looks for the staged inputs; it cannot be further
+    on (stage + 2 needs this rank's flags of stage + 1), so a higher flag is this stage's."""
+    parity = stage & 1
+    waiting = 0
+    for r in range(n):
+        if r == rank:
+            continue
+        w = slot_offset(r, parity, stride) // 8
+        if np.int64(load_acquire(words, w + FLAG)) < flag:
+            waiting = 1
+            continue
+        if flag & 1 == 0 and (words[w + SEQ] != seq or words[w + SIG] != sig
+                              or words[w + NBYTES] != nbytes):
+            return -(r + 1)
+    return waiting
+
+
+@njit(nogil=True, cache=True)
+def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slice_ns):
+    """Wait for every peer's ``flag`` of ``stage``. ``spin`` is the wait policy: its low 32
+    bits count polls with the CPU's relax hint, its high bits polls with ``sched_yield``
+    between them; then the futex (``slice_ns`` at most)."""
+    relax = spin & 0xFFFFFFFF
+    yields = spin >> 32
+    while True:
+        for i in range(relax + yields):
+            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+            if state <= 0:
+                return state
+            if i < relax:
+                cpu_relax()
+            else:               # let a runnable peer have this core
+                sched_yield()
+        ints = seg.view(np.uint32)
+        fetch_add(ints, SLEEPERS, 1)
+        generation = load_acquire(ints, FUTEX_WORD)
+        state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+        if state <= 0:
+            fetch_add(ints, SLEEPERS, -1)
+            return state
+        ts = TIMESPEC_BASE + 2 * rank
+        words[ts] = slice_ns // 1000000000
+        words[ts + 1] = slice_ns % 1000000000
+        rc = syscall6(SYS_FUTEX, address_of(ints, FUTEX_WORD), FUTEX_WAIT, generation,
+                      address_of(words, ts), 0)
+        fetch_add(ints, SLEEPERS, -1)
+        if rc != 0 and load_acquire(ints, FUTEX_WORD) == generation:
+            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+            return SLEPT if state > 0 else state     # timed out (or interrupted)
+
+
+@njit(nogil=True, cache=True)
+def _combine(acc, src, op):
+    """``acc = acc (op) src`` element-wise."""
+    if op == OP_SUM:
+        for i in range(acc.size):
+            acc[i] += src[i]
+    elif op == OP_PROD:
+        for i in range(acc.size):
+            acc[i] *= src[i]
+    elif op == OP_MIN:           # NaN wins, as in np.minimum
+        for i in range(acc.size):
+            a, b = acc[i], src[i]
+            if not (a < b or a != a):
+                acc[i] = b
+    elif op == OP_MAX:
+        for i in range(acc.size):
+            a, b = acc[i], src[i]
+            if not (a > b or a != a):
+                acc[i] = b
+    else:
+        a8 = acc.view(np.uint8)
+        s8 = src.view(np.uint8)
+        if op == OP_BAND:
+            for i in range(a8.size):
+                a8[i] &= s8[i]
+        elif op == OP_BOR:
+            for i in range(a8.size):
+                a8[i] |= s8[i]
+        elif op == OP_BXOR:
+            for i in range(a8.size):
+                a8[i] ^= s8[i]
+
+
+@njit(nogil=True, cache=True)
+def _reduce_slots(seg, dst, lo, hi, n, parity, stride, offset, op):
+    """``dst[lo:hi]`` = the slots' elements at byte ``offset`` on, reduced in rank order."""
+    item = dst.itemsize
+    nbytes = (hi - lo) * item
+    out = dst[lo:hi]
+    copy_bytes(out.view(np.uint8), 0, seg, slot_offset(0, parity, stride) + DATA + offset,
+               nbytes)
+    for r in range(1, n):
+        start = slot_offset(r, parity, stride) + DATA + offset
+        _combine(out, seg[start:start + nbytes].view(dst.dtype), op)
+
+
+@njit(nogil=True, cache=True)
+def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slice_ns):
+    """Allreduce ``dst`` (at most one slot) in place in one stage (op: see OP_*; OP_NONE
+    only exchanges). Returns DONE, SLEPT (call again with ``resume``) or -(r+1) for a
+    disagreeing rank r."""
+    words = seg.view(np.uint64)
+    raw = dst.view(np.uint8)
+    if not resume:
+        _stage(seg, words, raw, 0, raw.size, raw.size, raw.size, rank, stride, stage, seq, sig,
+               raw.size)
+    state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, raw.size, spin,
+                  slice_ns)
+    if state != DONE or op == OP_NONE:
+        return state
+    _reduce_slots(seg, dst, 0, dst.size, n, stage & 1, stride, 0, op)
+    return DONE
+
+
+@njit(nogil=True, cache=True)
+def _share(count, n, r):
+    """Element range [lo, hi) of rank r's share of ``count`` elements."""
+    base = count // n
+    extra = count % n
+    lo = r * base + min(r, extra)
+    return lo, lo + base + (1 if r < extra else 0)
+
+
+@njit(nogil=True, cache=True)
+def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op, resume,
+                      position, spin, slice_ns):
+    """Allreduce ``dst`` in place through the slots, one chunk of ``capacity`` bytes per
+    stage (stages ``stage0`` on). After a SLEPT_AT + position status, call again with
+    ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait)."""
+    words = seg.view(np.uint64)
+    raw = dst.view(np.uint8)
+    item = dst.itemsize
+    per_chunk = capacity // item
+    count = dst.size
+    total = raw.size
+    chunks = (count + per_chunk - 1) // per_chunk
+    chunk = position // 2
+    phase = position % 2
+    while chunk < chunks:
+        stage = stage0 + chunk
+        parity = stage & 1
+        lo = chunk * per_chunk
+        hi = min(count, lo + per_chunk)
+        a, b = _share(hi - lo, n, rank)          # my share of the chunk (elements)
+        mine = slot_offset(rank, parity, stride) + DATA
+        if phase == 0:
+            if not resume:   # stage what the others need: all but my share
+                _stage(seg, words, raw, lo * item, (hi - lo) * item, a * item, b * item, rank,
+                       stride, stage, seq, sig, total)
+            resume = False
+            state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total,
+                          spin, slice_ns)
+            if state == SLEPT:
+                return SLEPT_AT + 2 * chunk
+            if state != DONE:
+                return state
+            # reduce my share in my buffer (only this rank reduces it: every rank gets the
+            # same bits), then put the result where the others gather it
+            share = dst[lo + a:lo + b]
+            for r in range(n):
+                if r != rank:
+                    start = slot_offset(r, parity, stride) + DATA + a * item
+                    _combine(share, seg[start:start + (b - a) * item].view(dst.dtype), op)
+            copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
+            _raise_flag(seg, words, slot_offset(rank, parity, stride) // 8, 2 * stage + 1)
+            phase = 1
+        resume = False
+        state = _wait(seg, words, rank, n, stride, stage, 2 * stage + 1, seq, sig, total,
+                      spin, slice_ns)
+        if state == SLEPT:
+            return SLEPT_AT + 2 * chunk + 1
+        if state != DONE:
+            return state
+        for r in range(n):           # every other rank's reduced share into my buffer
+            if r != rank:
+                a, b = _share(hi - lo, n, r)
+                copy_bytes(raw, (lo + a) * item, seg,
+                           slot_offset(r, parity, stride) + DATA + a * item, (b - a) * item)
+        chunk += 1
+        phase = 0
+    return DONE
+
+
+@njit(nogil=True, cache=True)
+def broadcast(seg, dst, rank, n, stride, capacity, stage0, seq, sig, root, resume, position,
+              spin, slice_ns):
+    """Broadcast ``dst`` from ``root``, one chunk of ``capacity`` bytes per stage: the root
+    stages the chunk, every other rank publishes an empty stage (it is ready: done with the
+    chunk before), all wait for all, the others copy the chunk out. The root stages chunk
+    c + 1 while the others still copy chunk c. After SLEPT_AT + c, call again with
+    ``resume`` and position c."""
+    words = seg.view(np.uint64)
+    raw = dst.view(np.uint8)
+    total = raw.size
+    chunks = max(1, (total + capacity - 1) // capacity)
+    chunk = position
+    while chunk < chunks:
+        stage = stage0 + chunk
+        lo = chunk * capacity
+        nbytes = min(total, lo + capacity) - lo
+        if not resume:
+            keep = nbytes if rank == root else 0     # the others stage nothing
+            _stage(seg, words, raw, lo, nbytes, keep, nbytes, rank, stride, stage, seq, sig,
+                   total)
+        resume = False
+        state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total, spin,
+                      slice_ns)
+        if state == SLEPT:
+            return SLEPT_AT + chunk
+        if state != DONE:
+            return state
+        if rank != root:
+            copy_bytes(raw, lo, seg, slot_offset(root, stage & 1, stride) + DATA, nbytes)
+        chunk += 1
+    return DONE

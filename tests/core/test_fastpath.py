@@ -1,0 +1,334 @@
+"""The compiled small-message path (pycoll/fastpath): results, agreement, failures, hygiene.
+
+Every test runs real rank processes on one host (shm), where small allreduces and barriers
+take the fast path; results are compared with the generic path's (forced with ``algo=``) and
+with a float64 reference, bit for bit across ranks.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import fastpath
+from pycoll.testing import run_ranks
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not fastpath.probe_limit(),
+                                 reason="the fast path needs numba on Linux x86-64/aarch64 "
+                                        "(pip install pycoll[fast])")]
+
+NATIVE = list(fastpath.NATIVE_DTYPES)
+OTHER = ["float16", "bool", "complex64"]
+ARITH = ["sum", "prod", "min", "max", "avg"]
+BITS = ["band", "bor", "bxor"]
+
+
+def _input(rank: int, count: int, dtype: str, salt: int = 0) -> np.ndarray:
+    base = (np.arange(count) * 7 + rank * 3 + salt) % 5 + 1
+    if dtype.startswith("int"):
+        base = base - 2
+    if dtype == "bool":
+        return (base % 2).astype(bool)
+    return base.astype(dtype)
+
+
+def _ops_for(dtype: str) -> list[str]:
+    if dtype == "bool":
+        return ["sum", "prod", "min", "max"] + BITS
+    if dtype.startswith("complex"):
+        return ["sum", "prod", "avg"]
+    if dtype.startswith(("int", "uint")):
+        return ARITH + BITS
+    return ARITH
+
+
+def _fast_and_generic(comm, cases):
+    """Each case twice: on the fast path and forced onto the generic ring."""
+    fast = comm._fast
+    assert fast is not None, "a one-host shm communicator must have the fast path"
+    out = []
+    for count, dtype, op in cases:
+        a = _input(comm.rank, count, dtype)
+        before = fast.k
+        comm.allreduce(a, op)
+        assert fast.k == before + 1, (count, dtype, op, "did not take the fast path")
+        b = _input(comm.rank, count, dtype)
+        comm.allreduce(b, op, algo="ring")
+        assert fast.k == before + 1
+        out.append((a.tobytes(), b.tobytes()))
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_op_and_dtype_matches_the_generic_path(size):
+    counts = [0, 1, 5, 64]
+    cases = [(c, d, op) for d in NATIVE + OTHER for op in _ops_for(d) for c in counts]
+    limit = fastpath.agreed_limits([fastpath.probe_record()] * size, size)[0]
+    item = {"float16": 2, "bool": 1, "complex64": 8}
+    cases += [(limit // (np.dtype(d).itemsize if d in NATIVE else item[d]), d, "sum")
+              for d in ("float32", "int8", "float16")]
+    results = run_ranks(_fast_and_generic, size, cases, timeout=110)
+    for i, (count, dtype, op) in enumerate(cases):
+        fast0 = results[0][i][0]
+        for rank in range(size):
+            fast, generic = results[rank][i]
+            assert fast == fast0, (count, dtype, op, "ranks disagree")
+            got = np.frombuffer(fast, dtype=dtype)
+            want = np.frombuffer(generic, dtype=dtype)
+            if dtype.startswith(("float", "complex")):
+                np.testing.assert_allclose(got, want, rtol=1e-2 if dtype == "float16" else 1e-6,
+                                           err_msg=str((count, dtype, op)))
+            else:
+                assert got.tobytes() == want.tobytes(), (count, dtype, op)
+
+
+def _chunked_cases(comm, cases):
+    fast = comm._fast
+    out = []
+    for count, dtype, op in cases:
+        a = _input(comm.rank, count, dtype, salt=count)
+        before = fast.k
+        comm.allreduce(a, op)
+        assert fast.k > before + 1, (count, dtype, op, "did not go chunk by chunk")
+        b = _input(comm.rank, count, dtype, salt=count)
+        comm.allreduce(b, op, algo="ring")
+        out.append((a.tobytes(), b.tobytes()))
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_chunked_allreduce_matches_the_generic_path(size):
+    """Messages of several slots: uneven last chunk, shares of unequal length."""
+    limit = fastpath.agreed_limits([fastpath.probe_record()] * size, size)[0]
+    cases = []
+    for d in NATIVE:
+        per = limit // np.dtype(d).itemsize
+        for i, op in enumerate(o for o in _ops_for(d)):
+            cases.append(((per + 1, 3 * per + 5)[i % 2], d, op))
+    results = run_ranks(_chunked_cases, size, cases, timeout=110)
+    for i, (count, dtype, op) in enumerate(cases):
+        for rank in range(size):
+            fast, generic = results[rank][i]
+            assert fast == results[0][i][0], (count, dtype, op, "ranks disagree")
+            got, want = np.frombuffer(fast, dtype=dtype), np.frombuffer(generic, dtype=dtype)
+            if dtype.startswith("float"):
+                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str((count, dtype, op)))
+            else:
+                assert got.tobytes() == want.tobytes(), (count, dtype, op)
+
+
+def _broadcasts(comm, cases):
+    fast = comm._fast
+    out = []
+    for count, dtype, root in cases:
+        a = _input(comm.rank, count, dtype, salt=root)
+        before = fast.k
+        comm.broadcast(a, root)
+        assert fast.k > before, (count, dtype, root, "did not take the fast path")
+        out.append(a.tobytes())
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_broadcast_from_every_root(size):
+    chunk = fastpath.agreed_limits([fastpath.probe_record()] * size, size)[0]
+    cases = [(c, d, root) for root in range(size) for d in ("float32", "int8", "float64")
+             for c in (0, 1, 7, chunk // 8 + 3, (3 * chunk) // 4 + 11)]
+    results = run_ranks(_broadcasts, size, cases, timeout=110)
+    for i, (count, dtype, root) in enumerate(cases):
+        want = _input(root, count, dtype, salt=root).tobytes()
+        for rank in range(size):
+            assert results[rank][i] == want, (count, dtype, root, rank)
+
+
+def _torch_and_nan(comm):
+    import torch
+    out = {}
+    for dtype in (torch.bfloat16, torch.float32, torch.int64):
+        t = torch.arange(6, dtype=dtype) + comm.rank
+        comm.allreduce(t, "sum")
+        out[str(dtype)] = t.float().tolist()
+    a = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    if comm.rank == 1:
+        a[:] = [np.nan, 2.0, 4.0]
+    b = a.copy()
+    comm.allreduce(a, "min")
+    comm.allreduce(b, "max")
+    out["min"], out["max"] = a.tolist(), b.tolist()
+    p = np.ones(4, dtype=np.float32) * (comm.rank + 1)
+    comm.allreduce(p, pycoll.ReduceOp.premul_sum(0.5))
+    out["premul"] = p.tolist()
+    return out, comm._fast.k
+
+
+def test_torch_tensors_nan_and_premul_sum():
+    pytest.importorskip("torch")
+    results = run_ranks(_torch_and_nan, 2)
+    for out, k in results:
+        assert k == 6
+        assert out["torch.bfloat16"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        assert out["torch.int64"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        assert np.isnan(out["min"][:2]).all() and out["min"][2] == 3.0    # NaN wins (numpy)
+        assert np.isnan(out["max"][:2]).all() and out["max"][2] == 4.0
+        assert out["premul"] == [1.5] * 4
+    assert repr(results[0]) == repr(results[1])      # repr: NaN equals NaN there
+
+
+def _many_calls(comm, n):
+    """Back-to-back calls of several kinds: slots are reused every other call."""
+    total = 0.0
+    for i in range(n):
+        a = np.full(3 + i % 4, float(comm.rank + i), dtype=np.float64)
+        comm.allreduce(a)
+        total += a.sum()
+        if i % 7 == 0:
+            comm.barrier()
+        if i % 50 == 0:
+            big = np.ones(1 << 18, dtype=np.float32)   # the generic path in between
+            comm.allreduce(big, algo="ring")
+            assert big[0] == comm.size
+    return total, comm._fast.k
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_many_back_to_back_calls_with_generic_calls_between(size):
+    """With 4 ranks on this machine's cores the ranks outnumber them: the futex hand-off
+    must still complete every call (correctness only; speed is bench/compare.py's)."""
+    n = 600
+    results = run_ranks(_many_calls, size, n, timeout=110)
+    expected = sum((3 + i % 4) * sum(r + i for r in range(size)) for i in range(n))
+    for total, k in results:
+        assert total == expected
+        assert k == n + (n + 6) // 7
+
+
+def _async_and_timeout(comm):
+    a = np.full(4, comm.rank + 1.0, dtype=np.float32)
+    b = np.full(4, comm.rank + 10.0, dtype=np.float32)
+    w1 = comm.allreduce(a, async_op=True)          # queued on the worker, in order
+    comm.allreduce(b, timeout=5)                   # waits behind it
+    w1.wait()
+    works = [comm.allreduce(np.full(2, float(i), dtype=np.float32), async_op=True)
+             for i in range(5)]
+    for w in works:
+        w.wait()
+    comm.barrier(async_op=True).wait()
+    return a.tolist(), b.tolist(), comm._fast.k
+
+
+def test_async_and_timeout_calls_run_in_order():
+    for a, b, k in run_ranks(_async_and_timeout, 2):
+        assert a == [3.0] * 4 and b == [21.0] * 4 and k == 8
+
+
+def _limits(comm):
+    fast = comm._fast
+    return None if fast is None else fast.limit
+
+
+def test_ranks_agree_on_the_limit_and_on_off():
+    limits = run_ranks(_limits, 3, rank_env={1: {"PYCOLL_FASTPATH_BYTES": "1024"}})
+    assert limits == [1024] * 3
+    assert run_ranks(_limits, 2, rank_env={0: {"PYCOLL_FASTPATH": "0"}}) == [None, None]
+    assert run_ranks(_limits, 2, env={"PYCOLL_TRANSPORTS": "tcp"}) == [None, None]
+
+
+def _mismatch_in_fast_path(comm):
+    start = time.monotonic()
+    try:
+        comm.allreduce(np.ones(8 + comm.rank, dtype=np.float32))
+        return "no error", "", 0.0
+    except pycoll.PycollError as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+
+
+def test_different_counts_raise_collective_mismatch_at_once():
+    for kind, message, elapsed in run_ranks(_mismatch_in_fast_path, 2, collective_timeout=20):
+        assert kind == "CollectiveMismatch" and elapsed < 5, (kind, message)
+        assert "32 bytes" in message and "36 bytes" in message and "disagree" in message
+
+
+def _one_rank_dies(comm):
+    if comm.rank == 1:
+        comm.allreduce(np.ones(2, dtype=np.float32))
+        os._exit(3)
+    start = time.monotonic()
+    comm.allreduce(np.ones(2, dtype=np.float32))
+    try:
+        comm.allreduce(np.ones(2, dtype=np.float32))
+    except pycoll.PeerLost as e:
+        return "PeerLost", str(e), time.monotonic() - start
+    return "no error", "", 0.0
+
+
+def test_a_dead_peer_raises_peer_lost_promptly():
+    outcomes = run_ranks(_one_rank_dies, 2, expect_failure=True, collective_timeout=60)
+    kind, value = outcomes[0]
+    assert kind == "ok", value
+    name, message, elapsed = value
+    assert name == "PeerLost" and "peer rank 1" in message and elapsed < 5, value
+
+
+def _segments(comm, group_ranks):
+    comm.barrier()                   # every rank has finished init (and mapped the segment)
+    names = sorted(n for n in os.listdir("/dev/shm") if n.startswith("pycoll-")
+                   and n.endswith("-fast"))
+    g = comm.new_group(group_ranks)
+    out = None
+    if g is not None:
+        a = np.full(3, comm.rank, dtype=np.int64)
+        g.allreduce(a)
+        out = a.tolist()
+        g.barrier()
+    comm.barrier()
+    return names, out
+
+
+def test_groups_get_their_own_segment_and_nothing_is_left_in_dev_shm():
+    before = {n for n in os.listdir("/dev/shm") if n.endswith("-fast")}
+    results = run_ranks(_segments, 3, [0, 2])
+    for rank, (names, out) in enumerate(results):
+        assert not names, names      # every segment is unlinked once all members mapped it
+        assert out == ([2, 2, 2] if rank != 1 else None)
+    assert {n for n in os.listdir("/dev/shm") if n.endswith("-fast")} <= before
+
+
+def _plans(comm):
+    small = np.zeros(5, dtype=np.float32)
+    big = np.zeros(1 << 18, dtype=np.float32)
+    p_small = comm.allreduce_init(small, "max")
+    p_big = pycoll.allreduce_init(big)
+    p_ring = comm.allreduce_init(small, algo="ring")
+    paths = (p_small.path, p_big.path, p_ring.path)
+    seen = []
+    for i in range(20):
+        small[:] = comm.rank * 10 + i          # new values into the same memory
+        big[:] = i
+        p_small.run()
+        p_big()
+        seen.append((small[0], big[0]))
+    work = p_small.start()
+    work.wait()
+    small[:] = comm.rank + 1
+    p_ring.run()
+    errors = []
+    for bad in (lambda: comm.allreduce_init(np.zeros(4, np.complex64), "max"),
+                lambda: comm.allreduce_init(np.zeros(4), "nope"),
+                lambda: comm.allreduce_init(np.zeros(4), algo="nope")):
+        try:
+            bad()
+        except pycoll.InvalidArgument as e:
+            errors.append(type(e).__name__)
+    return paths, seen, small.tolist(), errors
+
+
+def test_persistent_plans():
+    for rank, (paths, seen, last, errors) in enumerate(run_ranks(_plans, 2)):
+        assert paths == ("fastpath", "fastpath-chunked", "ring")
+        assert seen == [(10.0 + i, 2.0 * i) for i in range(20)]
+        assert last == [3.0] * 5
+        assert len(errors) == 3, errors
