@@ -117,7 +117,7 @@ class Collectives(Execution):
                 return fast.run(call, tensor, timeout, async_op, tensor)
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
-        if fast is not None and algo is None and buf.nbytes <= fast.broadcast_limit:
+        if fast is not None and algo is None and fast.broadcast_kind(buf.nbytes):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), tensor, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)

@@ -120,7 +120,7 @@ class Communicator(FusedCollectives):
                 return None
         except PycollError:
             return None
-        limit, chunked = fastpath.agreed_limits(
+        limit, chunked, cma = fastpath.agreed_limits(
             [conn.table.records[m].get("shm", {}) for m in self._members], self.size)
         if not limit:
             return None
@@ -130,7 +130,7 @@ class Communicator(FusedCollectives):
         # call wait for rank 0, which a rank stuck in another call never lets happen
         slots = SharedSlots.setup(PrefixStore(f"pycoll/{self.name}/fastpath/", self._store),
                                   self.rank, self.size, limit, self.timeout)
-        return FastPath(self, limit, chunked, slots) if slots is not None else None
+        return FastPath(self, limit, chunked, cma, slots) if slots is not None else None
 
     # -- construction ------------------------------------------------------------------------
     @classmethod

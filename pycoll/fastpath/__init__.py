@@ -44,12 +44,22 @@ READ_BUDGET = 1024 * 1024
 DEFAULT_CHUNKED_LIMIT = 64 * 1024 * 1024
 
 
+#: smallest broadcast that reads straight out of the root's buffer (cross-memory attach, a
+#: single copy) instead of going through the slots (two copies); PYCOLL_FASTPATH_CMA_BYTES
+#: changes it (0: never; PYCOLL_SHM_CMA=0 turns it off too). See ``runner.FastPath``.
+DEFAULT_CMA_BYTES = 16 * 1024
+
+
 def probe_record() -> dict[str, int]:
     """This rank's limits (what the shm transport's probe record carries; 0: off)."""
     limit = probe_limit()
+    if not limit:
+        return {"fast": 0, "fast_chunked": 0, "fast_cma": 0}
+    cma = env_int("PYCOLL_FASTPATH_CMA_BYTES", DEFAULT_CMA_BYTES, minimum=0)
     return {"fast": limit,
             "fast_chunked": env_int("PYCOLL_FASTPATH_CHUNKED_BYTES", DEFAULT_CHUNKED_LIMIT,
-                                    minimum=0) if limit else 0}
+                                    minimum=0),
+            "fast_cma": cma if env_bool("PYCOLL_SHM_CMA", True) else 0}
 
 
 def probe_limit() -> int:
@@ -63,16 +73,20 @@ def probe_limit() -> int:
     return env_int("PYCOLL_FASTPATH_BYTES", DEFAULT_LIMIT, minimum=0)
 
 
-def agreed_limits(records: list[dict], size: int) -> tuple[int, int]:
-    """The (one-slot, chunked) limits of a communicator of ``size`` ranks whose ranks'
-    probe records are ``records`` (the smallest of each, scaled to the read budget)."""
+def agreed_limits(records: list[dict], size: int) -> tuple[int, int, int]:
+    """The (one-slot, chunked, single-copy broadcast) limits of a communicator of ``size``
+    ranks whose ranks' probe records are ``records``: the smallest of the first two (scaled
+    to the read budget), the largest threshold of the third (0, off, if any rank has it
+    off)."""
     if size < 2 or size > MAX_RANKS or not records:
-        return 0, 0
+        return 0, 0, 0
     limit = min(int(r.get("fast", 0)) for r in records)
     limit = min(limit, READ_BUDGET // size) // 64 * 64
     if limit < 64:
-        return 0, 0
-    return limit, min(int(r.get("fast_chunked", 0)) for r in records)
+        return 0, 0, 0
+    cma = [int(r.get("fast_cma", 0)) for r in records]
+    return (limit, min(int(r.get("fast_chunked", 0)) for r in records),
+            max(cma) if min(cma) > 0 else 0)
 
 
 #: dtypes the kernels reduce themselves (others are exchanged as bytes, reduced by numpy)
@@ -102,4 +116,6 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
                             1, 1000)
     K.broadcast(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 64, 1, 0, 0, 0, False, 0, 1,
                 1000)
+    K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
+                    1000, np.zeros(4, dtype=np.uint64))
     return time.perf_counter() - start

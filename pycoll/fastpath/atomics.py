@@ -24,10 +24,17 @@ from numba.extending import intrinsic
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
 FUTEX_WAIT = 0
 FUTEX_WAKE = 1
+#: process_vm_readv(2) and process_vm_writev(2): cross-memory attach, a single copy out of
+#: (into) a peer's buffer
+SYS_PROCESS_VM_READV = {"x86_64": 310, "aarch64": 270}.get(platform.machine(), -1)
+SYS_PROCESS_VM_WRITEV = {"x86_64": 311, "aarch64": 271}.get(platform.machine(), -1)
 
 syscall6 = types.ExternalFunction(
     "syscall", types.int64(types.int64, types.int64, types.int64, types.int64, types.int64,
                            types.int64))
+#: the same, with room for a sixth system call argument (process_vm_readv's flags, which must
+#: be 0: with ``syscall6`` the kernel would read whatever the register held)
+syscall7 = types.ExternalFunction("syscall", types.int64(*[types.int64] * 7))
 sched_yield = types.ExternalFunction("sched_yield", types.int32())
 
 

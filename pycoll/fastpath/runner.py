@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import debug
 from ..errors import CollectiveMismatch, PycollError, describe
 from ..memops import ReduceSpec
 from ..reduction import ReduceOp, needs_finish, prepare
@@ -41,8 +42,10 @@ if TYPE_CHECKING:
 CHUNK_BYTES = 256 * 1024
 #: the largest broadcast through the slots is this / (ranks - 1) (see FastPath.__init__)
 BROADCAST_BUDGET = 4 * 1024 * 1024
-#: ``kernels.SLEPT_AT`` (kept here so that importing this module does not import numba)
+#: ``kernels.SLEPT_AT`` and ``kernels.CMA_REFUSED`` (kept here so that importing this module
+#: does not import numba)
 SLEPT_AT = 1 << 40
+CMA_REFUSED = 2
 _OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 
 
@@ -67,6 +70,7 @@ def _policy(polls: tuple[int, int]) -> int:
 
 
 SMALL, CHUNKED, BROADCAST = "fastpath", "fastpath-chunked", "fastpath-broadcast"
+SINGLE_COPY = "fastpath-broadcast-cma"
 
 
 class FastCall:
@@ -79,7 +83,7 @@ class FastCall:
 
     def __init__(self, collective: str, dtype: str, count: int, itemsize: int,
                  rop: ReduceOp | None, root: int | None, spec: ReduceSpec | None,
-                 comm_id: int, capacity: int, chunk: int) -> None:
+                 comm_id: int, capacity: int, chunk: int, single_copy: bool = False) -> None:
         self.collective = collective
         self.dtype = dtype
         self.rop = rop
@@ -88,7 +92,10 @@ class FastCall:
         self.sig = ((dtype, count, rop, root) if collective != "barrier"
                     else (None, None, None, None))
         self.spec = spec
-        if collective == "broadcast":       # chunk by chunk, one stage each
+        if single_copy:          # addresses, then "done" (kernels.broadcast_cma)
+            self.kind = SINGLE_COPY
+            self.stages = 2
+        elif collective == "broadcast":     # chunk by chunk, one stage each
             self.kind = BROADCAST
             self.stages = max(1, -(-self.nbytes // chunk))
         elif self.nbytes > capacity:        # allreduce larger than one slot
@@ -126,7 +133,7 @@ class FastPath:
     """A communicator's fast path: its limit (agreed at init), its segment (made by its
     first fast call) and its count of fast calls."""
 
-    def __init__(self, comm: "Communicator", limit: int, chunked_limit: int,
+    def __init__(self, comm: "Communicator", limit: int, chunked_limit: int, cma_bytes: int,
                  slots: "SharedSlots") -> None:
         self.comm = comm
         self.limit = limit                  # one slot: the single-stage kernel
@@ -137,6 +144,13 @@ class FastPath:
         # (262 against 372 us) and lose from 8 MiB (1.28 against 1.02 ms); with 4 ranks
         # they win up to 1 MiB and lose from 2 MiB. So: 4 MiB / (ranks - 1).
         self.broadcast_limit = min(chunked_limit, BROADCAST_BUDGET // (comm.size - 1))
+        # From ``cma_bytes`` on (0: never), a broadcast reads straight out of the root's
+        # buffer instead (kernels.broadcast_cma: one copy, no size limit). Whether the OS
+        # lets this rank read its peers' memory (ptrace rules: Yama, seccomp in containers)
+        # is learnt by the first such call, on every rank alike; if not, that call and all
+        # later ones go through the slots (or the generic path) as above.
+        self.cma_bytes = cma_bytes
+        self.iov = np.zeros(4, dtype=np.uint64)     # the kernel's iovec scratch
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: "SharedSlots | None" = slots
         self.k = 0                      # stages run so far (all ranks count alike)
@@ -171,11 +185,17 @@ class FastPath:
         None for the generic path (``Communicator.selected_algorithm``)."""
         if collective == "barrier":
             return SMALL
-        if collective == "broadcast" and nbytes <= self.broadcast_limit:
-            return BROADCAST
+        if collective == "broadcast":
+            return self.broadcast_kind(nbytes)
         if collective == "allreduce" and nbytes <= self.chunked_limit:
             return SMALL if nbytes <= self.limit else CHUNKED
         return None
+
+    def broadcast_kind(self, nbytes: int) -> str | None:
+        """What runs a broadcast of ``nbytes`` here (None: the generic path)."""
+        if self.cma_bytes and nbytes >= self.cma_bytes:
+            return SINGLE_COPY
+        return BROADCAST if nbytes <= self.broadcast_limit else None
 
     def call(self, collective: str, dtype: str, count: int, itemsize: int,
              rop: ReduceOp | None, root: int | None = None) -> FastCall:
@@ -185,12 +205,15 @@ class FastPath:
             if self._kernels is None:
                 from . import kernels
                 self._kernels = {SMALL: kernels.allreduce, CHUNKED: kernels.allreduce_chunked,
-                                 BROADCAST: kernels.broadcast}
+                                 BROADCAST: kernels.broadcast,
+                                 SINGLE_COPY: kernels.broadcast_cma}
                 self._small = kernels.allreduce
             comm = self.comm
             spec = comm._ops.reduce_spec(rop, dtype, comm.size) if rop is not None else None
+            single = (collective == "broadcast"
+                      and self.broadcast_kind(count * itemsize) == SINGLE_COPY)
             found = FastCall(collective, dtype, count, itemsize, rop, root, spec,
-                             comm._comm_id, self.limit, self.chunk)
+                             comm._comm_id, self.limit, self.chunk, single)
             if len(self._calls) < 1024:
                 self._calls[key] = found
         return found
@@ -204,9 +227,11 @@ class FastPath:
         comm = self.comm
         executor = comm._executor
         slots = self.slots
+        # Executor.run_inline_if_idle, written out (its calls cost a tenth of the call)
+        lock = executor._run_lock
         if (async_op or timeout is not None or slots is None or call.prepare or comm._detail
-                or comm._failed is not None or comm._closed
-                or not executor.run_inline_if_idle()):
+                or comm._failed is not None or comm._closed or executor._closed
+                or executor._queue or not lock.acquire(False)):
             return self._run_generic(call, arr, timeout, async_op, output)
         rec = None
         try:
@@ -244,7 +269,7 @@ class FastPath:
                 raise
             raise err from None
         finally:
-            executor.release()
+            lock.release()
         return None
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
@@ -309,6 +334,10 @@ class FastPath:
         if kind == SMALL:
             return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, k, word,
                           call.code, call.op_code, resume, self.spin, self.slice_ns)
+        if kind == SINGLE_COPY:
+            return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, k, word,
+                          call.code, call.root, resume, position, self.spin, self.slice_ns,
+                          self.iov)
         last = call.root if kind == BROADCAST else call.op_code
         return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, self.chunk, k,
                       word, call.code, last, resume, position, self.spin, self.slice_ns)
@@ -317,6 +346,10 @@ class FastPath:
                   seq: int, word: int, k: int, deadline: float, limit: float) -> None:
         """Wait on in sleep slices until done, then what the kernel left to Python."""
         while state != 0:
+            if state == CMA_REFUSED:        # the same on every rank: all go on this way
+                call, k = self._without_cma(call)
+                state = self.launch(call, data, k, word, False, 0)
+                continue
             position = state - SLEPT_AT if state >= SLEPT_AT else 0   # kernels.SLEPT_AT
             offset, phase = call.waited(position)   # the stage and flag value waited for
             self._between_slices(state, call, seq, word, k + offset,
@@ -326,6 +359,23 @@ class FastPath:
             self._reduce_here(call, arr, k)
         if call.finish:
             call.spec.finish(arr)               # type: ignore[union-attr]
+
+    def _without_cma(self, call: FastCall) -> tuple[FastCall, int]:
+        """Some rank may not read its peers' memory: no single-copy broadcast on this
+        communicator any more. Returns ``call`` through the slots, and its first stage."""
+        debug.logger.info("rank %d: %s: a rank could not read the root's memory with "
+                          "process_vm_readv (ptrace rules: Yama's ptrace_scope, a container's "
+                          "seccomp profile); broadcasts go through the slots from now on",
+                          self.comm.rank, self.comm.name)
+        self.cma_bytes = 0
+        self._calls.clear()
+        self.host_calls.clear()
+        count = call.info["count"]
+        fallback = FastCall(call.collective, call.dtype, count, call.nbytes // count, None,
+                            call.root, None, self.comm._comm_id, self.limit, self.chunk)
+        k = self.k + 1
+        self.k += fallback.stages
+        return fallback, k
 
     def _reduce_here(self, call: FastCall, arr: np.ndarray, k: int) -> None:
         """The reduction for dtypes the kernels do not know, over the slots, in rank order."""

@@ -145,6 +145,62 @@ def test_broadcast_from_every_root(size):
             assert results[rank][i] == want, (count, dtype, root, rank)
 
 
+def _refuse_cross_memory_attach() -> None:
+    """Make this process's process_vm_readv fail with EPERM, as a container's default
+    seccomp profile does (a real seccomp filter: classic BPF on the system call number)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+
+    nr = {"x86_64": 310, "aarch64": 270}[os.uname().machine]
+    code = (Filter * 4)(Filter(0x20, 0, 0, 0),           # load the system call number
+                        Filter(0x15, 0, 1, nr),          # process_vm_readv?
+                        Filter(0x06, 0, 0, 0x00050000 | 1),   # then: fail with EPERM
+                        Filter(0x06, 0, 0, 0x7FFF0000))  # else: allow
+    assert libc.prctl(38, 1, 0, 0, 0) == 0               # PR_SET_NO_NEW_PRIVS
+    prog = Program(4, code)
+    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # seccomp
+
+
+def _single_copy(comm, refuse_on):
+    fast = comm._fast
+    if comm.rank == refuse_on:
+        _refuse_cross_memory_attach()
+    kinds, out = [], []
+    for nbytes, root in ((fast.cma_bytes, 0), (8 << 20, 1), (3 << 20, comm.size - 1),
+                         (fast.cma_bytes, 1)):
+        kind = comm.selected_algorithm("broadcast", nbytes)
+        kinds.append(kind)
+        a = _input(comm.rank, nbytes // 8, "float64", salt=root)
+        before = fast.k
+        comm.broadcast(a, root)
+        assert (fast.k > before) == kind.startswith("fastpath"), (nbytes, root, kind)
+        out.append((nbytes, root, a.tobytes() == _input(root, nbytes // 8, "float64",
+                                                        salt=root).tobytes()))
+    return kinds, out
+
+
+@pytest.mark.parametrize("size,refuse_on", [(2, None), (3, None), (3, 2)])
+def test_single_copy_broadcast(size, refuse_on):
+    """From ``cma_bytes`` on a broadcast reads the root's buffer with process_vm_readv. When
+    one rank may not (seccomp, here on rank 2), the first such call finds out on every rank,
+    completes through the slots, and later ones go through the slots from the start."""
+    results = run_ranks(_single_copy, size, refuse_on, timeout=110)
+    for kinds, out in results:
+        assert all(ok for *_, ok in out), out
+        if refuse_on is None:
+            assert set(kinds) == {"fastpath-broadcast-cma"}, kinds
+        else:
+            assert kinds[0] == "fastpath-broadcast-cma", kinds
+            assert "fastpath-broadcast-cma" not in kinds[1:], kinds
+
+
 def _torch_and_nan(comm):
     import torch
     out = {}
