@@ -125,8 +125,8 @@ class Execution(FaultHandling):
         try:
             if fp is not None:
                 self._compare_fingerprints(collective, seq, fp, deadline, rec)
-            if collective not in P2P:
-                self._generic_ran = True     # (a fast path body clears it)
+            if collective not in P2P and not getattr(body, "fast", False):
+                self._generic_ran = True     # (the next fast call looks for leftovers)
             body(peers)
             if collective not in P2P:    # messages nobody will ever receive? (tags.py)
                 for r in peers.posted:

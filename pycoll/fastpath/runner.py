@@ -79,7 +79,7 @@ class FastCall:
 
     __slots__ = ("collective", "nbytes", "sig", "op_code", "code", "seq_bits", "spec",
                  "reduce_here", "finish", "prepare", "rop", "dtype", "info", "kind",
-                 "stages", "root")
+                 "stages", "root", "count")
 
     def __init__(self, collective: str, dtype: str, count: int, itemsize: int,
                  rop: ReduceOp | None, root: int | None, spec: ReduceSpec | None,
@@ -88,6 +88,7 @@ class FastCall:
         self.dtype = dtype
         self.rop = rop
         self.root = -1 if root is None else root
+        self.count = count
         self.nbytes = count * itemsize
         self.sig = ((dtype, count, rop, root) if collective != "barrier"
                     else (None, None, None, None))
@@ -279,8 +280,9 @@ class FastPath:
             word = -peers.tag - 1
             self.execute(call, arr, (word >> SEQ_SHIFT) & SEQ_MASK, word,
                          peers.deadline - time.monotonic())
-            self.comm._generic_ran = False
-            self._refuse_leftovers(word)
+            if self.comm._generic_ran:
+                self._refuse_leftovers(word)
+        body.fast = True                    # type: ignore[attr-defined]
         body.flight_info = call.info        # type: ignore[attr-defined]
         return self.comm._execute(call.collective, call.nbytes, body, timeout, async_op,
                                   call.sig, output)
@@ -370,9 +372,8 @@ class FastPath:
         self.cma_bytes = 0
         self._calls.clear()
         self.host_calls.clear()
-        count = call.info["count"]
-        fallback = FastCall(call.collective, call.dtype, count, call.nbytes // count, None,
-                            call.root, None, self.comm._comm_id, self.limit, self.chunk)
+        fallback = FastCall(call.collective, call.dtype, call.count, call.nbytes // call.count,
+                            None, call.root, None, self.comm._comm_id, self.limit, self.chunk)
         k = self.k + 1
         self.k += fallback.stages
         return fallback, k

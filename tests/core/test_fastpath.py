@@ -46,19 +46,21 @@ def _ops_for(dtype: str) -> list[str]:
     return ARITH
 
 
-def _fast_and_generic(comm, cases):
-    """Each case twice: on the fast path and forced onto the generic ring."""
+def _fast_and_generic(comm, cases, chunked=False):
+    """Each case twice: on the fast path (in one stage, or ``chunked`` in several) and
+    forced onto the generic ring."""
     fast = comm._fast
     assert fast is not None, "a one-host shm communicator must have the fast path"
     out = []
     for count, dtype, op in cases:
-        a = _input(comm.rank, count, dtype)
+        a = _input(comm.rank, count, dtype, salt=count)
         before = fast.k
         comm.allreduce(a, op)
-        assert fast.k == before + 1, (count, dtype, op, "did not take the fast path")
-        b = _input(comm.rank, count, dtype)
+        stages = fast.k - before
+        assert stages > 1 if chunked else stages == 1, (count, dtype, op, stages)
+        b = _input(comm.rank, count, dtype, salt=count)
         comm.allreduce(b, op, algo="ring")
-        assert fast.k == before + 1
+        assert fast.k == before + stages
         out.append((a.tobytes(), b.tobytes()))
     return out
 
@@ -71,33 +73,22 @@ def test_every_op_and_dtype_matches_the_generic_path(size):
     item = {"float16": 2, "bool": 1, "complex64": 8}
     cases += [(limit // (np.dtype(d).itemsize if d in NATIVE else item[d]), d, "sum")
               for d in ("float32", "int8", "float16")]
-    results = run_ranks(_fast_and_generic, size, cases, timeout=110)
+    _assert_fast_matches_generic(run_ranks(_fast_and_generic, size, cases, timeout=110), cases)
+
+
+def _assert_fast_matches_generic(results, cases):
+    """Every rank's fast result is the same bits, and equals the generic path's (exactly
+    for integers, to rounding for floats: the generic ring reduces in another order)."""
     for i, (count, dtype, op) in enumerate(cases):
-        fast0 = results[0][i][0]
-        for rank in range(size):
-            fast, generic = results[rank][i]
-            assert fast == fast0, (count, dtype, op, "ranks disagree")
-            got = np.frombuffer(fast, dtype=dtype)
-            want = np.frombuffer(generic, dtype=dtype)
+        for per_rank in results:
+            fast, generic = per_rank[i]
+            assert fast == results[0][i][0], (count, dtype, op, "ranks disagree")
+            got, want = np.frombuffer(fast, dtype=dtype), np.frombuffer(generic, dtype=dtype)
             if dtype.startswith(("float", "complex")):
                 np.testing.assert_allclose(got, want, rtol=1e-2 if dtype == "float16" else 1e-6,
                                            err_msg=str((count, dtype, op)))
             else:
                 assert got.tobytes() == want.tobytes(), (count, dtype, op)
-
-
-def _chunked_cases(comm, cases):
-    fast = comm._fast
-    out = []
-    for count, dtype, op in cases:
-        a = _input(comm.rank, count, dtype, salt=count)
-        before = fast.k
-        comm.allreduce(a, op)
-        assert fast.k > before + 1, (count, dtype, op, "did not go chunk by chunk")
-        b = _input(comm.rank, count, dtype, salt=count)
-        comm.allreduce(b, op, algo="ring")
-        out.append((a.tobytes(), b.tobytes()))
-    return out
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -109,16 +100,8 @@ def test_chunked_allreduce_matches_the_generic_path(size):
         per = limit // np.dtype(d).itemsize
         for i, op in enumerate(o for o in _ops_for(d)):
             cases.append(((per + 1, 3 * per + 5)[i % 2], d, op))
-    results = run_ranks(_chunked_cases, size, cases, timeout=110)
-    for i, (count, dtype, op) in enumerate(cases):
-        for rank in range(size):
-            fast, generic = results[rank][i]
-            assert fast == results[0][i][0], (count, dtype, op, "ranks disagree")
-            got, want = np.frombuffer(fast, dtype=dtype), np.frombuffer(generic, dtype=dtype)
-            if dtype.startswith("float"):
-                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str((count, dtype, op)))
-            else:
-                assert got.tobytes() == want.tobytes(), (count, dtype, op)
+    _assert_fast_matches_generic(run_ranks(_fast_and_generic, size, cases, True, timeout=110),
+                                 cases)
 
 
 def _broadcasts(comm, cases):
