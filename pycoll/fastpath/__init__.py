@@ -1,4 +1,8 @@
-"""The compiled small-message path: allreduce and barrier through one shared segment.
+"""The compiled one-host path: allreduce, broadcast and barrier through one shared segment.
+
+(Larger allreduces go chunk by chunk through the same slots, and broadcasts from 16 KiB copy
+once with cross-memory attach: ``kernels.py`` describes each; docs/algorithms.md has the
+measurements.)
 
 For a communicator whose ranks all share one host (and shared memory), a small allreduce
 does not go through the algorithms at all: every rank copies its input into its own slot of
