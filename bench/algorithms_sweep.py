@@ -106,7 +106,7 @@ def _operation(comm: Any, coll: str, size: int, algo: str | None) -> Callable[[]
         inp, out = np.zeros(per * n, f32), np.zeros(per, f32)
         return lambda: comm.scatter(out, inp, 0, algo=algo)
     if coll == "barrier":
-        return lambda: comm.barrier()
+        return lambda: comm.barrier(algo=algo)
     raise ValueError(coll)
 
 
@@ -200,7 +200,7 @@ def _table(rows: list[dict], coll: str, n: int) -> tuple[list[str], int, int]:
 def report(rows: list[dict], meta: dict) -> str:
     out = [f"# Algorithm sweep, {meta['date']}", "",
            f"Machine: {meta['machine']}; load average at start {meta['load_start']}, at end "
-           f"{meta['load_end']} (a shared machine: other engineers' tests were running).",
+           f"{meta['load_end']}.",
            f"Command: `{meta['command']}`", "",
            "Method: float32, sum; each cell is the median over "
            f"{meta['reps']} interleaved rounds of the slowest rank's mean time per operation "

@@ -90,15 +90,16 @@ class Collectives(Execution):
         from .persistent import AllreducePlan
         return AllreducePlan(self, tensor, op, algo=algo, timeout=timeout)  # type: ignore[arg-type]
 
-    def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Work | None:
+    def barrier(self, *, algo: str | None = None, timeout: float | None = None,
+                async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""
         fast = self._fast
-        if fast is not None:
+        if fast is not None and algo is None:
             call = fast.barrier_call
             if call is None:
                 call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
             return fast.run(call, fast.barrier_buffer, timeout, async_op, None)
-        fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0)]
+        fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0, algo)]
 
         def body(peers: Peers) -> None:
             if self.size > 1:

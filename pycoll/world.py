@@ -151,9 +151,10 @@ def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
     return world().allreduce_init(tensor, op, algo=algo, timeout=timeout)
 
 
-def barrier(*, timeout: float | None = None, async_op: bool = False) -> Work | None:
+def barrier(*, algo: str | None = None, timeout: float | None = None,
+            async_op: bool = False) -> Work | None:
     """Block until every rank of the default communicator has reached the barrier."""
-    return world().barrier(timeout=timeout, async_op=async_op)
+    return world().barrier(algo=algo, timeout=timeout, async_op=async_op)
 
 
 # The rest mirror Communicator's methods on the default communicator; keyword options

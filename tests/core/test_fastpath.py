@@ -371,3 +371,23 @@ def test_persistent_plans():
         assert seen == [(10.0 + i, 2.0 * i) for i in range(20)]
         assert last == [3.0] * 5
         assert len(errors) == 3, errors
+
+
+def _forced_barrier(comm):
+    fast = comm._fast
+    before = fast.k
+    comm.barrier(algo="dissemination")      # forced: the generic algorithm, as for the others
+    generic = fast.k - before
+    comm.barrier()
+    try:
+        comm.barrier(algo="no-such-barrier")
+        unknown = "accepted"
+    except pycoll.PycollError as e:
+        unknown = type(e).__name__
+    return generic, fast.k - before, unknown
+
+
+def test_forced_barrier_takes_the_generic_path():
+    for generic, total, unknown in run_ranks(_forced_barrier, 3):
+        assert (generic, total) == (0, 1)
+        assert unknown != "accepted"
