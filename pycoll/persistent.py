@@ -46,7 +46,8 @@ class AllreducePlan:
 
     @property
     def path(self) -> str:
-        """"fastpath" (one slot), "fastpath-chunked", or the generic path's algorithm."""
+        """"fastpath" (one slot), "fastpath-chunked", "fastpath-cma" (reading the peers'
+        buffers), or the generic path's algorithm."""
         if self._fast_call is not None:
             return self._fast_call.kind
         return self.comm._plan.select("allreduce", self.nbytes, self.algo)

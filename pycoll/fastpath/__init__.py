@@ -124,5 +124,8 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     K.broadcast(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 64, 1, 0, 0, 0, False, 0, 1,
                 1000)
     K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
-                    1000, np.zeros(4, dtype=np.uint64))
+                    1000, np.zeros(5, dtype=np.uint64))
+    for name in dtypes:
+        K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, K.OP_SUM, False,
+                        0, 1, 1000, np.zeros(5, dtype=np.uint64), np.zeros(256, dtype=np.uint8))
     return time.perf_counter() - start

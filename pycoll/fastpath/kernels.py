@@ -49,6 +49,7 @@ slot_offset = njit(nogil=True, cache=True)(layout.slot_offset)
 DONE = 0
 SLEPT = 1                    # a sleep slice passed without progress: check peers, call again
 CMA_REFUSED = 2              # a rank could not read the root's memory: nobody used it
+CMA_BROKEN = 3               # a read of a peer's memory failed after the buffers changed
 #: ``allreduce_chunked`` reports a sleep as SLEPT_AT + the position to resume from
 SLEPT_AT = 1 << 40
 # a negative status -(r + 1): rank r published this call with another sequence number or
@@ -391,4 +392,80 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
     for r in range(n):
         if words[slot_offset(r, parity, stride) // 8 + DATA // 8] != 1:
             return CMA_REFUSED
+    return DONE
+
+
+@njit(nogil=True, cache=True)
+def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, position, spin,
+                  slice_ns, iov, tmp):
+    """Allreduce ``dst`` in place reading the peers' buffers directly (cross-memory attach),
+    as MPI's shared-memory reduce-scatter + allgather do. Four stages:
+
+    0. every rank publishes its buffer's address; each reads one word of every peer's
+       buffer to learn whether the OS lets it (nothing is modified yet, so a refusal can
+       still be handed to another path with the inputs intact);
+    1. every rank publishes that outcome; if any is 0, CMA_REFUSED on every rank alike.
+       Else each rank reduces its 1/n share in its own buffer, reading every peer's copy of
+       that share into ``tmp`` one cache-sized piece at a time (rank order: the bits do not
+       depend on who is fast);
+    2. every rank publishes "reduced"; each reads every peer's reduced share straight into
+       its own buffer;
+    3. every rank publishes "done" (nobody reads my buffer any more).
+
+    After SLEPT_AT + p, call again with ``resume`` and position p. CMA_BROKEN: a read
+    failed once the buffers had changed (a peer gone, most likely): the call has failed.
+    ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address)."""
+    words = seg.view(np.uint64)
+    raw = dst.view(np.uint8)
+    item = dst.itemsize
+    count = dst.size
+    total = raw.size
+    piece = tmp.size // item
+    while position < 4:
+        stage = stage0 + position
+        if not resume:
+            mine = slot_offset(rank, stage & 1, stride) // 8 + DATA // 8
+            if position == 0:
+                words[mine] = address_of(raw, 0)
+            elif position == 1:
+                outcome = 1
+                for r in range(n):
+                    there = words[slot_offset(r, stage0 & 1, stride) // 8 + DATA // 8]
+                    iov[4 + r] = there          # kept: that slot is reused two stages on
+                    if r != rank and _cross_copy(tmp[:8], words[PID_BASE + r], there, iov,
+                                                 False) < 0:
+                        outcome = 0
+                words[mine] = outcome
+            elif position == 2:
+                lo, hi = _share(count, n, rank)
+                for start in range(lo, hi, piece):
+                    end = min(hi, start + piece)
+                    part = tmp[:(end - start) * item]
+                    for r in range(n):
+                        if r == rank:
+                            continue
+                        if _cross_copy(part, words[PID_BASE + r], iov[4 + r] + start * item,
+                                       iov, False) < 0:
+                            return CMA_BROKEN
+                        _combine(dst[start:end], part.view(dst.dtype), op)
+            elif position == 3:
+                for r in range(n):
+                    if r != rank:
+                        lo, hi = _share(count, n, r)
+                        if _cross_copy(raw[lo * item:hi * item], words[PID_BASE + r],
+                                       iov[4 + r] + lo * item, iov, False) < 0:
+                            return CMA_BROKEN
+            _stage(seg, words, raw, 0, 0, 0, 0, rank, stride, stage, seq, sig, total)
+        resume = False
+        state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total, spin,
+                      slice_ns)
+        if state == SLEPT:
+            return SLEPT_AT + position
+        if state != DONE:
+            return state
+        if position == 1:
+            for r in range(n):
+                if words[slot_offset(r, stage & 1, stride) // 8 + DATA // 8] != 1:
+                    return CMA_REFUSED
+        position += 1
     return DONE

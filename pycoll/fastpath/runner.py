@@ -46,6 +46,14 @@ BROADCAST_BUDGET = 4 * 1024 * 1024
 #: does not import numba)
 SLEPT_AT = 1 << 40
 CMA_REFUSED = 2
+CMA_BROKEN = 3
+#: smallest allreduce run by ``kernels.allreduce_cma`` (reading the peers' buffers) instead
+#: of chunk by chunk through the slots, when every rank has a core. Measured here, 2 ranks
+#: (python -m pycoll.bench allreduce -n 2 -m 512K:64M, with and without): 1 MiB 151-157 us
+#: against 117, 2 MiB even, 4 MiB 394-472 against 511-519, 16 MiB 1.40-1.43 ms against
+#: 2.05-2.06, 32 MiB 2.75 against 4.09. With 4 ranks on 2 cores it gained nothing (16 MiB
+#: 4.7 against 5.4 ms, 64 MiB 31.4 against 28.2), so crowded hosts keep the slots.
+ALLREDUCE_CMA_BYTES = 4 * 1024 * 1024
 _OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 
 
@@ -71,6 +79,7 @@ def _policy(polls: tuple[int, int]) -> int:
 
 SMALL, CHUNKED, BROADCAST = "fastpath", "fastpath-chunked", "fastpath-broadcast"
 SINGLE_COPY = "fastpath-broadcast-cma"
+DIRECT = "fastpath-cma"
 
 
 class FastCall:
@@ -93,7 +102,10 @@ class FastCall:
         self.sig = ((dtype, count, rop, root) if collective != "barrier"
                     else (None, None, None, None))
         self.spec = spec
-        if single_copy:          # addresses, then "done" (kernels.broadcast_cma)
+        if single_copy and collective == "allreduce":    # kernels.allreduce_cma
+            self.kind = DIRECT
+            self.stages = 4
+        elif single_copy:        # addresses, then "done" (kernels.broadcast_cma)
             self.kind = SINGLE_COPY
             self.stages = 2
         elif collective == "broadcast":     # chunk by chunk, one stage each
@@ -151,7 +163,9 @@ class FastPath:
         # is learnt by the first such call, on every rank alike; if not, that call and all
         # later ones go through the slots (or the generic path) as above.
         self.cma_bytes = cma_bytes
-        self.iov = np.zeros(4, dtype=np.uint64)     # the kernel's iovec scratch
+        self.iov = np.zeros(4 + comm.size, dtype=np.uint64)    # the kernels' scratch
+        self.piece = np.empty(0, dtype=np.uint8)    # allreduce_cma's (made when needed)
+        self.direct_bytes = 1 << 62 if WaitPolicy.crowded else ALLREDUCE_CMA_BYTES
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: "SharedSlots | None" = slots
         self.k = 0                      # stages run so far (all ranks count alike)
@@ -189,7 +203,9 @@ class FastPath:
         if collective == "broadcast":
             return self.broadcast_kind(nbytes)
         if collective == "allreduce" and nbytes <= self.chunked_limit:
-            return SMALL if nbytes <= self.limit else CHUNKED
+            if nbytes <= self.limit:
+                return SMALL
+            return DIRECT if self.cma_bytes and nbytes >= self.direct_bytes else CHUNKED
         return None
 
     def broadcast_kind(self, nbytes: int) -> str | None:
@@ -207,12 +223,16 @@ class FastPath:
                 from . import kernels
                 self._kernels = {SMALL: kernels.allreduce, CHUNKED: kernels.allreduce_chunked,
                                  BROADCAST: kernels.broadcast,
-                                 SINGLE_COPY: kernels.broadcast_cma}
+                                 SINGLE_COPY: kernels.broadcast_cma,
+                                 DIRECT: kernels.allreduce_cma}
                 self._small = kernels.allreduce
             comm = self.comm
             spec = comm._ops.reduce_spec(rop, dtype, comm.size) if rop is not None else None
-            single = (collective == "broadcast"
-                      and self.broadcast_kind(count * itemsize) == SINGLE_COPY)
+            nbytes = count * itemsize
+            single = (self.broadcast_kind(nbytes) == SINGLE_COPY if collective == "broadcast"
+                      else collective == "allreduce" and self.kind_of(collective, nbytes) == DIRECT
+                      and spec is not None and dtype in NATIVE_DTYPES
+                      and rop is not None and rop.name != "premul_sum")
             found = FastCall(collective, dtype, count, itemsize, rop, root, spec,
                              comm._comm_id, self.limit, self.chunk, single)
             if len(self._calls) < 1024:
@@ -340,6 +360,12 @@ class FastPath:
             return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, k, word,
                           call.code, call.root, resume, position, self.spin, self.slice_ns,
                           self.iov)
+        if kind == DIRECT:
+            if not self.piece.size:
+                self.piece = np.empty(CHUNK_BYTES, dtype=np.uint8)
+            return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, k, word,
+                          call.code, call.op_code, resume, position, self.spin,
+                          self.slice_ns, self.iov, self.piece)
         last = call.root if kind == BROADCAST else call.op_code
         return kernel(slots.bytes, data, comm.rank, comm.size, slots.stride, self.chunk, k,
                       word, call.code, last, resume, position, self.spin, self.slice_ns)
@@ -352,6 +378,8 @@ class FastPath:
                 call, k = self._without_cma(call)
                 state = self.launch(call, data, k, word, False, 0)
                 continue
+            if state == CMA_BROKEN:
+                self._broken_read(call, seq)
             position = state - SLEPT_AT if state >= SLEPT_AT else 0   # kernels.SLEPT_AT
             offset, phase = call.waited(position)   # the stage and flag value waited for
             self._between_slices(state, call, seq, word, k + offset,
@@ -362,18 +390,35 @@ class FastPath:
         if call.finish:
             call.spec.finish(arr)               # type: ignore[union-attr]
 
+    def _broken_read(self, call: FastCall, seq: int) -> None:
+        """A read of a peer's buffer failed mid-call: a peer that exited is PeerLost, else
+        the OS refused after allowing it (the call cannot be redone: buffers changed)."""
+        comm = self.comm
+        slots = self.slots
+        assert slots is not None
+        for r in range(comm.size):
+            pid = slots.pid(r)
+            if r != comm.rank and pid and _exited(pid):
+                raise peer_lost(comm._members[r], f"process {pid} exited")
+        raise PycollError(f"{describe(comm.rank, call.collective, seq)}: reading a peer's "
+                          "buffer with process_vm_readv failed after the call had started "
+                          "(it worked a moment before); set PYCOLL_SHM_CMA=0 to avoid "
+                          "cross-memory attach")
+
     def _without_cma(self, call: FastCall) -> tuple[FastCall, int]:
-        """Some rank may not read its peers' memory: no single-copy broadcast on this
-        communicator any more. Returns ``call`` through the slots, and its first stage."""
-        debug.logger.info("rank %d: %s: a rank could not read the root's memory with "
+        """Some rank may not read its peers' memory: no cross-memory attach on this
+        communicator any more (the kernels found out before changing any buffer). Returns
+        ``call`` through the slots, and its first stage."""
+        debug.logger.info("rank %d: %s: a rank could not read a peer's memory with "
                           "process_vm_readv (ptrace rules: Yama's ptrace_scope, a container's "
-                          "seccomp profile); broadcasts go through the slots from now on",
-                          self.comm.rank, self.comm.name)
+                          "seccomp profile); broadcasts and allreduces go through the slots "
+                          "from now on", self.comm.rank, self.comm.name)
         self.cma_bytes = 0
         self._calls.clear()
         self.host_calls.clear()
         fallback = FastCall(call.collective, call.dtype, call.count, call.nbytes // call.count,
-                            None, call.root, None, self.comm._comm_id, self.limit, self.chunk)
+                            call.rop, call.root if call.root >= 0 else None, call.spec,
+                            self.comm._comm_id, self.limit, self.chunk)
         k = self.k + 1
         self.k += fallback.stages
         return fallback, k

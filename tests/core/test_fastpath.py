@@ -184,6 +184,41 @@ def test_single_copy_broadcast(size, refuse_on):
             assert "fastpath-broadcast-cma" not in kinds[1:], kinds
 
 
+def _direct_allreduce(comm, cases, refuse_on):
+    """Each case on the fast path with the peers' buffers read directly (the size from
+    which it does so lowered for the test: a crowded host would not use it), then forced
+    onto the generic ring."""
+    fast = comm._fast
+    fast.direct_bytes = 64 * 1024
+    if comm.rank == refuse_on:
+        _refuse_cross_memory_attach()
+    out, kinds = [], []
+    for count, dtype, op in cases:
+        a = _input(comm.rank, count, dtype, salt=count)
+        kinds.append(comm.selected_algorithm("allreduce", a.nbytes))
+        comm.allreduce(a, op)
+        b = _input(comm.rank, count, dtype, salt=count)
+        comm.allreduce(b, op, algo="ring")
+        out.append((a.tobytes(), b.tobytes()))
+    return out, kinds
+
+
+@pytest.mark.parametrize("size,refuse_on", [(2, None), (3, None), (3, 1)])
+def test_allreduce_reading_the_peers_buffers(size, refuse_on):
+    """From ``direct_bytes`` on, each rank reduces its share reading every peer's copy with
+    process_vm_readv, then reads the others' reduced shares. Refused on one rank (seccomp):
+    the first call finds out before any buffer changed and runs through the slots."""
+    cases = [(100001, "float32", "sum"), (70001, "int64", "max"), (65536 + 3, "float64", "prod"),
+             (300001, "int8", "bxor"), (160000, "uint16", "min")]     # all above one slot
+    results = run_ranks(_direct_allreduce, size, cases, refuse_on, timeout=110)
+    _assert_fast_matches_generic([out for out, _ in results], cases)
+    for _, kinds in results:
+        if refuse_on is None:
+            assert set(kinds) == {"fastpath-cma"}, kinds
+        else:
+            assert kinds[0] == "fastpath-cma" and "fastpath-cma" not in kinds[1:], kinds
+
+
 def _torch_and_nan(comm):
     import torch
     out = {}
