@@ -251,10 +251,8 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
             resume = False
             state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total,
                           spin, slice_ns)
-            if state == SLEPT:
-                return SLEPT_AT + 2 * chunk
             if state != DONE:
-                return state
+                return SLEPT_AT + 2 * chunk if state == SLEPT else state
             # reduce my share in my buffer (only this rank reduces it: every rank gets the
             # same bits), then put the result where the others gather it
             share = dst[lo + a:lo + b]
@@ -268,10 +266,8 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
         resume = False
         state = _wait(seg, words, rank, n, stride, stage, 2 * stage + 1, seq, sig, total,
                       spin, slice_ns)
-        if state == SLEPT:
-            return SLEPT_AT + 2 * chunk + 1
         if state != DONE:
-            return state
+            return SLEPT_AT + 2 * chunk + 1 if state == SLEPT else state
         for r in range(n):           # every other rank's reduced share into my buffer
             if r != rank:
                 a, b = _share(hi - lo, n, r)
@@ -306,10 +302,8 @@ def broadcast(seg, dst, rank, n, stride, capacity, stage0, seq, sig, root, resum
         resume = False
         state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total, spin,
                       slice_ns)
-        if state == SLEPT:
-            return SLEPT_AT + chunk
         if state != DONE:
-            return state
+            return SLEPT_AT + chunk if state == SLEPT else state
         if rank != root:
             copy_bytes(raw, lo, seg, slot_offset(root, stage & 1, stride) + DATA, nbytes)
         chunk += 1
@@ -364,10 +358,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
             _stage(seg, words, raw, 0, 0, 0, 0, rank, stride, stage0, seq, sig, total)
         state = _wait(seg, words, rank, n, stride, stage0, 2 * stage0, seq, sig, total, spin,
                       slice_ns)
-        if state == SLEPT:
-            return SLEPT_AT
         if state != DONE:
-            return state
+            return SLEPT_AT if state == SLEPT else state
         head = total // n // 4096 * 4096      # the root's part: whole pages
         outcome = 1               # 1: done; 0: refused (a flag is never published as 0)
         if rank == root:
@@ -384,10 +376,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
         _stage(seg, words, raw, 0, 0, 0, 0, rank, stride, stage0 + 1, seq, sig, total)
     state = _wait(seg, words, rank, n, stride, stage0 + 1, 2 * (stage0 + 1), seq, sig, total,
                   spin, slice_ns)
-    if state == SLEPT:
-        return SLEPT_AT + 1
     if state != DONE:
-        return state
+        return SLEPT_AT + 1 if state == SLEPT else state
     parity = (stage0 + 1) & 1
     for r in range(n):
         if words[slot_offset(r, parity, stride) // 8 + DATA // 8] != 1:
@@ -459,10 +449,8 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
         resume = False
         state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total, spin,
                       slice_ns)
-        if state == SLEPT:
-            return SLEPT_AT + position
         if state != DONE:
-            return state
+            return SLEPT_AT + position if state == SLEPT else state
         if position == 1:
             for r in range(n):
                 if words[slot_offset(r, stage & 1, stride) // 8 + DATA // 8] != 1:
