@@ -311,6 +311,22 @@ def broadcast(seg, dst, rank, n, stride, capacity, stage0, seq, sig, root, resum
 
 
 @njit(nogil=True, cache=True)
+def _word(rank, stage, stride):
+    """Index (uint64) of the first payload word of ``rank``'s slot of ``stage``: where the
+    cross-memory kernels publish a buffer address or an outcome."""
+    return slot_offset(rank, stage & 1, stride) // 8 + DATA // 8
+
+
+@njit(nogil=True, cache=True)
+def _all_done(words, n, stage, stride):
+    """Whether every rank published outcome 1 (done) in ``stage``."""
+    for r in range(n):
+        if words[_word(r, stage, stride)] != 1:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True)
 def _cross_copy(local, pid, address, iov, write):
     """Copy ``local.size`` bytes between ``local`` and ``address`` in process ``pid``:
     from there (process_vm_readv) or, with ``write``, to there (process_vm_writev).
@@ -352,9 +368,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
     raw = dst.view(np.uint8)
     total = raw.size
     if position == 0:
-        parity = stage0 & 1
         if not resume:
-            words[slot_offset(rank, parity, stride) // 8 + DATA // 8] = address_of(raw, 0)
+            words[_word(rank, stage0, stride)] = address_of(raw, 0)
             _stage(seg, words, raw, 0, 0, 0, 0, rank, stride, stage0, seq, sig, total)
         state = _wait(seg, words, rank, n, stride, stage0, 2 * stage0, seq, sig, total, spin,
                       slice_ns)
@@ -365,24 +380,20 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
         if rank == root:
             for r in range(n):
                 if r != root and head:
-                    there = words[slot_offset(r, parity, stride) // 8 + DATA // 8]
+                    there = words[_word(r, stage0, stride)]
                     if _cross_copy(raw[:head], words[PID_BASE + r], there, iov, True) < 0:
                         outcome = 0
         else:
-            there = words[slot_offset(root, parity, stride) // 8 + DATA // 8]
+            there = words[_word(root, stage0, stride)]
             if _cross_copy(raw[head:], words[PID_BASE + root], there + head, iov, False) < 0:
                 outcome = 0
-        words[slot_offset(rank, (stage0 + 1) & 1, stride) // 8 + DATA // 8] = outcome
+        words[_word(rank, stage0 + 1, stride)] = outcome
         _stage(seg, words, raw, 0, 0, 0, 0, rank, stride, stage0 + 1, seq, sig, total)
     state = _wait(seg, words, rank, n, stride, stage0 + 1, 2 * (stage0 + 1), seq, sig, total,
                   spin, slice_ns)
     if state != DONE:
         return SLEPT_AT + 1 if state == SLEPT else state
-    parity = (stage0 + 1) & 1
-    for r in range(n):
-        if words[slot_offset(r, parity, stride) // 8 + DATA // 8] != 1:
-            return CMA_REFUSED
-    return DONE
+    return DONE if _all_done(words, n, stage0 + 1, stride) else CMA_REFUSED
 
 
 @njit(nogil=True, cache=True)
@@ -414,13 +425,13 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
     while position < 4:
         stage = stage0 + position
         if not resume:
-            mine = slot_offset(rank, stage & 1, stride) // 8 + DATA // 8
+            mine = _word(rank, stage, stride)
             if position == 0:
                 words[mine] = address_of(raw, 0)
             elif position == 1:
                 outcome = 1
                 for r in range(n):
-                    there = words[slot_offset(r, stage0 & 1, stride) // 8 + DATA // 8]
+                    there = words[_word(r, stage0, stride)]
                     iov[4 + r] = there          # kept: that slot is reused two stages on
                     if r != rank and _cross_copy(tmp[:8], words[PID_BASE + r], there, iov,
                                                  False) < 0:
@@ -451,9 +462,7 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
                       slice_ns)
         if state != DONE:
             return SLEPT_AT + position if state == SLEPT else state
-        if position == 1:
-            for r in range(n):
-                if words[slot_offset(r, stage & 1, stride) // 8 + DATA // 8] != 1:
-                    return CMA_REFUSED
+        if position == 1 and not _all_done(words, n, stage, stride):
+            return CMA_REFUSED
         position += 1
     return DONE

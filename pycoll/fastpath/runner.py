@@ -92,7 +92,7 @@ class FastCall:
 
     def __init__(self, collective: str, dtype: str, count: int, itemsize: int,
                  rop: ReduceOp | None, root: int | None, spec: ReduceSpec | None,
-                 comm_id: int, capacity: int, chunk: int, single_copy: bool = False) -> None:
+                 comm_id: int, kind: str, chunk: int) -> None:
         self.collective = collective
         self.dtype = dtype
         self.rop = rop
@@ -102,20 +102,16 @@ class FastCall:
         self.sig = ((dtype, count, rop, root) if collective != "barrier"
                     else (None, None, None, None))
         self.spec = spec
-        if single_copy and collective == "allreduce":    # kernels.allreduce_cma
-            self.kind = DIRECT
+        self.kind = kind                    # FastPath.kind_of
+        if kind == DIRECT:                  # kernels.allreduce_cma: four stages
             self.stages = 4
-        elif single_copy:        # addresses, then "done" (kernels.broadcast_cma)
-            self.kind = SINGLE_COPY
+        elif kind == SINGLE_COPY:           # addresses, then "done" (kernels.broadcast_cma)
             self.stages = 2
-        elif collective == "broadcast":     # chunk by chunk, one stage each
-            self.kind = BROADCAST
+        elif kind == BROADCAST:             # chunk by chunk, one stage each
             self.stages = max(1, -(-self.nbytes // chunk))
-        elif self.nbytes > capacity:        # allreduce larger than one slot
-            self.kind = CHUNKED
+        elif kind == CHUNKED:               # allreduce larger than one slot
             self.stages = -(-count // (chunk // itemsize))
         else:
-            self.kind = SMALL
             self.stages = 1
         #: what the flight recorder shows for this call
         self.info = {"dtype": dtype, "count": count, "algorithm": self.kind}
@@ -196,8 +192,9 @@ class FastPath:
             self.host_calls[key + (tensor.dtype, tensor.nbytes)] = call
 
     def kind_of(self, collective: str, nbytes: int) -> str | None:
-        """What runs ``collective`` of ``nbytes`` here (allreduce: of a native dtype), or
-        None for the generic path (``Communicator.selected_algorithm``)."""
+        """What runs ``collective`` of ``nbytes`` here (allreduce above one slot: of a
+        native dtype, see ``takes``), or None for the generic path; the one place that
+        decides (``FastCall`` and ``Communicator.selected_algorithm`` ask it)."""
         if collective == "barrier":
             return SMALL
         if collective == "broadcast":
@@ -228,13 +225,10 @@ class FastPath:
                 self._small = kernels.allreduce
             comm = self.comm
             spec = comm._ops.reduce_spec(rop, dtype, comm.size) if rop is not None else None
-            nbytes = count * itemsize
-            single = (self.broadcast_kind(nbytes) == SINGLE_COPY if collective == "broadcast"
-                      else collective == "allreduce" and self.kind_of(collective, nbytes) == DIRECT
-                      and spec is not None and dtype in NATIVE_DTYPES
-                      and rop is not None and rop.name != "premul_sum")
+            kind = self.kind_of(collective, count * itemsize)
+            assert kind is not None, (collective, count * itemsize)   # callers checked
             found = FastCall(collective, dtype, count, itemsize, rop, root, spec,
-                             comm._comm_id, self.limit, self.chunk, single)
+                             comm._comm_id, kind, self.chunk)
             if len(self._calls) < 1024:
                 self._calls[key] = found
         return found
@@ -394,12 +388,7 @@ class FastPath:
         """A read of a peer's buffer failed mid-call: a peer that exited is PeerLost, else
         the OS refused after allowing it (the call cannot be redone: buffers changed)."""
         comm = self.comm
-        slots = self.slots
-        assert slots is not None
-        for r in range(comm.size):
-            pid = slots.pid(r)
-            if r != comm.rank and pid and _exited(pid):
-                raise peer_lost(comm._members[r], f"process {pid} exited")
+        self._raise_if_exited([r for r in range(comm.size) if r != comm.rank])
         raise PycollError(f"{describe(comm.rank, call.collective, seq)}: reading a peer's "
                           "buffer with process_vm_readv failed after the call had started "
                           "(it worked a moment before); set PYCOLL_SHM_CMA=0 to avoid "
@@ -418,7 +407,9 @@ class FastPath:
         self.host_calls.clear()
         fallback = FastCall(call.collective, call.dtype, call.count, call.nbytes // call.count,
                             call.rop, call.root if call.root >= 0 else None, call.spec,
-                            self.comm._comm_id, self.limit, self.chunk)
+                            self.comm._comm_id,
+                            BROADCAST if call.collective == "broadcast" else CHUNKED,
+                            self.chunk)
         k = self.k + 1
         self.k += fallback.stages
         return fallback, k
@@ -453,15 +444,21 @@ class FastPath:
             comm._check()            # an abort record first: it names the root cause
         missing = [r for r in range(comm.size)
                    if r != comm.rank and not slots.published(r, stage, flag)]
-        members = comm._members      # errors name ranks as the channels do: world ranks
-        for r in missing:
-            pid = slots.pid(r)
-            if pid and _exited(pid):
-                raise peer_lost(members[r], f"process {pid} exited")
+        self._raise_if_exited(missing)
         self._refuse_generic(missing, word, where)
         if time.monotonic() >= deadline:
             # reported like the generic path's timeout (which names world ranks too)
-            raise WaitTimeout([], [members[r] for r in missing])
+            raise WaitTimeout([], [comm._members[r] for r in missing])
+
+    def _raise_if_exited(self, ranks: list[int]) -> None:
+        """PeerLost for the first of ``ranks`` whose process has exited (named as the
+        channels name ranks: world ranks)."""
+        slots = self.slots
+        assert slots is not None
+        for r in ranks:
+            pid = slots.pid(r)
+            if pid and _exited(pid):
+                raise peer_lost(self.comm._members[r], f"process {pid} exited")
 
     def _refuse_generic(self, missing: list[int], word: int, where: str) -> None:
         """A missing rank that sent this rank a message of the generic path for this very

@@ -21,6 +21,7 @@ order that source sent them.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from typing import Any, Sequence
 
 from ..errors import CollectiveMismatch
@@ -72,7 +73,7 @@ class TagMatcher:
         for a receive that was never posted (two ranks that both believed they were a
         broadcast's root, say). Raise ``CollectiveMismatch``. Costs nothing unless messages
         are held (usually ones of the next call: fine)."""
-        for utag in [t for t, _n, _p in self.unexpected] + list(unread):
+        for utag in chain((t for t, _n, _p in self.unexpected), unread):
             # the usual held message is one of a later call (a peer already there): its tag
             # is more negative (the call number sits in the high bits); only others are judged
             if utag < tag:
