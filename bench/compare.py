@@ -19,8 +19,13 @@ pycoll/<peer> of busbw, i.e. >1 = pycoll faster, plus pycoll/best MPI), <collect
 (latency and busbw against size, log axes), raw.jsonl (every row of every repetition),
 machine.json.
 
+``--device cuda`` benchmarks CUDA buffers (torch CUDA tensors): only pycoll runs (the peer
+runners allocate host buffers only) and the report puts pycoll's busbw next to the
+device-to-device copy bandwidth each pycoll job measured on its GPUs (``%d2d``).
+
 Quick smoke run:   python bench/compare.py --sizes 8:16M --ranks 2 --collectives allreduce
 Full report:       python bench/compare.py --preset full --label report
+GPU:               python bench/compare.py --device cuda --sizes 8:512M --ranks 2 --libs pycoll
 """
 from __future__ import annotations
 
@@ -92,7 +97,8 @@ def machine_description(py: str) -> dict:
         "try:\n import pycoll; v['pycoll'] = pycoll.__version__\n"
         "except Exception as e: v['pycoll'] = 'unavailable: %s' % e\n"
         "try:\n import torch; v['torch'] = torch.__version__\n"
-        "except Exception as e: v['torch'] = 'unavailable'\n"
+        " v['gpus'] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]\n"
+        "except Exception as e: v['torch'] = v.get('torch', 'unavailable')\n"
         "try:\n import mpi4py; v['mpi4py'] = mpi4py.__version__\n"
         " mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
         " from mpi4py import MPI; v['mpi'] = ' '.join(MPI.Get_library_version().split()[:3])\n"
@@ -211,8 +217,25 @@ def _probe_mpi(lib: str, py: str) -> tuple[dict | None, str | None]:
     return info, None
 
 
-def available(lib: str, py: str) -> str | None:
-    """None if ``lib`` can run under ``py``, else the reason it cannot."""
+#: why a peer is skipped with --device cuda
+HOST_ONLY = {"gloo": "bench/peers/gloo_runner.py allocates CPU tensors only (no device option)",
+             "mpich": "the MPI peers move host buffers only",
+             "openmpi": "the MPI peers move host buffers only"}
+CUDA_PROBE = ("from pycoll.bench.backend import cuda_unavailable_reason as f\n"
+              "print(f() or '')")
+
+
+def available(lib: str, py: str, device: str = "cpu") -> str | None:
+    """None if ``lib`` can run under ``py`` on ``device``, else the reason it cannot."""
+    if device == "cuda":
+        if lib != "pycoll":
+            return f"not measured with --device cuda: {HOST_ONLY.get(lib, 'host buffers only')}"
+        r = subprocess.run([py, "-c", CUDA_PROBE], capture_output=True, text=True, timeout=120,
+                           cwd=ROOT)
+        why = r.stdout.strip() if r.returncode == 0 else \
+            f"pycoll not importable: {r.stderr.strip()[-200:]}"
+        if why:
+            return why
     if lib == "pycoll":
         r = subprocess.run([py, "-c", "import pycoll, pycoll.launch"], capture_output=True,
                            text=True)
@@ -266,6 +289,8 @@ def run_job(a, py: str, lib: str, coll: str, n: int, sizes: str) -> tuple[list[d
     procs = []
     if lib == "pycoll":
         cmd = [py, "-m", "pycoll.bench", coll, "-n", str(n), "--format", "jsonl", "-q", *common]
+        if a.device != "cpu":
+            cmd += ["-d", a.device]
         if a.transport:
             cmd += ["--transport", a.transport]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -357,7 +382,9 @@ def aggregate(rows: list[dict]) -> dict:
     for k, rs in groups.items():
         lats = [r["avg_us"] for r in rs]
         bws = [r["busbw_GBps"] for r in rs]
-        out[k] = {"lat": statistics.median(lats), "lat_best": min(lats),
+        d2d = [r["d2d_copy_GBps"] for r in rs if r.get("d2d_copy_GBps")]
+        out[k] = {"d2d": statistics.median(d2d) if d2d else None,
+                  "lat": statistics.median(lats), "lat_best": min(lats),
                   "bw": statistics.median(bws), "bw_best": max(bws), "reps": len(rs),
                   "spread": (max(lats) - min(lats)) / min(lats) if min(lats) > 0 else 0.0,
                   "validation": sorted({r.get("validation") for r in rs if r.get("validation")})}
@@ -419,6 +446,8 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
              f"pycoll {machine.get('pycoll')} (git {machine['git']}"
              f"{', uncommitted changes' if machine.get('git_dirty') else ''}), "
              f"torch {machine.get('torch')}")
+    if machine.get("gpus"):
+        L.append(f"- GPUs: {', '.join(machine['gpus'])}")
     for lib, info in machine.get("mpi_peers", {}).items():
         py = info.get("python", "")
         py = os.path.relpath(py, ROOT) if py.startswith(ROOT + os.sep) else py
@@ -460,6 +489,16 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
                  "(higher busbw; lower latency at size 0), named in brackets.")
     if a.transport:
         L.append(f"- pycoll transport forced: {a.transport}")
+    d2d = [v["d2d"] for k, v in agg.items() if k[2] == "pycoll" and v.get("d2d")]
+    if getattr(a, "device", "cpu") == "cuda":
+        L.append("- Device: cuda (torch CUDA tensors, rank r on GPU r mod GPU count). "
+                 "`pycoll %d2d` = pycoll busbw / D2D copy × 100, where D2D copy is the "
+                 "device-to-device copy bandwidth (`dst.copy_(src)` of the job's largest size "
+                 "within each rank's GPU, bytes copied / time, slowest rank) measured by the "
+                 "same pycoll job: the ceiling"
+                 + (f"; median over jobs {statistics.median(d2d):.1f} GB/s "
+                    f"(range {min(d2d):.1f}–{max(d2d):.1f})." if d2d else
+                    "; not measured in this run."))
     for lib, why in skipped.items():
         L.append(f"- **{lib} not measured**: {why}")
     L.append("")
@@ -475,8 +514,11 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
             peers = [lib for lib in libs if lib != "pycoll"] if "pycoll" in libs else []
             mpis = [lib for lib in libs if lib in MPI_LIBS]
             best_col = bool(peers) and len(mpis) > 1
+            d2d_col = any(v.get("d2d") for k, v in agg.items()
+                          if k[0] == coll and k[1] == n and k[2] == "pycoll")
             head = ["size"] + [f"{lib} lat (us)" for lib in libs] + \
                    [f"{lib} busbw (GB/s)" for lib in libs] + \
+                   (["D2D copy (GB/s)", "pycoll %d2d"] if d2d_col else []) + \
                    [f"pycoll/{lib}" for lib in peers] + (["pycoll/best MPI"] if best_col else [])
             L.append("| " + " | ".join(head) + " |")
             L.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
@@ -487,6 +529,10 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
                 row += [_fmt_lat(c["lat"]) if c else "–" for c in cells.values()]
                 row += [_fmt_bw(c["bw"]) if c else "–" for c in cells.values()]
                 pc = cells.get("pycoll")
+                if d2d_col:
+                    ceil = pc.get("d2d") if pc else None
+                    row.append(f"{ceil:.1f}" if ceil else "–")
+                    row.append(f"{100 * pc['bw'] / ceil:.2f}" if ceil else "–")
                 for lib in peers:
                     row.append(_ratio(pc, cells.get(lib), s))
                 if best_col:
@@ -564,6 +610,9 @@ def parse_args(argv=None):
     p.add_argument("-o", "--op", default="sum")
     p.add_argument("-c", "--validate", action="store_true", help="validate every result")
     p.add_argument("--transport", default=None, help="force pycoll's transport (tcp|shm)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="buffer device (default cpu); cuda: pycoll only (the peer runners move "
+                        "host buffers), reported next to the GPU's D2D copy bandwidth")
     p.add_argument("--label", default="adhoc", help="results folder suffix")
     p.add_argument("--out", default=os.path.join(HERE, "results"),
                    help="parent folder (default bench/results)")
@@ -611,7 +660,7 @@ def main(argv=None) -> int:
     skipped = {}
     libs = []
     for lib in a.libs:
-        why = available(lib, interpreter(a, lib))
+        why = available(lib, interpreter(a, lib), a.device)
         if why:
             skipped[lib] = why
             print(f"compare: skipping {lib}: {why}", file=sys.stderr)

@@ -14,6 +14,7 @@ from . import debug
 from .algorithms import ALGORITHMS
 from .algorithms.primitives import Peers
 from .errors import InvalidArgument
+from .memory import HOST
 from .execution import Execution
 from .reduction import OpLike, check_op_dtype, parse_op, prepare
 from .tags import P2P_TAG_LIMIT, p2p_tag
@@ -56,17 +57,20 @@ class Collectives(Execution):
                 call = None          # an unhashable op: parse_op says what is wrong
             if call is not None and tensor.ndim == 1 and tensor.flags.carray:
                 return fast.run(call, tensor, timeout, async_op, tensor)
+        self._plan.begin()
         buf = self._plan.buffer(tensor, "allreduce")
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        if fast is not None and algo is None and fast.takes(buf.nbytes, buf.dtype, rop):
+        if (fast is not None and algo is None and not self._plan.staged
+                and fast.takes(buf.nbytes, buf.dtype, rop)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
             fast.remember(("allreduce", op), tensor, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("allreduce", buf.nbytes, algo)
         algorithm = ALGORITHMS["allreduce"][name]
         arr = buf.array
-        spec = self._ops.reduce_spec(rop, buf.dtype, self.size)
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
+        spec = ops.reduce_spec(rop, buf.dtype, self.size)
         size = self.size
         if self._detail:
             debug.logger.debug("allreduce #%d: %d bytes %s op=%s algo=%s", self._seq + 1,
@@ -99,6 +103,7 @@ class Collectives(Execution):
             if call is None:
                 call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
             return fast.run(call, fast.barrier_buffer, timeout, async_op, None)
+        self._plan.begin()
         fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0, algo)]
 
         def body(peers: Peers) -> None:
@@ -116,9 +121,11 @@ class Collectives(Execution):
             call = fast.host_calls.get(("broadcast", root, tensor.dtype, tensor.nbytes))
             if call is not None and tensor.ndim == 1 and tensor.flags.carray:
                 return fast.run(call, tensor, timeout, async_op, tensor)
+        self._plan.begin()
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
-        if fast is not None and algo is None and fast.broadcast_kind(buf.nbytes):
+        if (fast is not None and algo is None and not self._plan.staged
+                and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), tensor, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
@@ -139,12 +146,14 @@ class Collectives(Execution):
         As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
         partial results.
         """
+        self._plan.begin()
         buf = self._plan.buffer(tensor, "reduce")
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         root = self._plan.check_rank(root, "root", "reduce")
         fn = ALGORITHMS["reduce"][self._plan.select("reduce", buf.nbytes, algo)]
-        arr, spec = buf.array, self._ops.reduce_spec(rop, buf.dtype, self.size)
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
+        arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size)
 
         def body(peers: Peers) -> None:
             prepare(rop, buf.dtype, arr)
@@ -163,6 +172,7 @@ class Collectives(Execution):
         ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
         list of ``world_size`` tensors shaped like ``input``.
         """
+        self._plan.begin()
         inp = self._plan.buffer(input, "allgather", name="input", writable=False)
         outs = self._plan.output_list(output, inp, "allgather")
         out = outs[0] if len(outs) == 1 else None
@@ -191,7 +201,8 @@ class Collectives(Execution):
         ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
         ``world_size`` tensors shaped like ``output``); it is left unchanged.
         """
-        out = self._plan.buffer(output, "reduce_scatter", name="output")
+        self._plan.begin()
+        out = self._plan.buffer(output, "reduce_scatter", name="output", reads=False)
         rop = parse_op(op)
         check_op_dtype(rop, out.dtype)
         ins = self._plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
@@ -221,7 +232,8 @@ class Collectives(Execution):
         Blocks are cut along the first dimension: equal blocks by default, or
         ``in_splits`` / ``out_splits`` rows per rank (as torch's ``all_to_all_single``).
         """
-        out = self._plan.buffer(output, "alltoall", name="output")
+        self._plan.begin()
+        out = self._plan.buffer(output, "alltoall", name="output", reads=False)
         inp = self._plan.buffer(input, "alltoall", name="input", writable=False)
         self._plan.same_dtype(out, inp, "alltoall")
         out_bounds = self._plan.split_bounds(output, out, out_splits, "out_splits")
@@ -254,6 +266,7 @@ class Collectives(Execution):
     def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Collect every rank's ``input`` into ``output`` on ``root`` (ignored elsewhere)."""
+        self._plan.begin()
         inp = self._plan.buffer(input, "gather", name="input", writable=False)
         root = self._plan.check_rank(root, "root", "gather")
         out = None
@@ -282,7 +295,8 @@ class Collectives(Execution):
     def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Send block i of ``input`` on ``root`` (ignored elsewhere) to rank i's ``output``."""
-        out = self._plan.buffer(output, "scatter", name="output")
+        self._plan.begin()
+        out = self._plan.buffer(output, "scatter", name="output", reads=False)
         root = self._plan.check_rank(root, "root", "scatter")
         ins = None
         if self.rank == root:
@@ -304,6 +318,7 @@ class Collectives(Execution):
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
              async_op: bool = False) -> Work | None:
         """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag)."""
+        self._plan.begin()
         buf = self._plan.buffer(tensor, "send", writable=False)
         self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
         arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
@@ -322,7 +337,8 @@ class Collectives(Execution):
         each source's messages still arrive in the order it sent them. The synchronous call
         returns the sender's rank; ``Work.source_rank()`` tells it for ``async_op=True``.
         """
-        buf = self._plan.buffer(tensor, "recv")
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "recv", reads=False)
         self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
         arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
         outcome = Outcome(tensor, None if src is None else int(src))
@@ -354,12 +370,13 @@ class Collectives(Execution):
         """
         plan = []
         total = 0
+        self._plan.begin()
         for i, (kind, tensor, peer, tag) in enumerate(ops):
             if kind not in ("send", "recv"):
                 raise InvalidArgument(f"rank {self.rank}: batch_p2p: ops[{i}] kind {kind!r} "
                                       "is not 'send' or 'recv'")
             buf = self._plan.buffer(tensor, "batch_p2p", name=f"ops[{i}]",
-                                    writable=kind == "recv")
+                                    writable=kind == "recv", reads=kind == "send")
             self._plan.check_peer(peer, "peer", f"batch_p2p {kind}", tag, P2P_TAG_LIMIT)
             plan.append((kind == "send", buf.array, int(peer), p2p_tag(int(tag), self._comm_id)))
             total += buf.nbytes

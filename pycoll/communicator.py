@@ -116,12 +116,13 @@ class Communicator(FusedCollectives):
         if conn is None or self._store is None or len(set(self._hosts)) != 1:
             return None
         try:
-            if conn.transports_in_use(self._members) != ["shm"]:
-                return None
+            used = conn.transports_in_use(self._members)
         except PycollError:
             return None
+        if used not in (["shm"], ["cuda_ipc"]):   # cuda_ipc is shm plus device memory
+            return None
         limit, chunked, cma = fastpath.agreed_limits(
-            [conn.table.records[m].get("shm", {}) for m in self._members], self.size)
+            [conn.table.records[m].get(used[0], {}) for m in self._members], self.size)
         if not limit:
             return None
         from rendezvous import PrefixStore

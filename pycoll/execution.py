@@ -11,7 +11,7 @@ what keeps ranks matched without negotiation. Failures go through ``faults.Fault
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .algorithms.primitives import Peers
 from .errors import PycollError, TransportError
@@ -19,6 +19,9 @@ from .faults import P2P, FaultHandling
 from .tags import SEQ_MASK, SEQ_SHIFT, SIG_SHIFT, signature, tag_low_bits
 from .timeouts import as_seconds
 from .work import Executor, Work
+
+if TYPE_CHECKING:
+    from .planning import Planner
 
 Body = Callable[[Peers], None]
 
@@ -32,6 +35,7 @@ class Execution(FaultHandling):
     timeout: float
     _peers: Peers
     _comm_id: int
+    _plan: "Planner"
 
     def _init_execution(self) -> None:
         self._executor = Executor(self.name)
@@ -59,6 +63,8 @@ class Execution(FaultHandling):
             raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
                               f"earlier ({self._failed}); create a new one (re-init)")
         limit = self.timeout if timeout is None else (as_seconds(timeout) or self.timeout)
+        if self._plan.staged:        # device buffers staged through host memory
+            body = self._plan._staging().take().wrap(body)
         if collective in P2P:
             self._p2p_seq += 1
             seq = self._p2p_seq

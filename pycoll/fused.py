@@ -42,6 +42,7 @@ class FusedCollectives(Collectives):
         Tensors are grouped by dtype, packed into one buffer per group, reduced together and
         unpacked: one collective's latency instead of one per tensor.
         """
+        self._plan.begin()
         bufs = [self._plan.buffer(t, "allreduce_coalesced", name=f"tensors[{i}]")
                 for i, t in enumerate(tensors)]
         rop = parse_op(op)
@@ -83,6 +84,7 @@ class FusedCollectives(Collectives):
         ``all_gather_coalesced`` layout): ``outputs`` has one list per rank, each shaped like
         ``inputs`` (same element counts and dtypes; the dtypes may differ between tensors).
         """
+        self._plan.begin()
         ins = [self._plan.buffer(t, "allgather_coalesced", name=f"inputs[{i}]", writable=False)
                for i, t in enumerate(inputs)]
         outputs = list(outputs)
@@ -97,7 +99,8 @@ class FusedCollectives(Collectives):
                     f"rank {self.rank}: allgather_coalesced: outputs[{r}] must be a list of "
                     f"{len(ins)} tensors (one per input), got "
                     f"{len(row) if isinstance(row, (list, tuple)) else type(row).__name__}")
-            bufs = [self._plan.buffer(t, "allgather_coalesced", name=f"outputs[{r}][{i}]")
+            bufs = [self._plan.buffer(t, "allgather_coalesced", name=f"outputs[{r}][{i}]",
+                                      reads=False)
                     for i, t in enumerate(row)]
             for i, (o, inp) in enumerate(zip(bufs, ins)):
                 self._plan.same_dtype(o, inp, "allgather_coalesced")
@@ -136,6 +139,7 @@ class FusedCollectives(Collectives):
         Every rank must pass the same dtype. Unlike MPI_Allgatherv no counts are passed: they
         are exchanged first, in the same call.
         """
+        self._plan.begin()
         inp = self._plan.buffer(input, "allgatherv", name="input", writable=False)
         dtype = inp.array.dtype
         rank, size = self.rank, self.size

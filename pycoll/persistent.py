@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .memory import HOST
 from .reduction import OpLike, check_op_dtype, parse_op
 from .work import Work
 
@@ -26,7 +27,7 @@ class AllreducePlan:
 
     def __init__(self, comm: "Communicator", tensor: Any, op: OpLike = "sum", *,
                  algo: str | None = None, timeout: float | None = None) -> None:
-        buf = comm._plan.buffer(tensor, "allreduce")
+        buf = comm._plan.buffer(tensor, "allreduce", stage=False)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         if algo is not None:
@@ -40,7 +41,7 @@ class AllreducePlan:
         fast = comm._fast
         self._array = buf.array
         self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
-                           if fast is not None and algo is None
+                           if fast is not None and algo is None and buf.mem_type == HOST
                            and fast.takes(buf.nbytes, buf.dtype, rop)
                            else None)
 

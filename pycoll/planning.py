@@ -10,9 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import memops
 from .errors import InvalidArgument, InvalidDtype
-from .memory import HOST
+from .memory import CUDA, HOST
 from .tensors import Buffer, as_buffer
 from .transports.base import Capabilities
 from .tuning import Selector
@@ -30,30 +29,52 @@ class Planner:
         self._choice_cache: dict[tuple[str, int], str] = {}
 
     # -- buffers -----------------------------------------------------------------------------
+    #: the device buffers of the call being planned (``Execution._execute`` takes them);
+    #: empty for host buffers
+    staged: list = []
+    #: the collectives that run on device buffers directly where every transport moves
+    #: device memory; the others are staged through host memory (``pycoll.cuda.staging``)
+    DIRECT = frozenset({"allreduce", "broadcast", "reduce", "send", "recv"})
+
+    def begin(self) -> None:
+        """A call starts being planned (staging left by a refused call is given back)."""
+        if self.staged:
+            self._staging().begin()
+
     def buffer(self, obj: Any, collective: str, *, name: str = "tensor",
-               writable: bool = True) -> Buffer:
-        """Classify ``obj`` and check that this communicator can move and reduce its memory."""
+               writable: bool = True, reads: bool = True, stage: bool = True) -> Buffer:
+        """Classify ``obj`` and check that this communicator can move and reduce its memory.
+
+        Device memory (``pycoll.cuda.staging``) is used directly where every transport
+        moves it (the ``Buffer`` is then a CuPy view of it), else staged through page-locked
+        host memory: the ``Buffer`` is the host twin, copied in (``reads``) before the call
+        and back (``writable``) after it. ``stage=False`` only classifies it.
+        """
         buf = as_buffer(obj, name=name, writable=writable)
-        if buf.mem_type != HOST:
-            self._route(buf, collective, name)
+        if buf.mem_type != HOST and stage:
+            return self._route(buf, collective, name, reads, writable)
         return buf
 
-    def _route(self, buf: Buffer, collective: str, name: str) -> None:
-        unable = [c.name for c in self.capabilities if not c.moves(buf.mem_type)]
-        if memops.supports(buf.mem_type) and not unable:
-            return
-        what = []
-        if unable:
-            what.append(f"transport(s) {', '.join(unable)} move host memory only")
-        if not memops.supports(buf.mem_type):
-            what.append("no device reduction/copy kernels are installed")
-        raise InvalidArgument(
-            f"rank {self.rank}: {collective}: {name} is {buf.where} device memory "
-            f"({buf.source}, dtype {buf.dtype}); this pycoll build cannot move it yet: "
-            f"{' and '.join(what)}. Device memory support comes with pycoll's CUDA transport; "
-            "until then copy the tensor to the host yourself (.cpu(), cupy.asnumpy), or use "
-            "the torch backend, which stages CUDA tensors through host memory explicitly. "
-            "pycoll never copies silently.")
+    def _staging(self) -> Any:
+        staging = self.__dict__.get("_device_calls")
+        if staging is None:
+            from .cuda.staging import DeviceCalls
+            staging = self._device_calls = DeviceCalls(self.rank)
+            self.staged = staging.pending
+        return staging
+
+    def device_ops(self) -> Any:
+        """The ``MemoryOps`` of device buffers used directly."""
+        return self._staging().ops()
+
+    def _route(self, buf: Buffer, collective: str, name: str, reads: bool,
+               writes: bool) -> Buffer:
+        if buf.mem_type != CUDA:
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {name} is {buf.where} "
+                                  "memory, which pycoll cannot move")
+        if collective in self.DIRECT and all(c.moves(CUDA) for c in self.capabilities):
+            return self._staging().direct(buf, collective, name)
+        return self._staging().stage(buf, collective, name, reads=reads, writes=writes)
 
     def output_list(self, obj: Any, like: Buffer, collective: str, *, writable: bool = True,
                     name: str = "output") -> list[Buffer]:
@@ -62,8 +83,8 @@ class Planner:
             if len(obj) != self.size:
                 raise InvalidArgument(f"rank {self.rank}: {collective}: {name} list has "
                                       f"{len(obj)} tensors, expected world size {self.size}")
-            bufs = [self.buffer(t, collective, name=f"{name}[{i}]", writable=writable)
-                    for i, t in enumerate(obj)]
+            bufs = [self.buffer(t, collective, name=f"{name}[{i}]", writable=writable,
+                                reads=not writable) for i, t in enumerate(obj)]
             for b in bufs:
                 self.same_dtype(b, like, collective)
                 if b.count != like.count:
@@ -71,7 +92,7 @@ class Planner:
                         f"rank {self.rank}: {collective}: {name} tensors must have {like.count} "
                         f"elements each (like the other side), got {b.count}")
             return bufs
-        buf = self.buffer(obj, collective, name=name, writable=writable)
+        buf = self.buffer(obj, collective, name=name, writable=writable, reads=not writable)
         self.same_dtype(buf, like, collective)
         if buf.count != like.count * self.size:
             raise InvalidArgument(

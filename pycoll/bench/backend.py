@@ -7,9 +7,49 @@ import numpy as np
 
 from .runner import BenchError
 
-#: why ``-d cuda`` stops at once (pycoll moves host memory only, see pycoll/tensors.py)
-CUDA_UNAVAILABLE = ("-d cuda is not available yet: pycoll moves CPU (host-memory) buffers only "
-                    "until its CUDA support lands; use -d cpu")
+
+def cuda_unavailable_reason() -> str | None:
+    """Why ``-d cuda`` cannot run in this process, as one line (None: it can).
+
+    Asked before any rank starts and again on every rank before ``pycoll.init()``, so a
+    machine without a GPU stops at once instead of failing inside a collective.
+    """
+    try:
+        import torch
+    except ImportError:
+        return "-d cuda needs torch built with CUDA (torch is not installed); -d cpu works"
+    if not torch.cuda.is_available():
+        build = ("a CPU-only build" if getattr(torch.version, "cuda", None) is None
+                 else f"CUDA {torch.version.cuda}; check the driver and CUDA_VISIBLE_DEVICES")
+        return (f"-d cuda: no CUDA device is visible (torch {torch.__version__}, {build}); "
+                "-d cpu works")
+    try:
+        from pycoll.cuda import runtime
+    except ImportError:     # a pycoll without pycoll.cuda: its collectives say what is missing
+        return None
+    why = runtime.unavailable_reason()
+    if why:
+        return f"-d cuda: pycoll cannot use CUDA buffers here: {why}; -d cpu works"
+    return None
+
+
+def local_rank(env=None) -> int:
+    """This process's rank on its host, from the launcher's variables (0 when none says)."""
+    env = os.environ if env is None else env
+    try:
+        from pycoll.launch import detect_launch
+        lr = detect_launch(env).local_rank
+        if lr is not None:
+            return int(lr)
+    except Exception:   # noqa: BLE001 - init() reports a broken launch environment
+        pass
+    for var in ("PYCOLL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        try:
+            return int(env[var])
+        except (KeyError, ValueError):
+            continue
+    return 0
 
 
 class NumpyBuffers:
@@ -31,17 +71,24 @@ class NumpyBuffers:
 
 
 class TorchBuffers:
-    """torch tensors on ``device`` ('cpu' or 'cuda'); bfloat16 read back as float32."""
+    """torch tensors on ``device`` ('cpu' or 'cuda'); bfloat16 read back as float32.
+
+    ``cuda``: the tensors live on GPU ``local_rank % device_count`` (made the current device),
+    and ``sync()`` is ``torch.cuda.synchronize()``.
+    """
 
     def __init__(self, device: str = "cpu"):
         import torch
         self.torch = torch
         self.device = device
+        self.device_index = None
         if device == "cuda":
-            if not torch.cuda.is_available():
-                raise BenchError("-d cuda: torch reports no CUDA device")
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local % torch.cuda.device_count())
+            why = cuda_unavailable_reason()
+            if why:
+                raise BenchError(why)
+            self.device_index = local_rank() % torch.cuda.device_count()
+            torch.cuda.set_device(self.device_index)
+            self.device = f"cuda:{self.device_index}"
 
     def alloc(self, count: int, dtype: str):
         return self.torch.empty(count, dtype=getattr(self.torch, dtype), device=self.device)
@@ -56,7 +103,7 @@ class TorchBuffers:
         return t.cpu().numpy()
 
     def sync(self):
-        if self.device == "cuda":
+        if self.device_index is not None:
             self.torch.cuda.synchronize()
 
 
@@ -88,9 +135,8 @@ class PycollBackend(BufferDelegate):
         import pycoll
         self.pc = pycoll
         self.version = getattr(pycoll, "__version__", "")
-        if device == "cuda":
-            raise BenchError(CUDA_UNAVAILABLE)
-        if "bfloat16" in dtypes:
+        if device == "cuda" or "bfloat16" in dtypes:
+            # -d cuda: checked here, before pycoll.init(), so every rank stops at once
             self.bufs = TorchBuffers(device)
         else:
             self.bufs = NumpyBuffers()

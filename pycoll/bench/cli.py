@@ -9,7 +9,7 @@ import sys
 
 from . import collectives as C
 from . import report
-from .backend import CUDA_UNAVAILABLE
+from .backend import cuda_unavailable_reason
 from .options import Options, format_size, parse_args
 from .runner import BenchError, run_sweep
 
@@ -95,6 +95,39 @@ def build_meta(opts: Options, backend, argv: list[str]) -> dict:
     return meta
 
 
+def add_ceiling(meta: dict, ceiling: dict, devices: list | None = None) -> None:
+    """Record the D2D copy ceiling (pycoll.bench.ceiling.measure_ceiling) in the run's meta."""
+    meta["d2d_copy_GBps"] = ceiling["GBps"]
+    meta["d2d_copy"] = {k: ceiling[k] for k in ("bytes", "reps", "copies", "per_rank_GBps",
+                                                "error")}
+    meta["d2d_copy"]["method"] = ("torch dst.copy_(src) on each rank's GPU, one rank at a "
+                                  "time, CUDA events, median of reps; bytes copied / time; "
+                                  "GBps = the slowest rank")
+    if devices:
+        meta["gpus"] = devices
+
+
+def mark_row(row: dict, ceiling_gbps) -> dict:
+    """Add the D2D ceiling and busbw as a percentage of it to one result row (-d cuda)."""
+    from .ceiling import pct_of
+    row["d2d_copy_GBps"] = ceiling_gbps
+    row["busbw_pct_d2d"] = pct_of(row["busbw_GBps"], ceiling_gbps)
+    return row
+
+
+def _gpu_names(backend) -> list[str] | None:
+    """Every rank's 'cuda:I name' (rank 0 names the indices; one host assumed as for pids)."""
+    bufs = getattr(backend, "bufs", None)
+    index = getattr(bufs, "device_index", None)
+    if index is None:
+        return None
+    idx = backend.allgather_floats([float(index)])[:, 0]
+    if backend.rank != 0:
+        return None
+    import torch
+    return [f"cuda:{int(i)} {torch.cuda.get_device_name(int(i))}" for i in idx]
+
+
 def run(opts: Options, argv: list[str]) -> int:
     from .backend import PycollBackend
 
@@ -133,6 +166,18 @@ def run(opts: Options, argv: list[str]) -> int:
                                                 opts.dtypes[0], opts.algo)
         pids = backend.allgather_floats([float(os.getpid())])[:, 0]
         meta["pids"] = [(int(p), meta["host"]) for p in pids]
+        ceiling_gbps = None
+        if opts.device == "cuda":
+            from .ceiling import measure_ceiling
+            devices = _gpu_names(backend)
+            top = max((C.layout(opts.collective, s, dt, n).nbytes
+                       for s in sizes for dt in opts.dtypes), default=0)
+            if top > 0:      # barrier moves no bytes: no ceiling to compare with
+                ceiling = measure_ceiling(backend, top)
+                add_ceiling(meta, ceiling, devices)
+                ceiling_gbps = ceiling["GBps"]
+            elif devices:
+                meta["gpus"] = devices
         if opts.fmt == "osu":
             emit(report.osu_preamble(meta))
         elif opts.fmt == "nccl":
@@ -148,9 +193,12 @@ def run(opts: Options, argv: list[str]) -> int:
                 if opts.fmt == "osu":
                     emit(report.osu_block_header(opts.collective, dtype,
                                                  op if spec.reduction else None, opts.full,
-                                                 opts.validate, show_op=len(ops) > 1))
+                                                 opts.validate, show_op=len(ops) > 1,
+                                                 d2d="d2d_copy_GBps" in meta))
 
                 def on_row(row):
+                    if "d2d_copy_GBps" in meta:
+                        mark_row(row, ceiling_gbps)
                     if opts.fmt == "osu":
                         emit(report.osu_row(row, opts.full, opts.validate))
                     elif opts.fmt == "nccl":
@@ -207,8 +255,10 @@ def main(argv=None) -> int:
     if opts.transport:
         os.environ["PYCOLL_TRANSPORTS"] = opts.transport
     if opts.device == "cuda":
-        print(f"pycoll.bench: {CUDA_UNAVAILABLE}", file=sys.stderr)
-        return 2
+        why = cuda_unavailable_reason()      # before any rank starts
+        if why:
+            print(f"pycoll.bench: {why}", file=sys.stderr)
+            return 2
     if not under_launcher():
         return _relaunch(argv, opts.nprocs)
     return run(opts, argv)

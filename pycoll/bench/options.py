@@ -210,8 +210,9 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     p.add_argument("-o", "--op", default="sum",
                    help="reduction op: sum (default), prod, min, max, avg, or all")
     p.add_argument("-d", "--device", default="cpu", choices=("cpu", "cuda"),
-                   help="buffer device: cpu (default); cuda is not available until "
-                        "pycoll's CUDA support lands")
+                   help="buffer device: cpu (default) or cuda (torch CUDA tensors on GPU "
+                        "local_rank %% device_count; also measures the GPU's device-to-device "
+                        "copy bandwidth and reports busbw as %%d2d of it)")
     p.add_argument("--json", metavar="FILE", default=None, help="write results as JSON")
     p.add_argument("--csv", metavar="FILE", default=None, help="write results as CSV")
     p.add_argument("--plot", metavar="FILE.png", default=None,

@@ -22,6 +22,7 @@ from .collectives import SPECS
 
 FIELD_WIDTH = 18          # OMB osu_util.h FIELD_WIDTH (header "# Size       Avg Latency(us)")
 BW_WIDTH = 14
+D2D_WIDTH = 10            # the -d cuda "%d2d" column (busbw as a percentage of D2D copy)
 OSU_VERSION = "7.4"
 
 NCCL_TYPES = {"float32": "float", "float64": "double", "float16": "half",
@@ -38,14 +39,47 @@ def osu_preamble(meta: dict) -> list[str]:
     lines = ["", f"# pycoll {spec.osu_title} (OSU Micro-Benchmarks {OSU_VERSION} format) "
                  f"{meta.get('library', 'pycoll')} {meta.get('version', '')}".rstrip()]
     lines += _meta_lines(meta)
+    if "d2d_copy_GBps" in meta:
+        lines.append("# %d2d = busbw / D2D copy x 100 (the GPU copying within its own memory "
+                     "is the ceiling)")
     return lines
+
+
+def _device_text(meta: dict) -> str:
+    """'cpu', or 'cuda (cuda:0, cuda:1 NVIDIA H100 80GB HBM3)' with -d cuda."""
+    dev = meta.get("device", "cpu")
+    gpus = meta.get("gpus")
+    if not gpus:
+        return dev
+    by_name: dict[str, list[str]] = {}
+    for g in gpus:
+        idx, _, name = g.partition(" ")
+        by_name.setdefault(name, [])
+        if idx not in by_name[name]:
+            by_name[name].append(idx)
+    return f"{dev} (" + "; ".join(f"{', '.join(ix)} {nm}".rstrip()
+                                  for nm, ix in by_name.items()) + ")"
+
+
+def d2d_line(meta: dict) -> str:
+    """'# D2D copy: 1523.45 GB/s (...)': the ceiling measured in this run (-d cuda)."""
+    from .options import format_size
+    info = meta.get("d2d_copy") or {}
+    g = meta.get("d2d_copy_GBps")
+    if g is None:
+        return f"# D2D copy: not measured ({info.get('error') or 'unknown reason'})"
+    per = info.get("per_rank_GBps") or []
+    spread = (f"; slowest of {len(per)} ranks, fastest {max(per):.2f}" if len(per) > 1 else "")
+    return (f"# D2D copy: {g:.2f} GB/s (dst.copy_(src) of {format_size(int(info.get('bytes', 0)))}"
+            f" within the rank's GPU, median of {info.get('reps', '?')}{spread}; "
+            f"bytes copied / time)")
 
 
 def _meta_lines(meta: dict) -> list[str]:
     spec = SPECS[meta["collective"]]
     timing = {"osu": "osu (each op timed, untimed barrier between ops)",
               "nccl": "nccl (ops back to back, total / iterations)"}[meta.get("timing", "osu")]
-    parts = [f"Ranks: {meta['ranks']}", f"Device: {meta.get('device', 'cpu')}"]
+    parts = [f"Ranks: {meta['ranks']}", f"Device: {_device_text(meta)}"]
     if spec.rooted:
         parts.append(f"Root: {meta.get('root', 0)}")
     parts.append(f"Timing: {timing}")
@@ -60,18 +94,21 @@ def _meta_lines(meta: dict) -> list[str]:
                      f"GB/s with 1 GB = 1e9 B (nccl-tests)")
     if meta["collective"] == "barrier":
         lines.append("# Size is 0 for barrier")
+    if "d2d_copy_GBps" in meta:
+        lines.append(d2d_line(meta))
     return lines
 
 
 def osu_block_header(collective: str, dtype: str, op: str | None, full: bool,
-                     validate: bool, show_op: bool = False) -> list[str]:
+                     validate: bool, show_op: bool = False, d2d: bool = False) -> list[str]:
     lines = [f"# Datatype: {dtype}."]
     if show_op and op:
         lines.append(f"# Op: {op}.")
-    return lines + [osu_column_header(collective, full, validate)]
+    return lines + [osu_column_header(collective, full, validate, d2d)]
 
 
-def osu_column_header(collective: str, full: bool, validate: bool) -> str:
+def osu_column_header(collective: str, full: bool, validate: bool, d2d: bool = False) -> str:
+    """OSU's header; ``d2d`` (-d cuda) adds ``%d2d`` before Validation (which stays last)."""
     if collective == "latency":
         h = f"{'# Size':<10}{'Latency (us)':>{FIELD_WIDTH}}"
     elif collective == "bw":
@@ -83,12 +120,20 @@ def osu_column_header(collective: str, full: bool, validate: bool) -> str:
             h += f"{'Iterations':>12}"
     if collective != "bw":
         h += f"{'algbw(GB/s)':>{BW_WIDTH}}{'busbw(GB/s)':>{BW_WIDTH}}"
+    if d2d:
+        h += f"{'%d2d':>{D2D_WIDTH}}"
     if validate:
         h += f"{'Validation':>{FIELD_WIDTH}}"
     return h
 
 
+def pct_text(pct) -> str:
+    """The %d2d cell: '12.34', '0.00', or 'N/A' without a ceiling."""
+    return "N/A" if pct is None else f"{pct:.2f}"
+
+
 def osu_row(row: dict, full: bool, validate: bool) -> str:
+    """One OSU row; a row marked for -d cuda (``busbw_pct_d2d``) gets the %d2d cell."""
     c = row["collective"]
     if c == "bw":
         s = f"{row['size']:<10d}{row['bandwidth_MBps']:>{FIELD_WIDTH}.2f}"
@@ -98,6 +143,8 @@ def osu_row(row: dict, full: bool, validate: bool) -> str:
             s += f"{row['min_us']:>{FIELD_WIDTH}.2f}{row['max_us']:>{FIELD_WIDTH}.2f}"
             s += f"{row['iterations']:>12d}"
         s += f"{row['algbw_GBps']:>{BW_WIDTH}.4f}{row['busbw_GBps']:>{BW_WIDTH}.4f}"
+    if "busbw_pct_d2d" in row:
+        s += f"{pct_text(row['busbw_pct_d2d']):>{D2D_WIDTH}}"
     if validate:
         s += f"{row.get('validation') or 'N/A':>{FIELD_WIDTH}}"
     return s
@@ -108,9 +155,22 @@ def summary_lines(rows: list[dict]) -> list[str]:
     wrong = sum(r["wrong"] or 0 for r in rows if r.get("wrong") is not None)
     checked = any(r.get("wrong") is not None for r in rows)
     avg_bus = sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0
-    return [f"# Out of bounds values : {wrong if checked else 0} "
-            f"{'OK' if wrong == 0 else 'FAILED'}",
-            f"# Avg bus bandwidth    : {avg_bus:g}"]
+    lines = [f"# Out of bounds values : {wrong if checked else 0} "
+             f"{'OK' if wrong == 0 else 'FAILED'}",
+             f"# Avg bus bandwidth    : {avg_bus:g}"]
+    return lines + d2d_summary(rows)
+
+
+def d2d_summary(rows: list[dict]) -> list[str]:
+    """-d cuda: '# Peak bus bandwidth   : 21.3 GB/s at 1MiB = 1.40% of D2D copy 1523.45 GB/s'."""
+    from .options import format_size
+    marked = [r for r in rows if r.get("d2d_copy_GBps")]
+    if not marked:
+        return []
+    best = max(marked, key=lambda r: r["busbw_GBps"])
+    return [f"# Peak bus bandwidth   : {best['busbw_GBps']:g} GB/s at "
+            f"{format_size(best['size'])} = {pct_text(best.get('busbw_pct_d2d'))}% of "
+            f"D2D copy {best['d2d_copy_GBps']:.2f} GB/s"]
 
 
 # ---------------------------------------------------------------------------
@@ -129,9 +189,14 @@ def nccl_preamble(meta: dict, sizes: list[int]) -> list[str]:
              "#"]
     lines += _meta_lines(meta)
     lines += ["#", "# Using devices"]
+    gpus = meta.get("gpus") or []
     for r, (pid, host) in enumerate(meta.get("pids", [])):
-        lines.append(f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} device  0 "
-                     f"[{meta.get('device', 'cpu')}] {meta.get('device', 'cpu')}")
+        if r < len(gpus):       # -d cuda: 'cuda:1 NVIDIA H100 80GB HBM3'
+            idx, _, name = gpus[r].partition(" ")
+            dev = f"device {int(idx.split(':')[1]):2d} [{idx}] {name}"
+        else:
+            dev = f"device  0 [{meta.get('device', 'cpu')}] {meta.get('device', 'cpu')}"
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} {dev}")
     lines.append("#")
     return lines
 
@@ -175,7 +240,8 @@ def nccl_epilogue(meta: dict, rows: list[dict]) -> list[str]:
 CSV_FIELDS = ["library", "collective", "ranks", "size", "requested_size", "count", "dtype",
               "op", "root", "algorithm", "timing", "iterations", "warmup", "avg_us", "min_us",
               "max_us", "p50_us", "p99_us", "iter_min_us", "iter_max_us", "algbw_GBps",
-              "busbw_GBps", "bandwidth_MBps", "validation", "wrong"]
+              "busbw_GBps", "bandwidth_MBps", "validation", "wrong", "d2d_copy_GBps",
+              "busbw_pct_d2d"]
 
 
 def jsonl_row(row: dict) -> str:

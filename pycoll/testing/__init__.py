@@ -123,19 +123,22 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,
-              rank_env: Mapping[int, Mapping[str, str]] | None = None) -> list[Any]:
+              rank_env: Mapping[int, Mapping[str, str]] | None = None,
+              start_method: str = "fork") -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` forked ranks; return results by rank.
 
     ``fn`` must be a module-level function. ``collective_timeout`` is the communicators'
     default deadline; ``timeout`` bounds the whole run. With ``expect_failure`` the per-rank
     outcomes are returned (``("ok", value)`` or ``(exception name, traceback)``) instead of
     raising. ``rank_env`` adds variables for some ranks only (rank -> variables).
+    ``start_method="spawn"`` starts fresh interpreters instead (CUDA cannot be used in a
+    process forked from one that initialised it).
     """
     from rendezvous import StoreServer
 
     server = StoreServer("127.0.0.1", 0)
     server.start()
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(fn, r, world_size, server.port,

@@ -89,55 +89,48 @@ def _one(tensors: Any, what: str) -> torch.Tensor:
 
 
 class _Stage:
-    """Host stand-ins for tensors pycoll cannot use in place; copies them back at the end.
+    """Contiguous stand-ins for tensors pycoll cannot use in place; copied back at the end.
 
-    CPU contiguous tensors are used as they are (zero copy). CUDA tensors are copied to
-    (pinned) host memory on the caller's current stream, which waits for the producing
-    kernels; results are copied back on that same stream, which is then synchronised.
+    Contiguous CPU and CUDA tensors are passed to pycoll as they are (zero copy): pycoll moves
+    CUDA tensors itself (``pycoll.cuda``: GPU to GPU over cuda_ipc, else through its reused
+    page-locked buffers), ordered after the tensor's current stream and released to it.
+    A non-contiguous tensor gets a contiguous copy on its own device, copied back (on the
+    current stream, so in order with pycoll's release) when the call succeeded.
     """
 
-    __slots__ = ("copies", "stream")
+    __slots__ = ("copies",)
 
     def __init__(self) -> None:
         self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.stream: Any = None
 
     @staticmethod
-    def _direct(t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and t.is_contiguous()
-
-    def _host(self, t: torch.Tensor, fill: bool) -> torch.Tensor:
-        if self._direct(t):
-            return t
-        if t.device.type == "cuda":
-            if self.stream is None:
-                self.stream = torch.cuda.current_stream(t.device)
-            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-            if fill:
-                host.copy_(t)        # blocking: waits for the kernels that produced ``t``
-            return host
-        if t.device.type != "cpu":
+    def _check(t: torch.Tensor) -> None:
+        if t.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(f"pycoll backend: tensors on {t.device} are not supported "
                                   "(cpu and cuda are)")
-        return t.contiguous() if fill else torch.empty(t.shape, dtype=t.dtype)
 
     def inp(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor only read by the collective."""
-        return self._host(t, True)
+        self._check(t)
+        return t if t.is_contiguous() else t.contiguous()
 
     def out(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor only written by the collective."""
-        host = self._host(t, False)
-        if host is not t:
-            self.copies.append((t, host))
-        return host
+        self._check(t)
+        if t.is_contiguous():
+            return t
+        stand_in = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        self.copies.append((t, stand_in))
+        return stand_in
 
     def io(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor read and written (in-place collectives)."""
-        host = self._host(t, True)
-        if host is not t:
-            self.copies.append((t, host))
-        return host
+        self._check(t)
+        if t.is_contiguous():
+            return t
+        stand_in = t.contiguous()
+        self.copies.append((t, stand_in))
+        return stand_in
 
     def complete(self, work: PycollWork, error: BaseException | None) -> None:
         """Copy the results back (if the call succeeded), then complete ``work``."""
@@ -149,17 +142,8 @@ class _Stage:
         work._complete(error)
 
     def finish(self) -> None:
-        if not self.copies:
-            return
-        pairs = self.copies
-        if self.stream is not None:
-            with torch.cuda.stream(self.stream):
-                for dst, src in pairs:
-                    dst.copy_(src, non_blocking=True)
-            self.stream.synchronize()
-        else:
-            for dst, src in pairs:
-                dst.copy_(src)
+        for dst, src in self.copies:
+            dst.copy_(src)
 
 
 class ProcessGroupPycoll(dist.ProcessGroup):

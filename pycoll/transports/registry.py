@@ -23,6 +23,8 @@ from .base import PeerInfo, Transport
 
 #: name -> (module, class), in default order of preference
 REGISTRY: dict[str, tuple[str, str]] = {
+    # shm plus device memory GPU to GPU; usable only where CuPy sees a GPU (else shm serves)
+    "cuda_ipc": ("pycoll.transports.cuda_ipc", "CudaIpcTransport"),
     "shm": ("pycoll.transports.shm", "ShmTransport"),
     "verbs": ("pycoll.transports.verbs", "VerbsTransport"),
     "tcp": ("pycoll.transports.tcp", "TcpTransport"),

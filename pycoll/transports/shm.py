@@ -46,9 +46,10 @@ from ..memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_left_over, peer_lost)
 from .matching import TagMatcher
-from .shm_segment import (ATTACHED, CMA_STATE, CONT, DONE_BASE, EAGER, FIRST, HEAD, NOTIFY, PAGE,
+from .shm_segment import (ATTACHED, CMA_STATE, CONT, DEVICE, DEVICE_BODY_BYTES, DONE_BASE, EAGER,
+                          FIRST, HEAD, NOTIFY, PAGE,
                           PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY, RNDV_WINDOW,
-                          SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, RndvNotice, Segment,
+                          SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, DeviceNotice, RndvNotice, Segment,
                           ShmSettings, cma_read, process_alive, segment_prefix,
                           seq_span, sweep)
 
@@ -83,6 +84,7 @@ class ShmChannel(Channel):
         self._rndv_seq = 0
         self._rndv_pending: dict[int, Request] = {}
         # receiver state
+        self._device_reads: deque[tuple[Any, int]] = deque()   # (copy-done event, seq)
         self._tail = 0
         self._match = TagMatcher(peer)
         self._assembling: tuple[Any, int, int] | None = None     # (target request|bytearray, tag, offset)
@@ -169,6 +171,21 @@ class ShmChannel(Channel):
                 self._publish()
                 self._sends.popleft()
                 req.complete()
+            elif req.view is None:      # device memory: a rendezvous (cuda_ipc.py)
+                if self._rndv_pending and seq_span(self._rndv_seq, self._rndv_pending) >= RNDV_WINDOW:
+                    break
+                self._sends.popleft()
+                try:
+                    body = self._device().export(req.mem, self.peer)
+                except TransportError as err:
+                    req.fail(err)       # nothing was announced: the pair stays in step
+                    continue
+                seq = self._rndv_seq
+                self._rndv_seq += 1
+                SLOT_HEADER.pack_into(out.data, off, req.tag, n, DEVICE, seq)
+                out.data[off + SLOT_HEADER.size: off + SLOT_HEADER.size + len(body)] = body
+                self._publish()
+                self._rndv_pending[seq] = req
             elif n <= self._payload:
                 SLOT_HEADER.pack_into(out.data, off, req.tag, n, EAGER, 0)
                 if n:
@@ -210,6 +227,11 @@ class ShmChannel(Channel):
         if self._broken is not None:
             req.fail(self._broken)
             return req
+        if req.view is None:
+            req.fail(TransportError(f"{self.transport.name}: put of device memory is not "
+                                    "supported (one-sided writes move host memory only)",
+                                    peer=self.peer))
+            return req
         if (int(remote.get("pid", -1)) != self._peer_pid or offset < 0
                 or offset + src.nbytes > int(remote.get("nbytes", -1))):
             req.fail(TransportError(
@@ -248,7 +270,12 @@ class ShmChannel(Channel):
         return req
 
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
-        if not isinstance(body, RndvNotice):
+        if (req.view is None) != isinstance(body, DeviceNotice):
+            self._memory_mismatch(req, isinstance(body, DeviceNotice))
+        elif isinstance(body, DeviceNotice):
+            if self._size_ok(req, nbytes):
+                self._device_read(req, body.body, body.seq)
+        elif not isinstance(body, RndvNotice):
             super()._deliver_held(req, nbytes, body)
         elif self._size_ok(req, nbytes):
             if self._broken is not None:   # the sender's buffer may be its user's again:
@@ -266,13 +293,52 @@ class ShmChannel(Channel):
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
         req.complete()
 
+    # -- device memory (the cuda_ipc transport) ---------------------------------------------
+    def _device(self) -> Any:
+        device = self.transport.device
+        if device is None:
+            raise TransportError(f"shm: device memory for rank {self.peer} reached a channel "
+                                 "that moves host memory only", peer=self.peer)
+        return device
+
+    def _device_read(self, req: Request, body: bytes, seq: int) -> None:
+        """Queue the copy out of the peer's device memory; the receive is complete at once
+        (whatever reads it is queued behind the copy), the sender once the copy has run."""
+        try:
+            done = self._device().read(req.mem, body, self.peer)
+        except TransportError as err:
+            self._break(err)
+            req.fail(err)
+            return
+        self._device_reads.append((done, seq))
+        self._active[self.peer] = self
+        req.complete()
+
+    def _finish_device_reads(self) -> bool:
+        reads, moved = self._device_reads, False
+        finished = self._device().finished
+        while reads and finished(reads[0][0]):
+            _, seq = reads.popleft()
+            self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+            moved = True
+        return moved
+
+    def _memory_mismatch(self, req: Request, device_sent: bool) -> None:
+        sent, posted = ("device", "host") if device_sent else ("host", "device")
+        err = TransportError(
+            f"rank {self.peer} sent {sent} memory where this rank receives into {posted} "
+            f"memory (tag {req.tag}): every rank must pass device buffers, or every rank host "
+            "buffers, to one call", peer=self.peer)
+        self._break(err)
+        req.fail(err)
+
     def unread_tags(self) -> list[int]:
         seg = self._in
         tags = []
         for index in range(self._tail, seg.ctrl[HEAD]):
             tag, _total, kind, _aux = SLOT_HEADER.unpack_from(seg.data,
                                                               self._slot_offset(seg, index))
-            if kind in (EAGER, FIRST, RNDV):
+            if kind in (EAGER, FIRST, RNDV, DEVICE):
                 tags.append(tag)
         return tags
 
@@ -313,8 +379,12 @@ class ShmChannel(Channel):
                 self.transport._notices.append((self.peer, aux))
             else:
                 req = match.take(tag)
-                if req is not None and not self._size_ok(req, total):
-                    return True
+                if req is not None:
+                    if not self._size_ok(req, total):
+                        return True
+                    if (req.view is None) != (kind == DEVICE):
+                        self._memory_mismatch(req, kind == DEVICE)
+                        return True
                 if kind == EAGER:
                     if req is None:
                         match.hold(tag, total, bytes(data[off + hs: off + hs + total]))
@@ -322,6 +392,12 @@ class ShmChannel(Channel):
                         if total:
                             req.view[:] = data[off + hs: off + hs + total]
                         req.complete()
+                elif kind == DEVICE:
+                    body = bytes(data[off + hs: off + hs + DEVICE_BODY_BYTES])
+                    if req is None:
+                        match.hold(tag, total, DeviceNotice(body, aux))
+                    else:
+                        self._device_read(req, body, aux)
                 elif kind == RNDV:
                     pid, address = RNDV_BODY.unpack_from(data, off + hs)
                     if req is None:
@@ -345,10 +421,13 @@ class ShmChannel(Channel):
             moved = self._progress_send()
         if self._match.posted or self._assembling is not None:
             moved = self._progress_recv() or moved
+        if self._device_reads:
+            moved = self._finish_device_reads() or moved
         return moved
 
     def busy(self) -> bool:
-        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling)
+        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling
+                    or self._device_reads)
 
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
@@ -419,6 +498,8 @@ class ShmTransport(Transport):
 
     name = "shm"
     pollable = False
+    #: the device half (``cuda_ipc.DeviceIpc``) of the cuda_ipc transport built on this one
+    device: Any = None
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
                                 one_sided=True, segment_bytes=1 << 20)
 

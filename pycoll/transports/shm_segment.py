@@ -35,6 +35,8 @@ RNDV_WINDOW = 64
 SLOT_HEADER = struct.Struct("<qqqq")   # tag, total message bytes, kind, aux
 RNDV_BODY = struct.Struct("<qq")       # sender pid, sender address
 EAGER, FIRST, CONT, RNDV, NOTIFY = 0, 1, 2, 3, 4
+DEVICE = 5          # a device buffer announced by the cuda_ipc transport (cuda_ipc.py)
+DEVICE_BODY_BYTES = 152
 
 PROBE_MAGIC = 0x5059434F4C4C3031  # "PYCOLL01"
 
@@ -176,6 +178,13 @@ class RndvNotice(NamedTuple):
 
     pid: int
     address: int
+    seq: int
+
+
+class DeviceNotice(NamedTuple):
+    """A device buffer's announcement (cuda_ipc) held for a receive not yet posted."""
+
+    body: bytes
     seq: int
 
 

@@ -77,3 +77,13 @@ def parse_nccl_like_a_user(text: str):
                      "root": int(f[4]), "time": float(f[5]), "algbw": float(f[6]),
                      "busbw": float(f[7]), "wrong": f[8]})
     return rows, avg
+
+
+def compare_module():
+    """bench/compare.py, imported as a module (it is a script, not a package member)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_compare",
+                                                  os.path.join(ROOT, "bench", "compare.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

