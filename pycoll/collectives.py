@@ -61,7 +61,7 @@ class Collectives(Execution):
         buf = self._plan.buffer(tensor, "allreduce")
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        if (fast is not None and algo is None and not self._plan.staged
+        if (fast is not None and algo is None and not self._plan.device_buffers
                 and fast.takes(buf.nbytes, buf.dtype, rop)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
             fast.remember(("allreduce", op), tensor, call)
@@ -124,7 +124,7 @@ class Collectives(Execution):
         self._plan.begin()
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
-        if (fast is not None and algo is None and not self._plan.staged
+        if (fast is not None and algo is None and not self._plan.device_buffers
                 and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), tensor, call)

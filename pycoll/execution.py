@@ -63,8 +63,8 @@ class Execution(FaultHandling):
             raise PycollError(f"rank {self.rank}: {collective} refused: this communicator failed "
                               f"earlier ({self._failed}); create a new one (re-init)")
         limit = self.timeout if timeout is None else (as_seconds(timeout) or self.timeout)
-        if self._plan.staged:        # device buffers staged through host memory
-            body = self._plan._staging().take().wrap(body)
+        if self._plan.device_buffers:        # CUDA buffers: used directly or staged
+            body = self._plan.take_device_call().wrap(body)
         if collective in P2P:
             self._p2p_seq += 1
             seq = self._p2p_seq

@@ -29,17 +29,17 @@ class Planner:
         self._choice_cache: dict[tuple[str, int], str] = {}
 
     # -- buffers -----------------------------------------------------------------------------
-    #: the device buffers of the call being planned (``Execution._execute`` takes them);
-    #: empty for host buffers
-    staged: list = []
+    #: the device buffers of the call being planned (``take_device_call`` hands them to
+    #: ``Execution._execute``); stays empty while calls pass host buffers only
+    device_buffers: list = []
     #: the collectives that run on device buffers directly where every transport moves
     #: device memory; the others are staged through host memory (``pycoll.cuda.staging``)
     DIRECT = frozenset({"allreduce", "broadcast", "reduce", "send", "recv"})
 
     def begin(self) -> None:
         """A call starts being planned (staging left by a refused call is given back)."""
-        if self.staged:
-            self._staging().begin()
+        if self.device_buffers:
+            self._devices().begin()
 
     def buffer(self, obj: Any, collective: str, *, name: str = "tensor",
                writable: bool = True, reads: bool = True, stage: bool = True) -> Buffer:
@@ -55,17 +55,22 @@ class Planner:
             return self._route(buf, collective, name, reads, writable)
         return buf
 
-    def _staging(self) -> Any:
-        staging = self.__dict__.get("_device_calls")
-        if staging is None:
+    def _devices(self) -> Any:
+        devices = self.__dict__.get("_device_calls")
+        if devices is None:      # made on the first device buffer: CuPy is imported then
             from .cuda.staging import DeviceCalls
-            staging = self._device_calls = DeviceCalls(self.rank)
-            self.staged = staging.pending
-        return staging
+            devices = self._device_calls = DeviceCalls(self.rank)
+            self.device_buffers = devices.pending
+        return devices
+
+    def take_device_call(self) -> Any:
+        """The planned call's device buffers as a ``DirectCall`` or ``StagedCall`` (whose
+        ``wrap(body)`` runs the call), their copies or stream ordering queued now."""
+        return self._devices().take()
 
     def device_ops(self) -> Any:
         """The ``MemoryOps`` of device buffers used directly."""
-        return self._staging().ops()
+        return self._devices().ops()
 
     def _route(self, buf: Buffer, collective: str, name: str, reads: bool,
                writes: bool) -> Buffer:
@@ -73,8 +78,8 @@ class Planner:
             raise InvalidArgument(f"rank {self.rank}: {collective}: {name} is {buf.where} "
                                   "memory, which pycoll cannot move")
         if collective in self.DIRECT and all(c.moves(CUDA) for c in self.capabilities):
-            return self._staging().direct(buf, collective, name)
-        return self._staging().stage(buf, collective, name, reads=reads, writes=writes)
+            return self._devices().direct(buf, collective, name)
+        return self._devices().stage(buf, collective, name, reads=reads, writes=writes)
 
     def output_list(self, obj: Any, like: Buffer, collective: str, *, writable: bool = True,
                     name: str = "output") -> list[Buffer]:

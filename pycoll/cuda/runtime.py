@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -155,7 +155,7 @@ def order_after_caller(device: int, caller: int) -> None:
         pycoll_stream(device).wait_event(event)
 
 
-def release_to_caller(device: int, caller: int, tensors: list[Any] = ()) -> Any:  # type: ignore[assignment]
+def release_to_caller(device: int, caller: int, tensors: Sequence[Any] = ()) -> Any:
     """Make the caller's stream wait for what pycoll queued so far; returns the event."""
     cp = cupy()
     ours = pycoll_stream(device)

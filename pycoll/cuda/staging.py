@@ -129,7 +129,7 @@ class StagedCall:
     def wrap(self, body: Callable[[Any], None]) -> Callable[[Any], None]:
         """``body`` between the copies: the host waits for the copies in, runs the host
         collective, queues the copies back and waits for them, so the result is in the
-        device buffers (and ordered before the caller's later work) when the call ends."""
+        device buffers when the call ends."""
         def staged(peers: Any) -> None:
             try:
                 # also waits for an earlier call's copies out of a buffer this one reuses
@@ -139,8 +139,8 @@ class StagedCall:
                     if c.writes:
                         runtime.memcpy(c.device_ptr, _address(c.host), c.nbytes,
                                        runtime.HOST_TO_DEVICE, self.device)
-                runtime.release_to_caller(self.device, self.caller,
-                                          [c.obj for c in self.copies])
+                # the copies back are done when this returns: the caller's stream needs
+                # no event, and no torch allocation is still in use on pycoll's stream
                 runtime.synchronize(self.device)
             finally:
                 self.release()

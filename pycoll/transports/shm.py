@@ -172,7 +172,7 @@ class ShmChannel(Channel):
                 self._sends.popleft()
                 req.complete()
             elif req.view is None:      # device memory: a rendezvous (cuda_ipc.py)
-                if self._rndv_pending and seq_span(self._rndv_seq, self._rndv_pending) >= RNDV_WINDOW:
+                if self._window_full():
                     break
                 self._sends.popleft()
                 try:
@@ -180,12 +180,7 @@ class ShmChannel(Channel):
                 except TransportError as err:
                     req.fail(err)       # nothing was announced: the pair stays in step
                     continue
-                seq = self._rndv_seq
-                self._rndv_seq += 1
-                SLOT_HEADER.pack_into(out.data, off, req.tag, n, DEVICE, seq)
-                out.data[off + SLOT_HEADER.size: off + SLOT_HEADER.size + len(body)] = body
-                self._publish()
-                self._rndv_pending[seq] = req
+                self._announce(req, out, off, DEVICE, body)
             elif n <= self._payload:
                 SLOT_HEADER.pack_into(out.data, off, req.tag, n, EAGER, 0)
                 if n:
@@ -194,17 +189,10 @@ class ShmChannel(Channel):
                 self._sends.popleft()
                 req.complete()
             elif self._use_cma and n >= self._cma_threshold:
-                # Completion words are indexed seq % RNDV_WINDOW: never reuse one whose
-                # send is still pending (the receiver may complete them out of order).
-                if self._rndv_pending and seq_span(self._rndv_seq, self._rndv_pending) >= RNDV_WINDOW:
+                if self._window_full():
                     break
-                seq = self._rndv_seq
-                self._rndv_seq += 1
-                SLOT_HEADER.pack_into(out.data, off, req.tag, n, RNDV, seq)
-                RNDV_BODY.pack_into(out.data, off + SLOT_HEADER.size, os.getpid(), req.mem.ptr)
-                self._publish()
                 self._sends.popleft()
-                self._rndv_pending[seq] = req
+                self._announce(req, out, off, RNDV, RNDV_BODY.pack(os.getpid(), req.mem.ptr))
             else:
                 start = self._send_offset
                 chunk = min(self._payload, n - start)
@@ -219,6 +207,22 @@ class ShmChannel(Channel):
                     req.complete()
             moved = True
         return moved
+
+    def _window_full(self) -> bool:
+        """Completion words are indexed seq % RNDV_WINDOW: never reuse one whose send is
+        still pending (the receiver may complete them out of order)."""
+        return bool(self._rndv_pending) and seq_span(self._rndv_seq,
+                                                     self._rndv_pending) >= RNDV_WINDOW
+
+    def _announce(self, req: Request, out: Segment, off: int, kind: int, body: bytes) -> None:
+        """Publish a rendezvous (``kind`` RNDV or DEVICE, ``body`` saying where the bytes
+        are); ``req`` completes when the receiver sets its completion word."""
+        seq = self._rndv_seq
+        self._rndv_seq += 1
+        SLOT_HEADER.pack_into(out.data, off, req.tag, req.nbytes, kind, seq)
+        out.data[off + SLOT_HEADER.size: off + SLOT_HEADER.size + len(body)] = body
+        self._publish()
+        self._rndv_pending[seq] = req
 
     def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
         """Cross-memory write into the peer's registered region, then a notice slot (the
