@@ -136,16 +136,36 @@ def cost_broadcast(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     raise KeyError(algo)
 
 
+#: pycoll's cost of one more posted message when many are in flight at once
+PER_MESSAGE_US = 2.0
+
+
+def _crowd(transfers: int, link: LinkModel) -> int:
+    """How many times longer ``transfers`` copies take when they run at once on one host.
+
+    Measured with bench/algorithms_sweep.py (reduce, 128 KiB-64 MiB, 5 rounds): the two
+    half-size reductions of a 2-rank ring take as long as one full-size reduction, and the
+    first round of a 4-rank binomial tree (two reductions at once) twice as long as the
+    second; the copies of one host's ranks contend instead of overlapping, up to one per core.
+    """
+    return max(1, min(transfers, link.cores)) if link.cores else 1
+
+
 def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     b, g = link.beta, _gamma()
     if algo == "binomial":
         a = _alpha(p, link, False)
-        return _bound(_lg(p) * (a + nbytes * (b + g)), (p - 1) * nbytes * (b + g), p, link,
-                      False)
-    if algo == "ring":  # ring reduce-scatter, then the root gathers p - 1 chunks
+        # round k has p / 2**(k+1) reductions at once
+        rounds = [max(1, p >> (k + 1)) for k in range(_lg(p))]
+        critical = sum(a + _crowd(t, link) * nbytes * (b + g) for t in rounds)
+        return _bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
+    if algo == "ring":  # ring reduce-scatter (every rank at once), then the root gathers p - 1 chunks
         a = _alpha(p, link, True)
-        critical = p * a + (p - 1) / p * nbytes * (2 * b + g)
-        return _bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p, link)
+        critical = (p * a + _crowd(p, link) * (p - 1) / p * nbytes * (b + g)
+                    + (p - 1) / p * nbytes * b)
+        # the contention is in the critical path already: no thrash factor on the work
+        return _bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p, link,
+                      False)
     raise KeyError(algo)
 
 
@@ -178,8 +198,9 @@ def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     """Gather and scatter (its mirror image: the same messages, the other way)."""
     a, b = _alpha(p, link, False), link.beta
     if algo == "linear":
-        return _bound((p - 1) * a + (p - 1) / p * nbytes * b, (p - 1) / p * nbytes * b, p, link,
-                      False)
+        # the root posts every message at once and waits once
+        critical = a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * nbytes * b
+        return _bound(critical, (p - 1) / p * nbytes * b, p, link, False)
     if algo == "binomial":
         # Store and forward: the half of the data bound for the far subtree crosses the
         # root's link and then, once staged whole, the next level's (measured: linear wins
@@ -190,19 +211,14 @@ def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     raise KeyError(algo)
 
 
-#: pycoll's cost of one more posted message when many are in flight at once
-PER_MESSAGE_US = 2.0
-#: extra bandwidth cost of many transfers at once (links and caches contended)
-CONTENTION = 0.1
-
-
 def cost_alltoall(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     a, b = _alpha(p, link, True), nbytes / p * link.beta
     if algo == "bruck":
         return math.inf     # needs equal blocks everywhere, which no rank can know: opt-in
     if algo == "scattered":
         blocks = -(-(p - 1) // 32)
-        return blocks * a + (p - 1) * (PER_MESSAGE_US * 1e-6 + b * (1 + CONTENTION))
+        # measured: no slower per byte than the pairwise rounds (4 ranks, 128 KiB-256 MiB)
+        return blocks * a + (p - 1) * (PER_MESSAGE_US * 1e-6 + b)
     return (p - 1) * (a + b)
 
 
