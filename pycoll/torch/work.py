@@ -77,44 +77,12 @@ def end_record(rec: Any) -> None:
         rec.__exit__(None, None, None)
 
 
-class _Done:
-    """A one-shot event whose threading.Event is made only if someone has to block on it
-    (most synchronous ops complete before anybody waits)."""
-
-    __slots__ = ("_set", "_event", "_lock")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._event: threading.Event | None = None
-        self._lock = threading.Lock()
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        with self._lock:
-            self._set = True
-            event = self._event
-        if event is not None:
-            event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._set:
-            return True
-        with self._lock:
-            if self._set:
-                return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
-
-
 class PycollWork(dist._Work):
     """One torch-level operation: one or more pycoll collectives plus the copy-back after."""
 
     def __init__(self, op: str, outputs: Any, rank: int,
-                 flush: Callable[[], None] | None = None, record: Any = None) -> None:
+                 flush: Callable[[], None] | None = None, record: Any = None,
+                 finished: bool = False) -> None:
         super().__init__()
         self._record = record          # the open profiler event, closed on completion
         self._op = op
@@ -122,7 +90,9 @@ class PycollWork(dist._Work):
         self._rank = rank
         self._flush = flush            # p2p: post the deferred batch this op belongs to
         self._lock = threading.Lock()
-        self._done = _Done()
+        self._finished = finished      # ``finished=True``: an inline op that already succeeded
+        # made only if somebody has to block (most synchronous ops finish before anyone waits)
+        self._event: threading.Event | None = None
         self._error: BaseException | None = None
         self._raw: "torch.futures.Future | None" = None
         self._future: "torch.futures.Future | None" = None
@@ -131,15 +101,28 @@ class PycollWork(dist._Work):
     # -- completion (pycoll's worker thread, or the caller for inline ops) --------------------
     def _complete(self, error: BaseException | None) -> None:
         with self._lock:
-            if self._done.is_set():
+            if self._finished:
                 return
             self._error = error
-            self._done.set()
-            raw = self._raw
+            self._finished = True
+            raw, event = self._raw, self._event
             record, self._record = self._record, None
+        if event is not None:
+            event.set()
         end_record(record)
         if raw is not None:
             raw.set_result(self._outputs if error is None else _Failure(error))
+
+    def _wait_finished(self, limit: float | None) -> bool:
+        if self._finished:
+            return True
+        with self._lock:
+            if self._finished:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(limit)
 
     def _post(self) -> None:
         if self._flush is not None:
@@ -150,13 +133,13 @@ class PycollWork(dist._Work):
     def wait(self, timeout: Any = None) -> bool:
         self._post()
         limit = _seconds(timeout)
-        if not self._done.is_set() and threading.current_thread().name.startswith("pycoll-"):
+        if not self._finished and threading.current_thread().name.startswith("pycoll-"):
             raise PycollError(
                 f"rank {self._rank}: waiting on {self._op} from inside a pycoll completion "
                 "callback (e.g. a Future.then callback) would deadlock: the callback runs on "
                 "the thread that executes the collectives. Chain with .then() instead of "
                 "waiting there.")
-        if not self._done.wait(limit):
+        if not self._wait_finished(limit):
             raise CollectiveTimeout(
                 f"rank {self._rank}: {self._op} did not complete within the {limit:g} s given to "
                 "Work.wait(); it keeps running under the process group's timeout")
@@ -170,7 +153,7 @@ class PycollWork(dist._Work):
             if self._future is None:
                 raw = torch.futures.Future()
                 self._future = raw.then(_unwrap)
-                if self._done.is_set():
+                if self._finished:
                     done_now = True
                 else:
                     self._raw = raw
@@ -183,10 +166,10 @@ class PycollWork(dist._Work):
 
     def is_completed(self) -> bool:
         self._post()
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -207,7 +190,7 @@ class PycollWork(dist._Work):
         self.wait()
 
     def __repr__(self) -> str:
-        state = ("failed" if self._error is not None else "done") if self._done.is_set() \
+        state = ("failed" if self._error is not None else "done") if self._finished \
             else "pending"
         return f"<pycoll.torch.PycollWork {self._op} {state}>"
 
