@@ -41,11 +41,10 @@ def choices(selector: Selector, collective: str, p: int) -> str:
 
 
 def main() -> None:
-    registry = {name: {algo: fn for algo, fn in algos.items() if algo != "hierarchical"}
-                for name, algos in ALGORITHMS.items()}
-    shm = Selector(registry, [ShmTransport.capabilities], overrides={})
+    # no Hierarchy (one node): "hierarchical" costs infinity and is never picked
+    shm = Selector(ALGORITHMS, [ShmTransport.capabilities], overrides={})
     shm.link = replace(shm.link, cores=2)
-    tcp = Selector(registry, [TcpTransport.capabilities], overrides={})
+    tcp = Selector(ALGORITHMS, [TcpTransport.capabilities], overrides={})
     tcp.link = replace(tcp.link, cores=0)
     print("| collective | p | shm, one 2-core host | tcp (cores not modelled) |")
     print("|---|---|---|---|")

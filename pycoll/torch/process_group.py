@@ -52,8 +52,8 @@ _EVENTS = {
 }
 
 
-#: the same by the enum's integer value: reading it is a third of the cost of hashing the
-#: enum (pybind), and this runs on every call
+#: looked up by the enum's integer value: reading it costs a third of hashing the enum
+#: (pybind), and this runs on every call
 _OPS_BY_VALUE = {kind.value: name for kind, name in _OPS.items()}
 
 
@@ -74,18 +74,11 @@ def _reduce_op(op: Any) -> Any:
                                       f"{tuple(factor.shape)}")
             factor = factor.reshape(-1)[0].item()
         return PycollReduceOp("premul_sum", float(factor))
-    name = _OPS.get(kind)
-    if name is None:
-        raise InvalidArgument(f"reduce op {op!r} is not supported by the pycoll backend")
-    return name
+    raise InvalidArgument(f"reduce op {op!r} is not supported by the pycoll backend")
 
 
 def _op_timeout(opts: Any) -> float | None:
-    timeout = getattr(opts, "timeout", None)
-    if type(timeout) is timedelta:      # what every torch options object holds
-        seconds = timeout.total_seconds()
-        return seconds if seconds > 0 else None
-    return _seconds(timeout)
+    return _seconds(getattr(opts, "timeout", None))
 
 
 def _tensor_list(tensors: Any) -> list:

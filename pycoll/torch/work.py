@@ -45,13 +45,16 @@ def _unwrap(fut: "torch.futures.Future") -> Any:
 
 
 def _seconds(timeout: Any) -> float | None:
-    """None for "no limit" (None, timedelta(0) from C++, negative), else seconds."""
-    if timeout is None:
+    """None for "no limit" (None, timedelta(0) from C++, negative), else seconds.
+
+    Runs on every torch call (every options object holds a timedelta): that case first."""
+    if type(timeout) is timedelta:
+        seconds = timeout.total_seconds()
+    elif timeout is None:
         return None
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    timeout = float(timeout)
-    return timeout if timeout > 0 else None
+    else:
+        seconds = float(timeout.total_seconds() if isinstance(timeout, timedelta) else timeout)
+    return seconds if seconds > 0 else None
 
 
 try:   # a record function that carries input shapes and may end on another thread
