@@ -56,7 +56,7 @@ class Collectives(Execution):
             except TypeError:
                 call = None          # an unhashable op: parse_op says what is wrong
             if call is not None and tensor.ndim == 1 and tensor.flags.carray:
-                return fast.run(call, tensor, timeout, async_op, tensor)
+                return call.run(tensor, timeout, async_op, tensor)
         self._plan.begin()
         buf = self._plan.buffer(tensor, "allreduce")
         rop = parse_op(op)
@@ -102,7 +102,7 @@ class Collectives(Execution):
             call = fast.barrier_call
             if call is None:
                 call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
-            return fast.run(call, fast.barrier_buffer, timeout, async_op, None)
+            return call.run(fast.barrier_buffer, timeout, async_op, None)
         self._plan.begin()
         fn = ALGORITHMS["barrier"][self._plan.select("barrier", 0, algo)]
 
@@ -120,7 +120,7 @@ class Collectives(Execution):
                 and type(root) is int):      # as in allreduce: a kind already validated
             call = fast.host_calls.get(("broadcast", root, tensor.dtype, tensor.nbytes))
             if call is not None and tensor.ndim == 1 and tensor.flags.carray:
-                return fast.run(call, tensor, timeout, async_op, tensor)
+                return call.run(tensor, timeout, async_op, tensor)
         self._plan.begin()
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")

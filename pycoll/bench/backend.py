@@ -1,6 +1,7 @@
 """Buffers (numpy or torch) and the pycoll adapter for the benchmark runner."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -157,31 +158,34 @@ class PycollBackend(BufferDelegate):
             raise BenchError(str(e)) from None
 
     def _fn(self, name):
-        return getattr(self.pc, name)
+        # the communicator's own methods, as the MPI runner calls mpi4py's Comm: the
+        # module-level functions add a lookup of the default communicator per call
+        return getattr(self.comm, name)
 
     # -- operations ----------------------------------------------------------
     def barrier(self):
         self._fn("barrier")()
 
     def op(self, collective, bufs, op, root, algo):
-        kw = {} if algo is None else {"algo": algo}
         f = self._fn(collective)
+        if algo is not None:
+            f = functools.partial(f, algo=algo)
         if collective == "allreduce":
-            f(bufs["buf"], op=op, **kw)
+            f(bufs["buf"], op)
         elif collective == "broadcast":
-            f(bufs["buf"], root, **kw)
+            f(bufs["buf"], root)
         elif collective == "reduce":
-            f(bufs["buf"], root, op=op, **kw)
+            f(bufs["buf"], root, op)
         elif collective == "allgather":
-            f(bufs["out"], bufs["inp"], **kw)
+            f(bufs["out"], bufs["inp"])
         elif collective == "reduce_scatter":
-            f(bufs["out"], bufs["inp"], op=op, **kw)
+            f(bufs["out"], bufs["inp"], op)
         elif collective == "alltoall":
-            f(bufs["out"], bufs["inp"], **kw)
+            f(bufs["out"], bufs["inp"])
         elif collective in ("gather", "scatter"):
-            f(bufs["out"], bufs["inp"], root, **kw)
+            f(bufs["out"], bufs["inp"], root)
         elif collective == "barrier":
-            f(**kw)
+            f()
         else:
             raise BenchError(f"unknown collective {collective!r}")
 

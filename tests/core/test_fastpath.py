@@ -426,3 +426,39 @@ def test_forced_barrier_takes_the_generic_path():
     for generic, total, unknown in run_ranks(_forced_barrier, 3):
         assert (generic, total) == (0, 1)
         assert unknown != "accepted"
+
+
+class _Tagged(np.ndarray):
+    """A numpy subclass: not the exact type the compiled entry point was made for."""
+
+
+def _arrays_the_entry_point_was_not_made_for(comm):
+    fast = comm._fast
+    out = []
+    raw = np.zeros(4 * 6 + 1, dtype=np.uint8)
+    shapes = {
+        "behaved": lambda: np.empty(6, dtype=np.float32),
+        "unaligned": lambda: raw[1:].view(np.float32),      # 4-byte floats at an odd address
+        "2-D": lambda: np.empty((2, 3), dtype=np.float32),
+        "subclass": lambda: np.empty(6, dtype=np.float32).view(_Tagged),
+    }
+    for rounds in range(2):          # the second round finds every call already bound
+        for name, make in shapes.items():
+            a = make()
+            a[...] = (np.arange(6, dtype=np.float32) + comm.rank * 10).reshape(a.shape)
+            before = fast.k
+            comm.allreduce(a)
+            assert fast.k == before + 1, (name, "did not take the fast path")
+            out.append((name, a.ravel().tolist(), bool(a.flags.aligned)))
+    return out
+
+
+def test_arrays_the_entry_point_was_not_made_for():
+    """The single-slot kernel is called through numba's entry point for 1-D aligned
+    C-contiguous writable ndarrays only (no type check there); any other array of the same
+    dtype and size takes the fast path through the checked dispatcher, with the same result."""
+    want = (np.arange(6) * 2 + 10).tolist()
+    for per_rank in run_ranks(_arrays_the_entry_point_was_not_made_for, 2):
+        for name, got, aligned in per_rank:
+            assert got == want, name
+            assert aligned == (name != "unaligned"), name
