@@ -131,8 +131,10 @@ class FastCall:
         self.finish = spec is not None and needs_finish(rop, 2)   # type: ignore[arg-type]
         self.prepare = rop is not None and rop.name == "premul_sum"
         # what the slots say about the call (compared by every reader), and the sequence
-        # word's constant bits: the same bits the generic path puts in its message tags
-        self.code = zlib.crc32(repr((collective, self.sig)).encode())
+        # word's constant bits: the same bits the generic path puts in its message tags.
+        # The kind is in it: two ranks that chose different kernels for one call (their
+        # WaitPolicy.crowded differed: other CPU affinities) raise CollectiveMismatch
+        self.code = zlib.crc32(repr((collective, self.sig, kind)).encode())
         low = tag_low_bits(collective, comm_id)
         self.seq_bits = (signature(collective, self.sig) << SIG_SHIFT) | low
 
@@ -163,6 +165,15 @@ class FastPath:
         # lets this rank read its peers' memory (ptrace rules: Yama, seccomp in containers)
         # is learnt by the first such call, on every rank alike; if not, that call and all
         # later ones go through the slots (or the generic path) as above.
+        # With more ranks than cores the copies of a single-copy broadcast queue for the cores
+        # like any others, and its two system calls and page pinning per rank are what is
+        # left to save: measured here, 4 ranks on 2 cores (pycoll.bench broadcast -n 4, 3
+        # interleaved runs each), the slots took 27-29 us at 128 KiB, 69-71 at 512 KiB and
+        # 171-175 at 1 MiB, the single copy 33-37, 108-122 and 217-255; at 2 MiB the single
+        # copy won (435-497 against 545-581). So crowded hosts go through the slots as far
+        # as they go (``broadcast_limit``) before the single copy.
+        if WaitPolicy.crowded and cma_bytes:
+            cma_bytes = max(cma_bytes, self.broadcast_limit + 1)
         self.cma_bytes = cma_bytes
         self.iov = np.zeros(4 + comm.size, dtype=np.uint64)    # the kernels' scratch
         self.piece = np.empty(0, dtype=np.uint8)    # allreduce_cma's (made when needed)

@@ -156,8 +156,9 @@ def _single_copy(comm, refuse_on):
     if comm.rank == refuse_on:
         _refuse_cross_memory_attach()
     kinds, out = [], []
-    for nbytes, root in ((fast.cma_bytes, 0), (8 << 20, 1), (3 << 20, comm.size - 1),
-                         (fast.cma_bytes, 1)):
+    # the smallest single-copy broadcast (a crowded host starts above the slots' limit)
+    first = -(-fast.cma_bytes // 8) * 8
+    for nbytes, root in ((first, 0), (8 << 20, 1), (3 << 20, comm.size - 1), (first, 1)):
         kind = comm.selected_algorithm("broadcast", nbytes)
         kinds.append(kind)
         a = _input(comm.rank, nbytes // 8, "float64", salt=root)
@@ -462,3 +463,40 @@ def test_arrays_the_entry_point_was_not_made_for():
         for name, got, aligned in per_rank:
             assert got == want, name
             assert aligned == (name != "unaligned"), name
+
+
+def _broadcast_kind_by_crowding(comm):
+    from pycoll.transports.progress import WaitPolicy
+    return WaitPolicy.crowded, comm._fast.broadcast_limit, [
+        comm.selected_algorithm("broadcast", n) for n in (64 << 10, 1 << 20, 8 << 20)]
+
+
+def test_crowded_hosts_broadcast_through_the_slots_up_to_their_limit():
+    """With more ranks than cores, the single copy starts above the slots' limit (measured:
+    the slots were 1.3-2x faster there); with a core per rank, from 16 KiB."""
+    for size in (2, 4):
+        for crowded, limit, kinds in run_ranks(_broadcast_kind_by_crowding, size):
+            if crowded:
+                assert limit >= 1 << 20, limit
+                assert kinds == ["fastpath-broadcast"] * 2 + ["fastpath-broadcast-cma"], kinds
+            else:
+                assert kinds == ["fastpath-broadcast-cma"] * 3, kinds
+
+
+def _kinds_disagree(comm):
+    """Rank 1 believes the host is crowded (as another CPU affinity would make it): a 64 KiB
+    broadcast is a single copy on rank 0 and goes through the slots on rank 1."""
+    fast = comm._fast
+    fast.cma_bytes = 16 << 10 if comm.rank == 0 else fast.broadcast_limit + 1
+    fast._calls.clear()
+    start = time.monotonic()
+    try:
+        comm.broadcast(np.zeros(8 << 10, dtype=np.float64), 0)
+        return "no error", "", 0.0
+    except pycoll.PycollError as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+
+
+def test_ranks_that_chose_different_kernels_raise_collective_mismatch():
+    for kind, message, elapsed in run_ranks(_kinds_disagree, 2, collective_timeout=20):
+        assert kind == "CollectiveMismatch" and elapsed < 5, (kind, message)
