@@ -312,13 +312,18 @@ def test_ranks_agree_on_the_limit_and_on_off():
     assert run_ranks(_limits, 2, env={"PYCOLL_TRANSPORTS": "tcp"}) == [None, None]
 
 
-def _mismatch_in_fast_path(comm):
+def _outcome(call):
+    """(error type, message, seconds until it was raised) of ``call()``."""
     start = time.monotonic()
     try:
-        comm.allreduce(np.ones(8 + comm.rank, dtype=np.float32))
+        call()
         return "no error", "", 0.0
     except pycoll.PycollError as e:
         return type(e).__name__, str(e), time.monotonic() - start
+
+
+def _mismatch_in_fast_path(comm):
+    return _outcome(lambda: comm.allreduce(np.ones(8 + comm.rank, dtype=np.float32)))
 
 
 def test_different_counts_raise_collective_mismatch_at_once():
@@ -489,12 +494,7 @@ def _kinds_disagree(comm):
     fast = comm._fast
     fast.cma_bytes = 16 << 10 if comm.rank == 0 else fast.broadcast_limit + 1
     fast._calls.clear()
-    start = time.monotonic()
-    try:
-        comm.broadcast(np.zeros(8 << 10, dtype=np.float64), 0)
-        return "no error", "", 0.0
-    except pycoll.PycollError as e:
-        return type(e).__name__, str(e), time.monotonic() - start
+    return _outcome(lambda: comm.broadcast(np.zeros(8 << 10, dtype=np.float64), 0))
 
 
 def test_ranks_that_chose_different_kernels_raise_collective_mismatch():
