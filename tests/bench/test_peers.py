@@ -1,6 +1,7 @@
 """The peer runners (MPI via mpiexec, Gloo via torch.distributed) use the bench's runner."""
 import json
 import os
+import re
 
 import pytest
 
@@ -57,3 +58,16 @@ def test_gloo_runner_validates():
     assert {x["collective"] for x in rows} == {"allreduce", "broadcast", "allgather",
                                                "reduce_scatter"}
     assert all(x["validation"] == "Pass" and x["library"] == "gloo" for x in rows)
+
+
+def test_call_loop_times_pycoll_and_mpich():
+    """bench/call_loop.py: both jobs run and rank 0 reports three positive times each."""
+    r = run([PY, os.path.join(ROOT, "bench", "call_loop.py"), "--calls", "200", "--reps", "1"],
+            env=clean_env(), timeout=80)
+    assert r.returncode == 0, (r.stdout[-1000:], r.stderr[-2000:])
+    libs = ["pycoll"] + (["mpich"] if os.path.exists(MPIEXEC) else [])
+    for lib in libs:
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith(lib)), None)
+        assert line is not None, r.stdout
+        times = [float(x) for x in re.findall(r"\d+\.\d+", line.split(":", 1)[1])]
+        assert len(times) == 6 and all(t > 0 for t in times), line
