@@ -191,7 +191,6 @@ class FastPath:
         self.slice_ns = int(WaitPolicy.liveness_seconds * 1e9)
         # the kernels: numba is imported by the first call that needs them, not at init
         self._kernels: Any = None
-        self._small: Any = None
         self.barrier_call: FastCall | None = None     # made by the first barrier
 
     # -- what takes the path -----------------------------------------------------------------
@@ -238,7 +237,6 @@ class FastPath:
                                  BROADCAST: kernels.broadcast,
                                  SINGLE_COPY: kernels.broadcast_cma,
                                  DIRECT: kernels.allreduce_cma}
-                self._small = kernels.allreduce
             comm = self.comm
             spec = comm._ops.reduce_spec(rop, dtype, comm.size) if rop is not None else None
             kind = self.kind_of(collective, count * itemsize)
@@ -269,8 +267,9 @@ class FastPath:
         Why a closure: this is the whole cost of a small call beside the kernel. What never
         changes for the call or the communicator is read once, here, and the single-slot
         kernel is called through numba's entry point for exactly these argument types
-        (skipping the dispatcher's type check, 0.2 us): 2 ranks, 8 B, 1.9 us a call with
-        attribute lookups and the dispatcher, 1.3-1.4 us this way."""
+        (skipping the dispatcher's type check, 0.2 us): 2 ranks, 8 B, back to back
+        (bench/call_loop.py), 1.96-1.99 us a call with attribute lookups and the dispatcher,
+        1.62-1.67 us this way."""
         comm = self.comm
         executor = comm._executor
         acquire = executor._run_lock.acquire
@@ -341,8 +340,9 @@ class FastPath:
         from numba.np.numpy_support import from_dtype
         assert self.slots is not None
         data = types.Array(from_dtype(dtype), 1, "C")
-        return self._small.compile((typeof(self.slots.bytes), data) + (types.int64,) * 7
-                                   + (types.boolean, types.int64, types.int64))
+        args = ((typeof(self.slots.bytes), data) + (types.int64,) * 7
+                + (types.boolean, types.int64, types.int64))
+        return self._kernels[SMALL].compile(args)
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:
