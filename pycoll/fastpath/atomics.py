@@ -19,6 +19,7 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 #: futex(2) system call numbers; other Linux architectures are refused by ``supported``
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
@@ -96,6 +97,37 @@ def address_of(typingctx, array, index):
         ptr = _element_pointer(context, builder, signature.args[0], args[0], args[1])
         return builder.ptrtoint(ptr, ir.IntType(64))
     return types.int64(array, index), codegen
+
+
+@intrinsic
+def view_as(typingctx, array, dtype):
+    """``array`` (1-D, C-contiguous) seen as elements of ``dtype``: ``array.view(dtype)``
+    without the reference counting. numba's ``view`` takes a reference on the array's memory
+    info (an atomic increment, and a decrement later) and checks the new shape; in the small
+    kernels' five or six views a call that cost 0.1 us, half of an 8-byte allreduce's
+    compiled time. The view made here owns no reference (its memory info is null, as for
+    ``numba.carray``): it is valid while ``array`` is, which in the kernels is the whole call
+    (views of their own arguments). A trailing partial element is left out."""
+    if not isinstance(array, types.Array) or array.ndim != 1 or array.layout != "C":
+        return None
+    elem = getattr(dtype, "dtype", None)
+    if elem is None:
+        return None
+    out_type = types.Array(elem, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        out = context.make_array(out_type)(context, builder)
+        intp = context.get_value_type(types.intp)
+        src_item = context.get_abi_sizeof(context.get_data_type(signature.args[0].dtype))
+        item = context.get_abi_sizeof(context.get_data_type(elem))
+        nbytes = builder.mul(builder.extract_value(src.shape, 0), ir.Constant(intp, src_item))
+        count = builder.udiv(nbytes, ir.Constant(intp, item))
+        data = builder.bitcast(src.data, context.get_data_type(elem).as_pointer())
+        populate_array(out, data=data, shape=[count], strides=[ir.Constant(intp, item)],
+                       itemsize=ir.Constant(intp, item), meminfo=None)
+        return out._getvalue()
+    return out_type(array, dtype), codegen
 
 
 _RELAX = platform.machine()

@@ -37,7 +37,7 @@ from . import segment as layout
 from .atomics import (FUTEX_WAIT, FUTEX_WAKE, SYS_FUTEX, SYS_PROCESS_VM_READV,
                       SYS_PROCESS_VM_WRITEV, address_of,
                       copy_bytes, cpu_relax, fetch_add, full_fence, load_acquire, sched_yield,
-                      store_release, syscall6, syscall7)
+                      store_release, syscall6, syscall7, view_as)
 
 # the segment's layout (segment.py), and its slot arithmetic compiled
 HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS
@@ -71,7 +71,7 @@ def _raise_flag(seg, words, w, value):
     slow (22-27 us against 48-55 here)."""
     store_release(words, w + FLAG, value)
     full_fence()                      # the flag before the sleeper count (see _wait)
-    ints = seg.view(np.uint32)
+    ints = view_as(seg, np.uint32)
     if load_acquire(ints, SLEEPERS) != 0:
         fetch_add(ints, FUTEX_WORD, 1)
         syscall6(SYS_FUTEX, address_of(ints, FUTEX_WORD), FUTEX_WAKE, 0x7FFFFFFF, 0, 0)
@@ -131,7 +131,7 @@ def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slic
                 cpu_relax()
             else:               # let a runnable peer have this core
                 sched_yield()
-        ints = seg.view(np.uint32)
+        ints = view_as(seg, np.uint32)
         fetch_add(ints, SLEEPERS, 1)
         generation = load_acquire(ints, FUTEX_WORD)
         state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
@@ -169,8 +169,8 @@ def _combine(acc, src, op):
             if not (a > b or a != a):
                 acc[i] = b
     else:
-        a8 = acc.view(np.uint8)
-        s8 = src.view(np.uint8)
+        a8 = view_as(acc, np.uint8)
+        s8 = view_as(src, np.uint8)
         if op == OP_BAND:
             for i in range(a8.size):
                 a8[i] &= s8[i]
@@ -188,11 +188,11 @@ def _reduce_slots(seg, dst, lo, hi, n, parity, stride, offset, op):
     item = dst.itemsize
     nbytes = (hi - lo) * item
     out = dst[lo:hi]
-    copy_bytes(out.view(np.uint8), 0, seg, slot_offset(0, parity, stride) + DATA + offset,
+    copy_bytes(view_as(out, np.uint8), 0, seg, slot_offset(0, parity, stride) + DATA + offset,
                nbytes)
     for r in range(1, n):
         start = slot_offset(r, parity, stride) + DATA + offset
-        _combine(out, seg[start:start + nbytes].view(dst.dtype), op)
+        _combine(out, view_as(seg[start:start + nbytes], dst.dtype), op)
 
 
 @njit(nogil=True, cache=True)
@@ -200,8 +200,8 @@ def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slic
     """Allreduce ``dst`` (at most one slot) in place in one stage (op: see OP_*; OP_NONE
     only exchanges). Returns DONE, SLEPT (call again with ``resume``) or -(r+1) for a
     disagreeing rank r."""
-    words = seg.view(np.uint64)
-    raw = dst.view(np.uint8)
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
     if not resume:
         _stage(seg, words, raw, 0, raw.size, raw.size, raw.size, rank, stride, stage, seq, sig,
                raw.size)
@@ -228,8 +228,8 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
     """Allreduce ``dst`` in place through the slots, one chunk of ``capacity`` bytes per
     stage (stages ``stage0`` on). After a SLEPT_AT + position status, call again with
     ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait)."""
-    words = seg.view(np.uint64)
-    raw = dst.view(np.uint8)
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
     item = dst.itemsize
     per_chunk = capacity // item
     count = dst.size
@@ -259,7 +259,7 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
             for r in range(n):
                 if r != rank:
                     start = slot_offset(r, parity, stride) + DATA + a * item
-                    _combine(share, seg[start:start + (b - a) * item].view(dst.dtype), op)
+                    _combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype), op)
             copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
             _raise_flag(seg, words, slot_offset(rank, parity, stride) // 8, 2 * stage + 1)
             phase = 1
@@ -286,8 +286,8 @@ def broadcast(seg, dst, rank, n, stride, capacity, stage0, seq, sig, root, resum
     chunk before), all wait for all, the others copy the chunk out. The root stages chunk
     c + 1 while the others still copy chunk c. After SLEPT_AT + c, call again with
     ``resume`` and position c."""
-    words = seg.view(np.uint64)
-    raw = dst.view(np.uint8)
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
     total = raw.size
     chunks = max(1, (total + capacity - 1) // capacity)
     chunk = position
@@ -364,8 +364,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
     One stage for the whole buffer: cutting it into stages of 1 or 4 MiB, so that the
     readers take the root's bytes from the cache together, made 4 ranks on 2 cores no
     faster (64 MiB: 16.0-17.2 ms against 14.5) and 2 ranks slower."""
-    words = seg.view(np.uint64)
-    raw = dst.view(np.uint8)
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
     total = raw.size
     if position == 0:
         if not resume:
@@ -416,8 +416,8 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
     After SLEPT_AT + p, call again with ``resume`` and position p. CMA_BROKEN: a read
     failed once the buffers had changed (a peer gone, most likely): the call has failed.
     ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address)."""
-    words = seg.view(np.uint64)
-    raw = dst.view(np.uint8)
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
     item = dst.itemsize
     count = dst.size
     total = raw.size
@@ -448,7 +448,7 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
                         if _cross_copy(part, words[PID_BASE + r], iov[4 + r] + start * item,
                                        iov, False) < 0:
                             return CMA_BROKEN
-                        _combine(dst[start:end], part.view(dst.dtype), op)
+                        _combine(dst[start:end], view_as(part, dst.dtype), op)
             elif position == 3:
                 for r in range(n):
                     if r != rank:

@@ -77,6 +77,9 @@ def _policy(polls: tuple[int, int]) -> int:
     return polls[0] | (polls[1] << 32)
 
 
+#: a ``FastPath.last_allreduce`` that matches no call
+_NO_CALL = (object(), None, -1, None)
+
 SMALL, CHUNKED, BROADCAST = "fastpath", "fastpath-chunked", "fastpath-broadcast"
 SINGLE_COPY = "fastpath-broadcast-cma"
 DIRECT = "fastpath-cma"
@@ -187,6 +190,10 @@ class FastPath:
         #: as passed, dtype, bytes) -> FastCall, filled by the first validated call of each
         #: kind (``remember``)
         self.host_calls: dict[tuple, FastCall] = {}
+        #: the entry of ``host_calls`` that the previous allreduce (broadcast) took, as (op
+        #: or root, dtype, bytes, FastCall): compared by identity before any hashing
+        self.last_allreduce: tuple = _NO_CALL
+        self.last_broadcast: tuple = _NO_CALL
         self.spin = _policy(CROWDED_POLLS if WaitPolicy.crowded else POLLS)
         self.slice_ns = int(WaitPolicy.liveness_seconds * 1e9)
         # the kernels: numba is imported by the first call that needs them, not at init
@@ -205,6 +212,11 @@ class FastPath:
         of this dtype and size skip the classification (``host_calls``)."""
         if type(tensor) is np.ndarray and tensor.ndim == 1 and len(self.host_calls) < 256:
             self.host_calls[key + (tensor.dtype, tensor.nbytes)] = call
+            memo = (key[1], tensor.dtype, tensor.nbytes, call)
+            if key[0] == "allreduce":
+                self.last_allreduce = memo
+            else:
+                self.last_broadcast = memo
 
     def kind_of(self, collective: str, nbytes: int) -> str | None:
         """What runs ``collective`` of ``nbytes`` here (allreduce above one slot: of a
@@ -462,6 +474,7 @@ class FastPath:
         self.cma_bytes = 0
         self._calls.clear()
         self.host_calls.clear()
+        self.last_allreduce = self.last_broadcast = _NO_CALL
         fallback = FastCall(call.collective, call.dtype, call.count, call.nbytes // call.count,
                             call.rop, call.root if call.root >= 0 else None, call.spec,
                             self.comm._comm_id,
