@@ -470,6 +470,55 @@ def test_arrays_the_entry_point_was_not_made_for():
             assert aligned == (name != "unaligned"), name
 
 
+def _calls_of_one_size(comm):
+    """Back-to-back calls of 16 bytes that differ only in dtype, op or root: each is checked
+    against the previous call's kind before any lookup (``FastPath.last_allreduce``)."""
+    fast = comm._fast
+    out = []
+    non_interned = "".join(["s", "u", "m"])
+    mx = pycoll.ReduceOp("max")
+    for it in range(3):
+        for dtype, op in (("float32", "sum"), ("int32", "sum"), ("float32", "max"),
+                          ("float32", non_interned), ("int32", mx), ("int32", "bxor"),
+                          ("float64", "min"), ("uint8", "max")):
+            count = 16 // np.dtype(dtype).itemsize
+            a = _input(comm.rank, count, dtype, salt=it)
+            before = fast.k
+            comm.allreduce(a, op)
+            assert fast.k == before + 1, (dtype, op, "did not take the fast path")
+            out.append(("allreduce", dtype, str(op), it, a.tolist()))
+            f = _input(comm.rank, 4, "float32", salt=it)
+            as_ints = f.view(np.int32)      # another array object over the same bytes
+            comm.allreduce(as_ints, "sum")
+            out.append(("view", "int32", "sum", it, as_ints.tolist()))
+        for root in (0, 1, 0):
+            b = _input(comm.rank, 4, "float32", salt=root + 10 * it)
+            comm.broadcast(b, root)
+            out.append(("broadcast", "float32", root, it, b.tolist()))
+    return out
+
+
+def test_calls_of_one_size_with_other_dtypes_ops_and_roots():
+    """A call of the same size as the previous one but another dtype, op (an equal string
+    that is another object, a ReduceOp) or root gets its own kernel and its right result."""
+    ranks = 2
+    reduce = {"sum": np.add, "max": np.maximum, "min": np.minimum, "bxor": np.bitwise_xor}
+    results = run_ranks(_calls_of_one_size, ranks)
+    assert results[0] == results[1]
+    for kind, dtype, op, it, got in results[0]:
+        if kind == "broadcast":
+            want = _input(op, 4, "float32", salt=op + 10 * it).tolist()
+        else:
+            count = 16 // np.dtype(dtype).itemsize
+            if kind == "view":
+                inputs = [_input(r, count, "float32", salt=it).view(np.int32)
+                          for r in range(ranks)]
+            else:
+                inputs = [_input(r, count, dtype, salt=it) for r in range(ranks)]
+            want = reduce[op].reduce(inputs).astype(dtype).tolist()
+        assert got == want, (kind, dtype, op, it)
+
+
 def _broadcast_kind_by_crowding(comm):
     from pycoll.transports.progress import WaitPolicy
     return WaitPolicy.crowded, comm._fast.broadcast_limit, [
