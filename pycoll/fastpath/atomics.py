@@ -130,6 +130,26 @@ def view_as(typingctx, array, dtype):
     return out_type(array, dtype), codegen
 
 
+@intrinsic
+def bytes_at(typingctx, address, nbytes):
+    """The ``nbytes`` bytes at ``address`` as a uint8 array that owns no reference (like
+    ``view_as``): for memory the caller keeps mapped for as long as the kernel runs."""
+    if not isinstance(address, types.Integer) or not isinstance(nbytes, types.Integer):
+        return None
+    out_type = types.Array(types.uint8, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        out = context.make_array(out_type)(context, builder)
+        intp = context.get_value_type(types.intp)
+        data = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        count = context.cast(builder, args[1], signature.args[1], types.intp)
+        one = ir.Constant(intp, 1)
+        populate_array(out, data=data, shape=[count], strides=[one], itemsize=one,
+                       meminfo=None)
+        return out._getvalue()
+    return out_type(address, nbytes), codegen
+
+
 _RELAX = platform.machine()
 
 

@@ -37,7 +37,7 @@ from . import segment as layout
 from .atomics import (FUTEX_WAIT, FUTEX_WAKE, SYS_FUTEX, SYS_PROCESS_VM_READV,
                       SYS_PROCESS_VM_WRITEV, address_of,
                       copy_bytes, cpu_relax, fetch_add, full_fence, load_acquire, sched_yield,
-                      store_release, syscall6, syscall7, view_as)
+                      store_release, syscall6, syscall7, view_as, bytes_at)
 
 # the segment's layout (segment.py), and its slot arithmetic compiled
 HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS
@@ -211,6 +211,18 @@ def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slic
         return state
     _reduce_slots(seg, dst, 0, dst.size, n, stage & 1, stride, 0, op)
     return DONE
+
+
+@njit(nogil=True, cache=True)
+def allreduce_bound(dst, call, stage, seq):
+    """``allreduce`` as a bound fast call runs it (``FastPath.bind``): what never changes for
+    the call is one int64 array ``call`` (the segment's address and length, rank, ranks,
+    stride, signature, op, wait policy, sleep slice), so that the entry point unboxes four
+    arguments instead of twelve (0.06 us of a 1.4 us call). The caller keeps the segment
+    mapped while the call runs."""
+    seg = bytes_at(call[0], call[1])
+    return allreduce(seg, dst, call[2], call[3], call[4], stage, seq, call[5], call[6], False,
+                     call[7], call[8])
 
 
 @njit(nogil=True, cache=True)

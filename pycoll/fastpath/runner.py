@@ -28,6 +28,7 @@ from ..tags import SEQ_MASK, SEQ_SHIFT, SIG_SHIFT, describe_tag, signature, tag_
 from ..transports.progress import WaitPolicy, WaitTimeout
 from ..transports.base import peer_lost
 from ..transports.shm_segment import _exited
+from ..flight_recorder import COMPLETED
 from ..work import Work
 from . import NATIVE_DTYPES
 
@@ -299,6 +300,9 @@ class FastPath:
         single = None
         if call.kind is SMALL and self.slots is not None:
             single = self._entry(np.dtype("uint8" if raw else call.dtype))
+            seg = self.slots.bytes          # mapped until close(), when self.slots is None
+            constants = np.array([seg.ctypes.data, seg.size, rank, size, self.slots.stride,
+                                  code, op_code, spin, slice_ns], dtype=np.int64)
 
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
             slots = self.slots
@@ -320,15 +324,14 @@ class FastPath:
                     fr.ring[i % fr.capacity] = rec
                 data = arr.view(np.uint8) if raw else arr
                 if single is not None:
-                    state = single(slots.bytes, data, rank, size, slots.stride, k, word, code,
-                                   op_code, False, spin, slice_ns)
+                    state = single(data, constants, k, word)
                 else:
                     state = self.launch(call, data, k, word, False, 0)
                 if state != 0 or more:
                     self._complete(state, call, arr, data, seq, word, k,
                                    start + comm.timeout, comm.timeout)
                 if rec is not None:
-                    rec[6] = mono()
+                    rec[3] = COMPLETED  # flight_recorder.STATE (fast calls: no end time)
                 if comm._generic_ran:
                     self._refuse_leftovers(word)
             except BaseException as e:  # noqa: BLE001 - reported like any failed call
@@ -346,15 +349,16 @@ class FastPath:
         call.run = run
 
     def _entry(self, dtype: np.dtype) -> Any:
-        """The single-slot kernel's compiled entry point for a 1-D C-contiguous aligned
-        writable array of ``dtype`` (loaded from numba's cache, or compiled, now)."""
-        from numba import typeof, types
+        """The single-slot kernel's compiled entry point (``kernels.allreduce_bound``) for a
+        1-D C-contiguous aligned writable array of ``dtype`` (loaded from numba's cache, or
+        compiled, now)."""
+        from numba import types
         from numba.np.numpy_support import from_dtype
-        assert self.slots is not None
+
+        from .kernels import allreduce_bound
         data = types.Array(from_dtype(dtype), 1, "C")
-        args = ((typeof(self.slots.bytes), data) + (types.int64,) * 7
-                + (types.boolean, types.int64, types.int64))
-        return self._kernels[SMALL].compile(args)
+        constants = types.Array(types.int64, 1, "C")
+        return allreduce_bound.compile((data, constants, types.int64, types.int64))
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:

@@ -50,6 +50,10 @@ def test_hung_rank_dump_and_trace(tmp_path):
     assert last["seq"] == 3 and last["collective"] == "allreduce" and last["state"] == "failed"
     assert last["dtype"] == "float32" and last["algorithm"] and last["nbytes"] == 4000
     assert [e["state"] for e in doc["entries"][:2]] == ["completed", "completed"]
+    first = doc["entries"][0]
+    assert first["started_at"], first
+    if first["algorithm"].startswith("fastpath"):   # completion marked, no second clock read
+        assert first["ended_at"] is None and first["duration_s"] is None, first
 
     report = _trace(tmp_path)
     assert "rank 2 was behind: reached allreduce #3 only after ranks 0,1,3" in report, report
