@@ -17,6 +17,7 @@ from .errors import InvalidArgument
 from .memory import HOST
 from .execution import Execution
 from .reduction import OpLike, check_op_dtype, parse_op, prepare
+from .tensors import torch_host_view
 from .tags import P2P_TAG_LIMIT, p2p_tag
 from .work import Outcome, Work
 
@@ -50,23 +51,28 @@ class Collectives(Execution):
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result."""
         fast = self._fast
-        if fast is not None and algo is None and type(tensor) is np.ndarray:
+        if fast is not None and algo is None:
+            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
+        else:
+            arr = None
+        if arr is not None:
             # a 1-D array of a kind already validated: no classification needed. The kind
             # of the previous call is checked first, without a tuple to hash (an op string
             # read from a command line is equal to the one remembered, not the same object)
-            last = fast.last_allreduce
-            if (last[2] == tensor.nbytes and last[1] is tensor.dtype
+            last = fast.last_allreduce          # type: ignore[union-attr]
+            if (last[2] == arr.nbytes and last[1] is arr.dtype
                     and (last[0] is op or (type(op) is str and last[0] == op))):
                 call = last[3]
             else:
                 try:
-                    call = fast.host_calls.get(("allreduce", op, tensor.dtype, tensor.nbytes))
+                    call = fast.host_calls.get(  # type: ignore[union-attr]
+                        ("allreduce", op, arr.dtype, arr.nbytes))
                 except TypeError:
                     call = None          # an unhashable op: parse_op says what is wrong
                 if call is not None:
-                    fast.last_allreduce = (op, tensor.dtype, tensor.nbytes, call)
-            if call is not None and tensor.ndim == 1 and tensor.flags.carray:
-                return call.run(tensor, timeout, async_op, tensor)
+                    fast.last_allreduce = (op, arr.dtype, arr.nbytes, call)  # type: ignore
+            if call is not None and arr.ndim == 1 and arr.flags.carray:
+                return call.run(arr, timeout, async_op, tensor)
         return self._allreduce(tensor, op, algo, timeout, async_op)
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
@@ -84,7 +90,7 @@ class Collectives(Execution):
         if (fast is not None and algo is None and not self._plan.device_buffers
                 and fast.takes(buf.nbytes, buf.dtype, rop)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
-            fast.remember(("allreduce", op), tensor, call)
+            fast.remember(("allreduce", op), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("allreduce", buf.nbytes, algo)
         algorithm = ALGORITHMS["allreduce"][name]
@@ -141,17 +147,21 @@ class Collectives(Execution):
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
         fast = self._fast
-        if (fast is not None and algo is None and type(tensor) is np.ndarray
-                and type(root) is int):      # as in allreduce: a kind already validated
-            last = fast.last_broadcast
-            if last[0] == root and last[1] is tensor.dtype and last[2] == tensor.nbytes:
+        if fast is not None and algo is None and type(root) is int:
+            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
+        else:
+            arr = None
+        if arr is not None:                 # as in allreduce: a kind already validated
+            last = fast.last_broadcast          # type: ignore[union-attr]
+            if last[0] == root and last[1] is arr.dtype and last[2] == arr.nbytes:
                 call = last[3]
             else:
-                call = fast.host_calls.get(("broadcast", root, tensor.dtype, tensor.nbytes))
+                call = fast.host_calls.get(  # type: ignore[union-attr]
+                    ("broadcast", root, arr.dtype, arr.nbytes))
                 if call is not None:
-                    fast.last_broadcast = (root, tensor.dtype, tensor.nbytes, call)
-            if call is not None and tensor.ndim == 1 and tensor.flags.carray:
-                return call.run(tensor, timeout, async_op, tensor)
+                    fast.last_broadcast = (root, arr.dtype, arr.nbytes, call)  # type: ignore
+            if call is not None and arr.ndim == 1 and arr.flags.carray:
+                return call.run(arr, timeout, async_op, tensor)
         return self._broadcast(tensor, root, algo, timeout, async_op)
 
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
@@ -164,7 +174,7 @@ class Collectives(Execution):
         if (fast is not None and algo is None and not self._plan.device_buffers
                 and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
-            fast.remember(("broadcast", root), tensor, call)
+            fast.remember(("broadcast", root), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         fn = ALGORITHMS["broadcast"][self._plan.select("broadcast", buf.nbytes, algo)]
         arr = buf.array

@@ -110,6 +110,25 @@ def is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def torch_host_view(t: Any) -> np.ndarray | None:
+    """A 1-D numpy view of ``t`` when it is a plain dense contiguous CPU torch tensor of a
+    dtype numpy has and no autograd history to keep, else None (``as_buffer`` then
+    classifies it, and says what is wrong with it if anything is).
+
+    The fast path's lane for torch tensors (``Collectives.allreduce``): ``as_buffer`` and
+    the classification after it took 13 us of a 1 MiB allreduce's 126 here, this 0.6 us."""
+    torch = sys.modules.get("torch")
+    if (torch is None or type(t) is not torch.Tensor or not t.is_cpu or t.requires_grad
+            or t.dtype is torch.bfloat16 or t.layout is not torch.strided
+            or not t.is_contiguous()):
+        return None
+    try:
+        a = t.numpy()
+    except (RuntimeError, TypeError):   # a conjugate or negative view, say
+        return None
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
 def _from_torch(t: Any, name: str) -> Buffer:
     global _TORCH_DTYPES
     if not _TORCH_DTYPES:

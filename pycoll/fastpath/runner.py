@@ -208,10 +208,13 @@ class FastPath:
         return nbytes <= self.limit or (nbytes <= self.chunked_limit and dtype in NATIVE_DTYPES
                                         and rop.name != "premul_sum")
 
-    def remember(self, key: tuple, tensor: Any, call: FastCall) -> None:
+    def remember(self, key: tuple, tensor: np.ndarray, call: FastCall) -> None:
         """Let later calls of ``key`` (collective, op or root as passed) on 1-D numpy arrays
-        of this dtype and size skip the classification (``host_calls``)."""
-        if type(tensor) is np.ndarray and tensor.ndim == 1 and len(self.host_calls) < 256:
+        of this dtype and size skip the classification (``host_calls``). ``tensor`` is the
+        classified buffer's array; not one that stands for another dtype (bfloat16 as
+        uint16: a real uint16 array must not get bfloat16's reduction)."""
+        if (type(tensor) is np.ndarray and tensor.dtype.name == call.dtype
+                and len(self.host_calls) < 256):
             self.host_calls[key + (tensor.dtype, tensor.nbytes)] = call
             memo = (key[1], tensor.dtype, tensor.nbytes, call)
             if key[0] == "allreduce":
@@ -280,9 +283,11 @@ class FastPath:
         Why a closure: this is the whole cost of a small call beside the kernel. What never
         changes for the call or the communicator is read once, here, and the single-slot
         kernel is called through numba's entry point for exactly these argument types
-        (skipping the dispatcher's type check, 0.2 us): 2 ranks, 8 B, back to back
+        (skipping the dispatcher's type check, 0.2 us), with the call's constants in one
+        array (``kernels.allreduce_bound``): 2 ranks, 8 B, back to back
         (bench/call_loop.py), 1.96-1.99 us a call with attribute lookups and the dispatcher,
-        1.62-1.67 us this way."""
+        1.62-1.67 us through the entry point with twelve arguments, 1.19-1.22 us now (with
+        the kernels' uncounted views, ``atomics.view_as``; docs/algorithms.md)."""
         comm = self.comm
         executor = comm._executor
         acquire = executor._run_lock.acquire

@@ -253,6 +253,56 @@ def test_torch_tensors_nan_and_premul_sum():
     assert repr(results[0]) == repr(results[1])      # repr: NaN equals NaN there
 
 
+def _torch_lane(comm):
+    """Torch CPU tensors after the first call of their kind take the lane of numpy arrays
+    (a numpy view, no classification); what does not fit it is classified as before."""
+    import torch
+    fast = comm._fast
+    out = {}
+    for name, t in (("1-D", torch.arange(4, dtype=torch.float32)),
+                    ("2-D", torch.arange(12, dtype=torch.float64).reshape(3, 4)),
+                    ("grad", torch.arange(4, dtype=torch.float32).requires_grad_()),
+                    ("param", torch.nn.Parameter(torch.arange(4, dtype=torch.float32)))):
+        got = []
+        for _ in range(3):
+            x = t.detach().clone() + comm.rank
+            if name in ("grad", "param"):
+                x = torch.nn.Parameter(x) if name == "param" else x.requires_grad_()
+            before = fast.k
+            comm.allreduce(x)
+            got.append((x.detach().reshape(-1).tolist(), fast.k - before))
+        out[name] = got
+    # a bfloat16 call is not remembered as the uint16 array numpy sees: a uint16 array of
+    # the same size right after it is summed as integers
+    b = torch.full((8,), 1.5 + comm.rank, dtype=torch.bfloat16)
+    comm.allreduce(b)
+    u = np.full(8, 40000 + comm.rank, dtype=np.uint16)
+    comm.allreduce(u)
+    out["bf16"] = b.float().tolist()
+    out["uint16"] = u.tolist()
+    out["remembered"] = sorted(str(k[2]) for k in fast.host_calls)
+    broadcast = torch.full((5,), float(comm.rank + 7))
+    for _ in range(2):
+        comm.broadcast(broadcast, 1)
+    out["broadcast"] = broadcast.tolist()
+    return out
+
+
+def test_torch_tensors_take_the_lane_of_numpy_arrays():
+    pytest.importorskip("torch")
+    results = run_ranks(_torch_lane, 2)
+    assert results[0] == results[1]
+    out = results[0]
+    assert out["1-D"] == [([1.0, 3.0, 5.0, 7.0], 1)] * 3
+    assert out["2-D"] == [([2.0 * i + 1 for i in range(12)], 1)] * 3
+    for name in ("grad", "param"):
+        assert out[name] == [([1.0, 3.0, 5.0, 7.0], 1)] * 3, name
+    assert out["bf16"] == [4.0] * 8
+    assert out["uint16"] == [(80001) % 65536] * 8
+    assert "uint16" in out["remembered"] and out["remembered"].count("uint16") == 1
+    assert out["broadcast"] == [8.0] * 5
+
+
 def _many_calls(comm, n):
     """Back-to-back calls of several kinds: slots are reused every other call."""
     total = 0.0
