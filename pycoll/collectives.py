@@ -58,7 +58,9 @@ class Collectives(Execution):
         if arr is not None:
             # a 1-D array of a kind already validated: no classification needed. The kind
             # of the previous call is checked first, without a tuple to hash (an op string
-            # read from a command line is equal to the one remembered, not the same object)
+            # read from a command line is equal to the one remembered, not the same object).
+            # broadcast repeats this lookup with its root as the key: written out in both,
+            # since a shared helper costs a call (~0.08 us, 6% of an 8-byte allreduce)
             last = fast.last_allreduce          # type: ignore[union-attr]
             if (last[2] == arr.nbytes and last[1] is arr.dtype
                     and (last[0] is op or (type(op) is str and last[0] == op))):
