@@ -15,12 +15,13 @@ Recording is on the hot path of every collective, so it is a fixed-size ring of 
 (one 9-slot list per collective, the communicator writes it inline: no method call, no dict,
 one ``time.monotonic()`` beyond the one the deadline already takes). The state is implied by
 the timestamps (started once ``T_STARTED`` is set, completed once ``T_ENDED`` is), so the
-hot path writes only times; only a failure sets ``STATE`` explicitly, and a call of the
-fast path (``pycoll/fastpath``, a few µs) marks its completion there instead of reading the
-clock again (its dump entry has no end time and no duration: 0.04 µs, 3% of an 8-byte call). Slow details are derived only when
-a dump is written: the dtype and algorithm come from the collective's closure for records
-still in flight (completed records drop the closure at once, so the recorder never keeps a
-user's tensor alive), and ``PYCOLL_DEBUG=DETAIL`` records the full fingerprint of each call.
+hot path writes only times; only a failure sets ``STATE`` explicitly, and a call of the fast
+path (``pycoll/fastpath``, a few µs) marks its completion there instead of reading the clock
+again (its dump entry has no end time and no duration: 0.04 µs, 3% of an 8-byte call).
+Slow details are derived only when a dump is written: the dtype and algorithm come from the
+collective's closure for records still in flight (completed records drop the closure at
+once, so the recorder never keeps a user's tensor alive), and ``PYCOLL_DEBUG=DETAIL``
+records the full fingerprint of each call.
 """
 from __future__ import annotations
 

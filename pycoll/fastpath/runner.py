@@ -184,6 +184,10 @@ class FastPath:
         self.direct_bytes = 1 << 62 if WaitPolicy.crowded else ALLREDUCE_CMA_BYTES
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: "SharedSlots | None" = slots
+        # The segment's array, for as long as this object lives, closed or not: a bound call
+        # passes the kernel the segment's address (kernels.allreduce_bound), and a call still
+        # running on another thread when the communicator is finalized must find it mapped
+        self._mapping = slots.bytes
         self.k = 0                      # stages run so far (all ranks count alike)
         self._calls: dict[tuple, FastCall] = {}
         self.barrier_buffer = np.zeros(0, dtype=np.uint8)
@@ -305,7 +309,7 @@ class FastPath:
         single = None
         if call.kind is SMALL and self.slots is not None:
             single = self._entry(np.dtype("uint8" if raw else call.dtype))
-            seg = self.slots.bytes          # mapped until close(), when self.slots is None
+            seg = self._mapping
             constants = np.array([seg.ctypes.data, seg.size, rank, size, self.slots.stride,
                                   code, op_code, spin, slice_ns], dtype=np.int64)
 

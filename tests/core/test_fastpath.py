@@ -259,11 +259,19 @@ def _torch_lane(comm):
     import torch
     fast = comm._fast
     out = {}
+    classified = []
+    plan_buffer = comm._plan.buffer
+
+    def counting(obj, *a, **k):           # the classification the lane skips
+        classified.append(obj)
+        return plan_buffer(obj, *a, **k)
+    comm._plan.buffer = counting
     for name, t in (("1-D", torch.arange(4, dtype=torch.float32)),
                     ("2-D", torch.arange(12, dtype=torch.float64).reshape(3, 4)),
                     ("grad", torch.arange(4, dtype=torch.float32).requires_grad_()),
                     ("param", torch.nn.Parameter(torch.arange(4, dtype=torch.float32)))):
         got = []
+        classified.clear()
         for _ in range(3):
             x = t.detach().clone() + comm.rank
             if name in ("grad", "param"):
@@ -272,6 +280,7 @@ def _torch_lane(comm):
             comm.allreduce(x)
             got.append((x.detach().reshape(-1).tolist(), fast.k - before))
         out[name] = got
+        out[name + " classified"] = len(classified)
     # a bfloat16 call is not remembered as the uint16 array numpy sees: a uint16 array of
     # the same size right after it is summed as integers
     b = torch.full((8,), 1.5 + comm.rank, dtype=torch.bfloat16)
@@ -297,6 +306,8 @@ def test_torch_tensors_take_the_lane_of_numpy_arrays():
     assert out["2-D"] == [([2.0 * i + 1 for i in range(12)], 1)] * 3
     for name in ("grad", "param"):
         assert out[name] == [([1.0, 3.0, 5.0, 7.0], 1)] * 3, name
+    # plain tensors are classified by their first call only; autograd ones by every call
+    assert [out[n + " classified"] for n in ("1-D", "2-D", "grad", "param")] == [1, 1, 3, 3]
     assert out["bf16"] == [4.0] * 8
     assert out["uint16"] == [(80001) % 65536] * 8
     assert "uint16" in out["remembered"] and out["remembered"].count("uint16") == 1
