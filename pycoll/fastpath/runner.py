@@ -184,10 +184,6 @@ class FastPath:
         self.direct_bytes = 1 << 62 if WaitPolicy.crowded else ALLREDUCE_CMA_BYTES
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: "SharedSlots | None" = slots
-        # The segment's array, for as long as this object lives, closed or not: a bound call
-        # passes the kernel the segment's address (kernels.allreduce_bound), and a call still
-        # running on another thread when the communicator is finalized must find it mapped
-        self._mapping = slots.bytes
         self.k = 0                      # stages run so far (all ranks count alike)
         self._calls: dict[tuple, FastCall] = {}
         self.barrier_buffer = np.zeros(0, dtype=np.uint8)
@@ -309,7 +305,7 @@ class FastPath:
         single = None
         if call.kind is SMALL and self.slots is not None:
             single = self._entry(np.dtype("uint8" if raw else call.dtype))
-            seg = self._mapping
+            seg = self.slots.bytes
             constants = np.array([seg.ctypes.data, seg.size, rank, size, self.slots.stride,
                                   code, op_code, spin, slice_ns], dtype=np.int64)
 
@@ -332,8 +328,14 @@ class FastPath:
                     fr.count = i + 1
                     fr.ring[i % fr.capacity] = rec
                 data = arr.view(np.uint8) if raw else arr
-                if single is not None:
+                # the single-slot kernel gets only the segment's address (``constants``): its
+                # array is held while the kernel runs, so that a finalize on another thread
+                # cannot unmap it (SharedSlots.close leaves a mapping that is still exported),
+                # and dropped after, so that a failure's traceback does not keep it
+                mapped = slots.bytes if single is not None else None
+                if mapped is not None:
                     state = single(data, constants, k, word)
+                    del mapped
                 else:
                     state = self.launch(call, data, k, word, False, 0)
                 if state != 0 or more:
