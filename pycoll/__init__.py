@@ -5,18 +5,20 @@
     pycoll.allreduce(array, op="sum")  # numpy arrays and torch CPU tensors, in place
     pycoll.finalize()
 """
-from .communicator import Communicator
-from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument,
-                     InvalidDtype, MessageSizeMismatch, PeerLost, PycollError, TransportError)
-from .reduction import OP_NAMES, ReduceOp
-from .work import Work
-from .persistent import AllreducePlan
+from . import _moved
+from ._version import __version__
+from .comm.communicator import Communicator
+from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidDtype,
+                     MessageSizeMismatch, PeerLost, PycollError, TransportError)
+from .buffers.reduction import OP_NAMES, ReduceOp
+from .runtime.work import Work
+from .comm.persistent import AllreducePlan
 from .world import (allgather, allgather_coalesced, allgatherv, allreduce, allreduce_coalesced,
-                    allreduce_init,
-                    alltoall, barrier, broadcast, finalize, gather, get_rank, get_world_size, init, is_initialized, new_group,
-                    recv, reduce, reduce_scatter, scatter, send, world)
+                    allreduce_init, alltoall, barrier, broadcast, finalize, gather, get_rank,
+                    get_world_size, init, is_initialized, new_group, recv, reduce, reduce_scatter,
+                    scatter, send, world)
 
-__version__ = "0.1.0"
+_moved.install()
 
 __all__ = [
     "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",

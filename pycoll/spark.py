@@ -32,7 +32,7 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from .communicator import DEFAULT_TIMEOUT, Communicator
+from .comm.communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import Aborted, InvalidArgument, PeerLost, PycollError
 from .timeouts import as_seconds
 

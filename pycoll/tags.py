@@ -39,15 +39,27 @@ _CODES = {name: code for code, name in enumerate(COLLECTIVE_NAMES, start=1)}
 
 
 def tag_low_bits(collective: str, comm_id: int = 0) -> int:
-    """The part of a collective's tag that does not change from call to call."""
+    """The collective's code and the communicator's id: the tag's lowest bits."""
     return (comm_id << COMM_SHIFT) | _CODES.get(collective, 63)
 
 
+def call_bits(low: int, sig: int) -> int:
+    """What a call's tag says besides its sequence number: ``low`` (``tag_low_bits``: the
+    collective and the communicator) and its signature ``sig``; the same for every call of
+    one kind."""
+    return (sig << SIG_SHIFT) | low
+
+
+def call_word(seq: int, bits: int) -> int:
+    """Call number ``seq`` of the kind ``bits`` (``call_bits``) as one non-negative word, as
+    the fast path's slots carry it. Its message tag is ``-word - 1``."""
+    return ((seq & SEQ_MASK) << SEQ_SHIFT) | bits
+
+
 def collective_tag(seq: int, low: int, sig: int) -> int:
-    """The negative tag of call number ``seq`` with signature ``sig``; ``low`` is
-    ``tag_low_bits(collective, comm_id)``. (``Execution._run`` inlines this expression: it
-    runs once per call, where a function call costs as much as the arithmetic.)"""
-    return -(((seq & SEQ_MASK) << SEQ_SHIFT) | (sig << SIG_SHIFT) | low) - 1
+    """The (negative) message tag of call number ``seq`` with signature ``sig``; ``low`` is
+    ``tag_low_bits(collective, comm_id)``."""
+    return -call_word(seq, call_bits(low, sig)) - 1
 
 
 def p2p_tag(tag: int, comm_id: int = 0) -> int:

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, Iterable, Sequence
 
-from .flight_recorder import FORMAT
+from .runtime.flight_recorder import FORMAT
 
 
 def load(paths: Iterable[str]) -> list[dict[str, Any]]:
@@ -213,7 +213,7 @@ def _analyze_group(job: Any, comm: Any, views: list[RankView]) -> dict[str, Any]
         verdict.append("every recorded collective completed on every rank that left a dump"
                        + (f"; no dump from {_ranks(missing)}" if missing else "") + ".")
     if abort:
-        from .abort import describe_record
+        from .runtime.abort import describe_record
         verdict.append(f"first failure (abort record): {_first_line(describe_record(abort))}")
     elif focus is not None:
         first = _first_failure(views, seq)

@@ -12,11 +12,12 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from .communicator import DEFAULT_TIMEOUT, Communicator
+from .comm.communicator import DEFAULT_TIMEOUT, Communicator
+from .launch.join import join
 from .errors import PycollError
-from .reduction import OpLike
+from .buffers.reduction import OpLike
 from .timeouts import as_seconds
-from .work import Work
+from .runtime.work import Work
 
 _world: Communicator | None = None
 
@@ -36,7 +37,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
-    store, r, n, secret, addr = _join(rank, world_size, master_addr, master_port, seconds, comm)
+    store, r, n, secret, addr = join(rank, world_size, master_addr, master_port, seconds, comm)
     try:
         _world = Communicator.create(store, r, n, timeout=seconds, token=secret,
                                      master_addr=addr, owns_store=store is not None)
@@ -48,64 +49,17 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     return _world
 
 
-def _join(rank: int | None, world_size: int | None, master_addr: str | None,
-          master_port: int | None, seconds: float,
-          comm: Any) -> tuple[Any, int, int, str | None, str | None]:
-    """(store, rank, size, job secret, store address) of this process: over MPI, over
-    torchrun's agent store, or from the launcher's environment with pycoll's own store."""
-    from .launch import mpi as mpi_boot
-    from .launch import resolve_launch
-    from .launch.environment import launcher_name
-    from .launch.secret import agent_store, job_secret, warn_if_open
-
-    if comm is None and rank is None and mpi_boot.should_bootstrap(
-            launcher_name(), os.environ, master_addr):
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    if comm is not None:
-        r, n, store, token, addr = mpi_boot.bootstrap(comm, seconds)
-        return store, r, n, token, addr
-
-    info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
-                          master_port=master_port)
-    many = info.world_size > 1
-    agent = agent_store(seconds) if many and info.launcher == "torchrun" else None
-    secret, source = job_secret(info, seconds, agent)
-    warn_if_open(info, secret, source)
-    if not many:
-        return None, info.rank, info.world_size, secret, info.master_addr
-    if agent is not None and master_port is None and "PYCOLL_MASTER_PORT" not in os.environ:
-        # torchrun's own store: no second port (namespaced by run and restart)
-        import torch.distributed as dist
-
-        from .torch.store import TorchStoreAdapter
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", agent), seconds)
-        return store, info.rank, info.world_size, secret, info.master_addr
-    if info.master_addr is None or info.master_port is None:
-        raise PycollError(f"rank {info.rank}: no rendezvous address for a world of "
-                          f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "
-                          "master_addr= and master_port=)")
-    from rendezvous import TCPStore
-
-    store = TCPStore(info.master_addr, info.master_port,
-                     is_server=info.rank == 0 and not info.store_is_external,
-                     token=secret or "", timeout=seconds)
-    return store, info.rank, info.world_size, secret, info.master_addr
-
-
 def _register_finalize_last() -> None:
     """atexit runs handlers last-registered-first: registered again now, ``finalize`` runs
     before the store server's own exit hook (a weakref finalizer registered when the store
     was made), so the server stays up while this rank lingers for the others to read the
     abort record (a rank that exits right after an error must not take the job's only
     channel for root causes down with it); the exit marker goes before both."""
-    from .abort import _register_exit_marker
+    from .runtime.abort import register_exit_marker
 
     atexit.unregister(finalize)
     atexit.register(finalize)
-    _register_exit_marker(again=True)
+    register_exit_marker(again=True)
 
 
 def is_initialized() -> bool:

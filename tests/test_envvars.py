@@ -9,7 +9,9 @@ import sys
 import pytest
 
 import pycoll
-from pycoll import abort, debug, flight_recorder, tuning
+from pycoll.runtime import abort, flight_recorder
+from pycoll import debug
+from pycoll.algorithms import selection as tuning
 from pycoll.bench import options as bench_options
 from pycoll.testing import run_ranks
 
@@ -45,7 +47,7 @@ def test_abort_poll_ms_good_values(monkeypatch):
 def test_abort_poll_ms_is_read_at_use_not_at_import():
     code = (
         "import pycoll\n"
-        "from pycoll.abort import AbortWatch\n"
+        "from pycoll.runtime.abort import AbortWatch\n"
         "print('imported')\n"
         "try:\n"
         "    AbortWatch(None, 'w', 0)\n"

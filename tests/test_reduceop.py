@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll.reduction import OP_NAMES, ReduceOp, parse_op
+from pycoll.buffers.reduction import OP_NAMES, ReduceOp, parse_op
 from pycoll.testing import run_ranks
 
 CONSTANTS = {"SUM": "sum", "AVG": "avg", "PROD": "prod", "MIN": "min", "MAX": "max",

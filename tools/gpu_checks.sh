@@ -26,4 +26,4 @@ PYCOLL_TRANSPORTS=shm python3 -m pycoll.bench allreduce -d cuda -n 2 -m 1K:1G 2>
     | tee "$OUT/allreduce-staged.txt"
 python3 -m pycoll.bench broadcast -d cuda -n 2 -m 1K:1G 2>&1 | tee "$OUT/broadcast.txt"
 # 3. DDP on CUDA: pycoll against Gloo, same parameters after 20 steps, step times
-python3 -m pycoll.run -n 2 bench/ddp_cuda.py --steps 20 2>&1 | tee "$OUT/ddp.txt"
+python3 -m pycoll.run -n 2 benchmarks/ddp_cuda.py --steps 20 2>&1 | tee "$OUT/ddp.txt"

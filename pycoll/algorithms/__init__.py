@@ -1,6 +1,6 @@
 """Collective algorithms, each a short loop over the primitives in ``primitives.py``.
 
-``ALGORITHMS[collective][name]`` is the registry that selection (``pycoll.tuning``) and the
+``ALGORITHMS[collective][name]`` is the registry that selection (``pycoll.algorithms.selection``) and the
 ``algo=`` / ``PYCOLL_ALGO`` overrides draw from. Signatures per collective:
 
 =============== =================================================================

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import (Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send,
-                         send_segmented, sendrecv, sendrecv_reduce)
+from .primitives import (Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send, send_segmented,
+                         sendrecv, sendrecv_reduce)
 from .pairwise import allgather_bruck
 
 Bounds = list[tuple[int, int]]

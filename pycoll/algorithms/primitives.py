@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import TransportError
-from ..memops import MemoryOps, ReduceSpec
+from ..buffers.memops import MemoryOps, ReduceSpec
 from ..transports.base import Channel, Request
 from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine, WaitTimeout

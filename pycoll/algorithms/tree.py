@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import (Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send,
-                         send_segmented)
+from .primitives import Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send, send_segmented
 from .ring import allgather_ring
 
 

@@ -3,7 +3,7 @@
 ``python -m pycoll.bench allreduce -n 2 -m 8:16M -c -f`` -- see docs/bench.md.
 
 Modules: ``options`` (flags, sizes, OSU defaults), ``collectives`` (buffer layouts, busbw
-factors, validation data), ``runner`` (the timing loop, shared with bench/peers),
+factors, validation data), ``runner`` (the timing loop, shared with benchmarks/peers),
 ``backend`` (pycoll adapter), ``report`` (OSU/nccl-tests/JSON/CSV output and parsers),
 ``plot`` (matplotlib, imported lazily), ``cli`` (the command).
 """

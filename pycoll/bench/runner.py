@@ -1,8 +1,8 @@
-"""The timing loop, shared by pycoll and the peer runners in bench/peers/.
+"""The timing loop, shared by pycoll and the peer runners in benchmarks/peers/.
 
 A *backend* adapts one library (pycoll, torch.distributed/Gloo, mpi4py) to a handful of
 methods; the loop, the statistics and the validation are the same for every library, so
-the numbers in bench/compare.py are measured the same way.
+the numbers in benchmarks/compare.py are measured the same way.
 
 Backend protocol (duck-typed)::
 

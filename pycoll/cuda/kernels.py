@@ -1,7 +1,7 @@
 """Device-side reduction kernels: ``dst = dst (op) src`` element-wise, on pycoll's stream.
 
 CuPy elementwise kernels (compiled by NVRTC on first use, cached by CuPy on disk): one pass
-over the data, no temporaries. They follow the host kernels of ``pycoll.reduction`` exactly,
+over the data, no temporaries. They follow the host kernels of ``pycoll.buffers.reduction`` exactly,
 so a device result equals the CPU reference:
 
 * min and max propagate NaN (numpy's ``minimum``/``maximum``, not C's ``fminf``);
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..reduction import ReduceOp
+from ..buffers.reduction import ReduceOp
 from .runtime import cupy
 
 _INTEGER = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})

@@ -1,4 +1,4 @@
-"""Device memory for the algorithms: the ``MemoryOps`` of CUDA buffers (``pycoll.memops``).
+"""Device memory for the algorithms: the ``MemoryOps`` of CUDA buffers (``pycoll.buffers.memops``).
 
 Used when every transport of a communicator moves device memory (cuda_ipc): the algorithms
 then run unchanged on CuPy arrays, their sends and receives are device-to-device copies, and
@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..memops import MemoryOps, ReduceSpec, register_ops
-from ..memory import CUDA, DeviceMemRef, MemRef
-from ..reduction import ReduceOp, needs_finish
+from ..buffers.memops import MemoryOps, ReduceSpec, register_ops
+from ..buffers.memory import CUDA, DeviceMemRef, MemRef
+from ..buffers.reduction import ReduceOp, needs_finish
 from . import kernels
 from .runtime import cupy
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..memory import CUDA, HOST
-from ..tensors import Buffer
+from ..buffers.memory import CUDA, HOST
+from ..buffers.tensors import Buffer
 from . import runtime
 
 
@@ -199,7 +199,7 @@ class DeviceCalls:
         if self._ops is None:
             import importlib
 
-            from .. import memops
+            from ..buffers import memops
             importlib.import_module("pycoll.cuda.ops")      # registers the CUDA ops
             self._ops = memops.ops_for(CUDA)
         return self._ops

@@ -1,24 +1,28 @@
 """The compiled one-host path: allreduce, broadcast and barrier through one shared segment.
 
-(Larger allreduces go chunk by chunk through the same slots, and broadcasts from 16 KiB copy
-once with cross-memory attach: ``kernels.py`` describes each; docs/algorithms.md has the
-measurements.)
-
 For a communicator whose ranks all share one host (and shared memory), a small allreduce
 does not go through the algorithms at all: every rank copies its input into its own slot of
 one segment, raises a flag in the same cache line, waits for everyone else's flag, and
 reduces all slots in rank order, all inside one numba-compiled call with the GIL released.
-That costs about a microsecond and a half for two ranks, where the generic path (an
-algorithm over point-to-point messages, written in Python) costs ten or more. Blocked ranks
-sleep on a futex and are woken by the last publisher, so ranks that outnumber the cores hand
-the CPU over at once instead of spinning through their time slice.
+That costs about a microsecond, where the generic path (an algorithm over point-to-point
+messages, written in Python) costs ten or more. Larger allreduces go chunk by chunk through
+the same slots (or read the peers' buffers with cross-memory attach), broadcasts go through
+the slots or, from 16 KiB, copy once with cross-memory attach, and a barrier is a call with
+no payload. Blocked ranks sleep on a futex and are woken by the last publisher, so ranks
+that outnumber the cores hand the CPU over at once instead of spinning through their time
+slice. ``kernels.py`` describes each kernel; docs/algorithms.md#the-fast-path-one-host has
+the protocol and the measurements behind every threshold.
 
 What decides whether a call takes this path is known identically on every rank: the
-communicator (one host, shm in use, every rank able to run the kernels: the shm transport's
-probe record carries each rank's limit) and the call (allreduce or barrier, no forced
-algorithm, at most ``limit`` bytes). So ranks never disagree about the path of a call that
-they agree about; a call they disagree about (another count, dtype or op) is caught by the
+communicator (one host, shm in use, every rank able to run the kernels: each rank's limits,
+``probe_record``, travel in its bootstrap record) and the call (its collective, no forced
+algorithm, its size). So ranks never disagree about the path of a call that they agree
+about; a call they disagree about (another count, dtype, op or root) is caught by the
 signature every slot carries and raised as ``CollectiveMismatch`` on every rank.
+
+Modules: ``segment`` (the shared segment), ``atomics`` (the intrinsics), ``kernels`` (the
+compiled calls), ``calls`` (what a fast call is), ``liveness`` (what a waiting rank checks),
+``runner`` (``FastPath``: a call run through the communicator's execution).
 
 This package imports numba only when a communicator first takes the path; ``probe_limit``
 (used at init) only looks for it. numba is the ``fast`` extra: ``pip install pycoll[fast]``.
@@ -30,10 +34,8 @@ import platform
 
 from ..envvars import env_bool, env_int
 
-#: largest allreduce (bytes per rank) taken by default; PYCOLL_FASTPATH_BYTES changes it.
-#: Measured here (2 ranks, float32 sum, kernels alone): 8 B 1.3 us, 4 KiB 2.0 us, 64 KiB
-#: 8.5 us, 256 KiB 47 us, where the generic path takes 53 us and Open MPI 54 us; 1 MiB
-#: 159 us against 122 us for the generic path, so the limit sits at 256 KiB.
+#: largest allreduce (bytes per rank) through one slot; PYCOLL_FASTPATH_BYTES changes it
+#: (docs/algorithms.md#fast-path-thresholds: where one slot stops beating the alternatives)
 DEFAULT_LIMIT = 256 * 1024
 #: the header page holds a pid and a futex timeout per rank: up to this many ranks
 MAX_RANKS = 128
@@ -44,10 +46,8 @@ READ_BUDGET = 1024 * 1024
 
 
 #: largest allreduce (bytes per rank) taken chunk by chunk through the slots, for the dtypes
-#: the kernels reduce; PYCOLL_FASTPATH_CHUNKED_BYTES changes it (0: never)
-#: No limit by default: the generic ring was twice as slow from 128 MiB on (measured here,
-#: 2 ranks, python -m pycoll.bench allreduce -m 16M:256M: 128 MiB 23.7 ms chunked against
-#: 49.3 ms for the ring, 256 MiB 47 against 101 ms).
+#: the kernels reduce; PYCOLL_FASTPATH_CHUNKED_BYTES changes it (0: never). No limit by
+#: default: the chunks beat the generic ring at every size (docs/algorithms.md)
 DEFAULT_CHUNKED_LIMIT = 1 << 62
 
 
@@ -58,7 +58,8 @@ DEFAULT_CMA_BYTES = 16 * 1024
 
 
 def probe_record() -> dict[str, int]:
-    """This rank's limits (what the shm transport's probe record carries; 0: off)."""
+    """This rank's limits (0: off), published in its bootstrap record (``comm.bootstrap``)
+    so that every rank knows every rank's."""
     limit = probe_limit()
     if not limit:
         return {"fast": 0, "fast_chunked": 0, "fast_cma": 0}

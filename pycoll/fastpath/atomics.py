@@ -39,11 +39,6 @@ syscall7 = types.ExternalFunction("syscall", types.int64(*[types.int64] * 7))
 sched_yield = types.ExternalFunction("sched_yield", types.int32())
 
 
-def supported() -> bool:
-    """Whether this CPU and OS are ones the kernels were written for."""
-    return platform.system() == "Linux" and SYS_FUTEX > 0
-
-
 def _element_pointer(context, builder, array_type, array, index):
     data = context.make_array(array_type)(context, builder, array).data
     return builder.gep(data, [index])

@@ -6,7 +6,7 @@ line (flag, sequence word, signature, length, and the first payload bytes) follo
 payload, padded to 128 bytes so that no two ranks' flags share a cache line (or the pair the
 adjacent-line prefetcher fetches together).
 
-The segment is made like the shm transport's inboxes (``shm_segment.Segment``): a name with
+The segment is made like the shm transport's inboxes (``transports.shm.segment.Segment``): a name with
 the creator's pid (swept if it dies), an unguessable suffix, mode 0600, sized with
 ``posix_fallocate`` and renamed into place; rank 0 publishes the name through the job's
 authenticated store, and the last rank to map it unlinks it, so nothing is left in /dev/shm.
@@ -21,10 +21,10 @@ import numpy as np
 
 from .. import debug
 from ..errors import PycollError, TransportError
-from ..transports.shm_segment import SHM_DIR, Segment, segment_prefix
+from ..transports.shm.segment import SHM_DIR, Segment, segment_prefix
 
 # layout (byte offsets; the kernels index the header as uint32 or uint64 words)
-HEADER_BYTES = 4096          # the header page (a PAGE, as shm_segment.Segment lays out)
+HEADER_BYTES = 4096          # the header page (a PAGE, as transports.shm.segment.Segment lays out)
 FUTEX_WORD = 256 // 4        # uint32 index: bumped on every wake
 SLEEPERS = 384 // 4          # uint32 index: ranks inside futex_wait (or about to be)
 PID_BASE = 512 // 8          # uint64 index: each rank's pid (MAX_RANKS of them)

@@ -358,7 +358,7 @@ def launch(
                 job.teardown()
             else:
                 job.kill_all()
-            from ..transports.shm_segment import sweep
+            from ..transports.shm.segment import sweep
             sweep(p.pid for p in job.procs)
             if job.control is not None:
                 job.control.finish(wait=grace_period + 30.0, beat_timeout=grace_period + 3.0)
@@ -384,7 +384,7 @@ def _abort_record(job: _Job) -> Optional[str]:
     if raw is None:
         return None
     try:
-        from ..abort import _parse, describe_record
+        from ..runtime.abort import _parse, describe_record
 
         return describe_record(_parse(raw))
     except Exception:  # noqa: BLE001 - a report must never break the launcher

@@ -21,7 +21,7 @@ def reachable_address(hostnames: list[str]) -> str:
     """An address of this host that the hosts in ``hostnames`` can reach: the one the tcp
     transport would bind toward another host (the route's source address, or
     ``PYCOLL_SOCKET_IFNAME``'s), since the host's own name may resolve to 127.0.1.1."""
-    from ..transports.tcp_setup import choose_bind_address
+    from ..transports.netif import choose_bind_address
 
     me = socket.gethostname()
     for name in hostnames:

@@ -86,7 +86,7 @@ class JobControl:
             return None
         raw = self._call(self.store.get, "pycoll/world/abort")
         try:
-            from ..abort import _parse, describe_record
+            from ..runtime.abort import _parse, describe_record
             return describe_record(_parse(raw)) if raw else None
         except Exception:  # noqa: BLE001 - a report must never break the launcher
             return None

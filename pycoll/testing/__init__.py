@@ -203,7 +203,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
 
     from rendezvous import LocalStore
 
-    from ..communicator import Communicator
+    from ..comm.communicator import Communicator
     from ..transports.progress import WaitPolicy
 
     settings = {"PYCOLL_TRANSPORTS": "inproc", **dict(env or {})}

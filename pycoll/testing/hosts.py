@@ -36,7 +36,7 @@ import subprocess
 import sys
 from typing import Any, Mapping, Sequence
 
-from ..transports.shm_segment import process_alive
+from ..transports.shm.cma import process_exited
 
 NETNS_ETC = "/etc/netns"
 
@@ -68,7 +68,7 @@ def sweep() -> list[str]:
         name = line.split(" ")[0].strip()
         parts = name.split("-")
         if len(parts) >= 3 and parts[0] == "pycoll" and parts[1].isdigit():
-            if not process_alive(int(parts[1])):
+            if process_exited(int(parts[1])):
                 _ip("netns", "del", name, check=False)
                 shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
                 removed.append(name)

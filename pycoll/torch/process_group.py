@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from ..communicator import Communicator
+from ..comm.communicator import Communicator
 from ..errors import InvalidArgument, PycollError
-from ..reduction import ReduceOp as PycollReduceOp
+from ..buffers.reduction import ReduceOp as PycollReduceOp
 from . import sparse
-from .store import TorchStoreAdapter
+from ..launch.torch_store import TorchStoreAdapter
 from .work import PycollWork, _disable_compile, _seconds, begin_record, end_record
 
 BACKEND_NAME = "pycoll"
@@ -297,10 +297,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _on_worker(self) -> bool:
         """True on this group's own pycoll worker thread (completion callbacks run there):
         blocking there on a queued collective would deadlock, so such calls go async."""
-        thread = getattr(getattr(self.comm, "_executor", None), "_thread", None)
-        if thread is None:
-            return False
-        return thread.ident == threading.get_ident()
+        return self.comm.on_worker_thread()
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:

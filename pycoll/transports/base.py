@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
-from ..memory import HOST, MemoryType, MemRef
+from ..buffers.memory import HOST, MemoryType, MemRef
+from .matching import AnySource, Request, TagMatcher
 
-if TYPE_CHECKING:
-    from .matching import AnySource, TagMatcher
 
 
 @dataclass(frozen=True)
@@ -50,41 +49,6 @@ class Capabilities:
         return mem_type in self.memory_types
 
 
-class Request:
-    """One posted send or receive. ``done`` flips once; ``error`` is set on failure."""
-
-    __slots__ = ("channel", "mem", "view", "tag", "nbytes", "done", "error", "bytes_done",
-                 "kind", "group")
-
-    def __init__(self, channel: "Channel", mem: MemRef, tag: int, kind: str) -> None:
-        self.channel = channel
-        self.mem = mem
-        # Host bytes. Device memory has none (None): only transports declaring device
-        # memory receive such requests, and they use ``mem`` instead.
-        self.view: memoryview = mem._view  # type: ignore[assignment]
-        self.tag = tag
-        self.nbytes = mem.nbytes
-        self.done = False
-        self.error: BaseException | None = None
-        self.bytes_done = 0
-        self.kind = kind  # "send", "recv" or "put"
-        #: the ``matching.AnySource`` this receive is one alternative of (any-source receives)
-        self.group: Any = None
-
-    def fail(self, error: BaseException) -> None:
-        if not self.done:
-            self.error = error
-            self.done = True
-
-    def complete(self) -> None:
-        self.bytes_done = self.nbytes
-        self.done = True
-
-    def __repr__(self) -> str:
-        return (f"<{self.kind} peer={self.channel.peer} tag={self.tag} "
-                f"{self.bytes_done}/{self.nbytes}B {'done' if self.done else 'pending'}>")
-
-
 class Channel(ABC):
     """Ordered, tagged, non-blocking messages to one peer."""
 
@@ -93,7 +57,7 @@ class Channel(ABC):
     #: the transport that made this channel
     transport: "Transport"
     #: the channel's receives and unexpected messages (every transport matches through one)
-    _match: "TagMatcher"
+    _match: TagMatcher
     #: why the channel broke (None while it works); every request after that fails with it
     _broken: BaseException | None
     #: the transport's active set (``ActiveSet.channels``): joined when work arrives
@@ -115,7 +79,7 @@ class Channel(ABC):
     def busy(self) -> bool:
         """Whether anything is queued, posted or connecting (the engine keeps progressing)."""
 
-    def irecv_any(self, mem: MemRef, tag: int, group: "AnySource") -> Request:
+    def irecv_any(self, mem: MemRef, tag: int, group: AnySource) -> Request:
         """Post a receive that is one alternative of ``group`` (a receive from any source):
         the first of the group's receives that a message matches wins, and the others are
         withdrawn at that moment, before any byte lands (``matching.AnySource``)."""
@@ -165,11 +129,16 @@ class Channel(ABC):
         the progress engine calls it when a wait goes idle."""
         return self._match.refuse_conflicts()
 
-    def check_leftovers(self, tag: int) -> None:
-        """Raise ``CollectiveMismatch`` for a message that arrived (held, or not yet read)
-        for call ``tag`` or an earlier one of its communicator and that no receive took
-        (``TagMatcher.check_leftovers``). The fast path calls it: it posts no receives."""
-        self._match.check_leftovers(tag, self.unread_tags())
+    def check_leftovers(self, tag: int, unread: bool = True) -> None:
+        """Raise ``CollectiveMismatch`` for a message that arrived (held, or with ``unread``
+        not yet read either) for call ``tag`` or an earlier one of its communicator and that
+        no receive took (``TagMatcher.check_leftovers``). A call that posted receives on
+        this channel has read what came before them (``unread=False``); the fast path posts
+        none."""
+        if unread:
+            self._match.check_leftovers(tag, self.unread_tags())
+        elif self._match.unexpected:
+            self._match.check_leftovers(tag)
 
     def unread_tags(self) -> list[int]:
         """Tags of messages that arrived but were not read yet (read only for a receive)."""

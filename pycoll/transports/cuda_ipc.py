@@ -36,10 +36,10 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import TransportError
-from ..memory import CUDA, HOST, MemRef
+from ..buffers.memory import CUDA, HOST, MemRef
 from .base import Capabilities, OpenContext, PeerInfo
-from .shm import ShmTransport
-from .shm_segment import DEVICE_BODY_BYTES
+from .shm.channel import ShmTransport
+from .shm.segment import DEVICE_BODY_BYTES
 
 # mem handle, event handle, offset in the allocation, sender device, sender pid
 DEVICE_BODY = struct.Struct("<64s64sqqq")

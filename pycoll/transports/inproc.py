@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from ..errors import TransportError
-from ..memory import MemRef
+from ..buffers.memory import MemRef
 from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
                    peer_lost, size_mismatch)
 from .matching import TagMatcher

@@ -26,7 +26,42 @@ from typing import Any, Sequence
 
 from ..errors import CollectiveMismatch
 from ..tags import conflicts, describe_tag
-from .base import Request
+from ..buffers.memory import MemRef
+
+
+class Request:
+    """One posted send or receive. ``done`` flips once; ``error`` is set on failure."""
+
+    __slots__ = ("channel", "mem", "view", "tag", "nbytes", "done", "error", "bytes_done",
+                 "kind", "group")
+
+    def __init__(self, channel: Any, mem: MemRef, tag: int, kind: str) -> None:
+        self.channel = channel         # the transports.base.Channel that posted it
+        self.mem = mem
+        # Host bytes. Device memory has none (None): only transports declaring device
+        # memory receive such requests, and they use ``mem`` instead.
+        self.view: memoryview = mem._view  # type: ignore[assignment]
+        self.tag = tag
+        self.nbytes = mem.nbytes
+        self.done = False
+        self.error: BaseException | None = None
+        self.bytes_done = 0
+        self.kind = kind  # "send", "recv" or "put"
+        #: the ``matching.AnySource`` this receive is one alternative of (any-source receives)
+        self.group: Any = None
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.error = error
+            self.done = True
+
+    def complete(self) -> None:
+        self.bytes_done = self.nbytes
+        self.done = True
+
+    def __repr__(self) -> str:
+        return (f"<{self.kind} peer={self.channel.peer} tag={self.tag} "
+                f"{self.bytes_done}/{self.nbytes}B {'done' if self.done else 'pending'}>")
 
 
 class TagMatcher:

@@ -25,9 +25,9 @@ from .base import PeerInfo, Transport
 REGISTRY: dict[str, tuple[str, str]] = {
     # shm plus device memory GPU to GPU; usable only where CuPy sees a GPU (else shm serves)
     "cuda_ipc": ("pycoll.transports.cuda_ipc", "CudaIpcTransport"),
-    "shm": ("pycoll.transports.shm", "ShmTransport"),
-    "verbs": ("pycoll.transports.verbs", "VerbsTransport"),
-    "tcp": ("pycoll.transports.tcp", "TcpTransport"),
+    "shm": ("pycoll.transports.shm.channel", "ShmTransport"),
+    "verbs": ("pycoll.transports.verbs.channel", "VerbsTransport"),
+    "tcp": ("pycoll.transports.tcp.channel", "TcpTransport"),
     "inproc": ("pycoll.transports.inproc", "InprocTransport"),
 }
 #: chosen only when named explicitly (inproc connects threads of one process: tests)

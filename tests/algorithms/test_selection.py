@@ -1,5 +1,5 @@
 """The cost model's choices: the table in docs/algorithms.md is what the code picks, and the
-crossovers measured by bench/algorithms_sweep.py (bench/results/algorithms-2026-11-23-refit.md)
+crossovers measured by benchmarks/algorithms_sweep.py (benchmarks/results/algorithms-2026-11-23-refit.md)
 hold. Pure arithmetic (no processes): ``Selector.choose`` on the declared capabilities."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.transports.shm import ShmTransport
-from pycoll.tuning import Selector
+from pycoll.transports.shm.channel import ShmTransport
+from pycoll.algorithms.selection import Selector
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [1 << k for k in range(3, 29)]

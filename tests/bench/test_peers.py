@@ -28,7 +28,7 @@ def test_mpi_runner_all_collectives_validate():
     if not os.path.exists(MPIEXEC):
         pytest.skip("mpiexec (pip install mpich) not found")
     r = run([MPIEXEC, "-launcher", "fork", "-hosts", "127.0.0.1", "-n", "3", PY,
-             os.path.join(ROOT, "bench", "peers", "mpi_runner.py"), "--collectives", COLLS,
+             os.path.join(ROOT, "benchmarks", "peers", "mpi_runner.py"), "--collectives", COLLS,
              "-m", "4:256", "-i", "3", "-x", "1", "-c", "-k", "2"],
             env=clean_env(UCX_TLS="self,sm"))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -46,7 +46,7 @@ def test_gloo_runner_validates():
         env = clean_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [PY, os.path.join(ROOT, "bench", "peers", "gloo_runner.py"), "--collectives",
+            [PY, os.path.join(ROOT, "benchmarks", "peers", "gloo_runner.py"), "--collectives",
              "allreduce,broadcast,allgather,reduce_scatter", "-m", "8:1K", "-i", "3", "-x", "1",
              "-c"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True))
@@ -61,8 +61,8 @@ def test_gloo_runner_validates():
 
 
 def test_call_loop_times_pycoll_and_mpich():
-    """bench/call_loop.py: both jobs run and rank 0 reports three positive times each."""
-    r = run([PY, os.path.join(ROOT, "bench", "call_loop.py"), "--calls", "200", "--reps", "1"],
+    """benchmarks/call_loop.py: both jobs run and rank 0 reports three positive times each."""
+    r = run([PY, os.path.join(ROOT, "benchmarks", "call_loop.py"), "--calls", "200", "--reps", "1"],
             env=clean_env(), timeout=80)
     assert r.returncode == 0, (r.stdout[-1000:], r.stderr[-2000:])
     libs = ["pycoll"] + (["mpich"] if os.path.exists(MPIEXEC) else [])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pycoll.errors import InvalidArgument
-from pycoll.memory import CUDA, HOST, MemRef
-from pycoll.tensors import as_buffer
+from pycoll.buffers.memory import CUDA, HOST, MemRef
+from pycoll.buffers.tensors import as_buffer
 from pycoll.testing import run_ranks
 
 

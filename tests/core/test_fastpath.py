@@ -333,7 +333,7 @@ def _many_calls(comm, n):
 @pytest.mark.parametrize("size", [2, 4])
 def test_many_back_to_back_calls_with_generic_calls_between(size):
     """With 4 ranks on this machine's cores the ranks outnumber them: the futex hand-off
-    must still complete every call (correctness only; speed is bench/compare.py's)."""
+    must still complete every call (correctness only; speed is benchmarks/compare.py's)."""
     n = 600
     results = run_ranks(_many_calls, size, n, timeout=110)
     expected = sum((3 + i % 4) * sum(r + i for r in range(size)) for i in range(n))

@@ -76,13 +76,13 @@ def test_probe_off_keeps_the_declared_links():
     on = run_ranks(_links, 4, env={"PYCOLL_VIRTUAL_NODE_SIZE": "2"})[0]
     off = run_ranks(_links, 4, env={"PYCOLL_VIRTUAL_NODE_SIZE": "2",
                                     "PYCOLL_LINK_PROBE": "0"})[0]
-    from pycoll.transports.tcp import TcpTransport
+    from pycoll.transports.tcp.channel import TcpTransport
     assert off[0][3] == 1 / (TcpTransport.capabilities.bandwidth_gbps * 1e9)
     assert on[0] != off[0]
 
 
 def test_ring_crossings_count_a_nodes_shared_link():
-    from pycoll.topology import node_layout, ring_crossings
+    from pycoll.comm.topology import node_layout, ring_crossings
     assert ring_crossings(node_layout(["a", "a", "b", "b", "c", "c"])) == 1      # block
     assert ring_crossings(node_layout(["a", "b", "c", "a", "b", "c"])) == 2      # cyclic
     assert ring_crossings(node_layout(["a", "a", "a"])) == 1

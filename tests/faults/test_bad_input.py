@@ -93,13 +93,13 @@ def _cases(comm):
 def _every_bad_input(comm):
     messages = {}
     for name, call in _cases(comm).items():
-        seq = comm._seq
+        seq = comm.seq
         try:
             call()
             messages[name] = "NO ERROR"
         except (ValueError, TypeError) as e:
             messages[name] = f"{type(e).__name__}: {e}"
-            if comm._seq != seq:   # a sequence number is taken only when bytes may move
+            if comm.seq != seq:   # a sequence number is taken only when bytes may move
                 messages[name] += " (AFTER a sequence number was taken)"
     a = np.ones(3, dtype=F32)
     comm.allreduce(a)              # nothing moved: the communicator is healthy
@@ -159,7 +159,7 @@ def _init_with_wrong_size(rank, port, q):
     import os
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
     from rendezvous import TCPStore
-    from pycoll.communicator import Communicator
+    from pycoll.comm.communicator import Communicator
     store = TCPStore("127.0.0.1", port, timeout=5)
     try:
         Communicator.create(store, rank, 2 if rank == 0 else 3, timeout=3)

@@ -3,14 +3,14 @@
 Survivors that talked to the dead rank raise PeerLost naming it (tcp: connection reset; shm:
 the pidfd of the peer becomes readable); the others learn through the abort record and raise
 Aborted, whose message also names the dead rank. Only a generous bound is asserted (15 s
-against a 60 s deadline; bench/fault_detection.py measures the real latency). Every process is
+against a 60 s deadline; benchmarks/fault_detection.py measures the real latency). Every process is
 reaped and no /dev/shm segment of the job's ranks is left behind.
 """
 from __future__ import annotations
 
 import pytest
 
-from pycoll.faultinject import kill_during
+from pycoll.testing.faults import kill_during
 
 SMALL, LARGE = 8, 8 << 20
 

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from pycoll.flight_recorder import FlightRecorder
+from pycoll.runtime.calls import CallInfo
+from pycoll.runtime.flight_recorder import T_ENDED, FlightRecorder
 from pycoll.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,32 +121,18 @@ def test_recorder_disabled(tmp_path):
 def test_ring_keeps_the_last_n_and_counts_dropped(tmp_path):
     fr = FlightRecorder(4)
     for seq in range(1, 11):
-        rec = fr.open(seq, "allreduce", 8, None)
-        rec[5], rec[6] = 1.0 + seq, 1.5 + seq
-    rec = fr.open(11, "broadcast", 16, None)
-    rec[5] = 20.0
+        rec = fr.open(seq, CallInfo("allreduce", 8, "float32", 2, algorithm="ring"), 1.0 + seq)
+        rec[T_ENDED] = 1.5 + seq
+    fr.open(11, CallInfo("broadcast", 16, "int8", 16, root=1), 20.0)
     assert fr.dropped == 7
     snap = fr.snapshot()
     assert [e["seq"] for e in snap] == [8, 9, 10, 11]
     assert [e["state"] for e in snap] == ["completed"] * 3 + ["started"]
+    assert snap[0]["dtype"] == "float32" and snap[0]["algorithm"] == "ring"
+    assert snap[-1]["root"] == 1 and snap[-1]["count"] == 16
     path = fr.dump(rank=0, world_size=1, communicator="world", reason="test",
                    path=str(tmp_path / "d.json"))
     doc = json.loads(open(path).read())
     assert doc["dropped"] == 7 and doc["recorded"] == 11 and doc["capacity"] == 4
     report = _trace(path)
     assert "older records were dropped" in report
-
-
-def test_recording_cost_is_small():
-    """Recording adds a few hundred ns to a collective (the 8-byte allreduce takes ~10 us)."""
-    import timeit
-    fr = FlightRecorder(500)
-    n = 20000
-
-    def record():
-        rec = fr.open(1, "allreduce", 8, record)
-        rec[5] = 1.0
-        rec[6] = time.monotonic()
-        rec[7] = None
-    best = min(timeit.repeat(record, number=n, repeat=5)) / n
-    assert best < 2e-6, best      # generous on a loaded 2-core machine; typically ~0.3 us

@@ -1,5 +1,5 @@
 """Jobs of ranks across namespace hosts, shared by the multihost tests and
-``bench/multihost_faults.py``.
+``benchmarks/multihost_faults.py``.
 
 * ``_env`` ... ``_run_job``: start ranks (torchrun-style variables, the store on host 0) on
   ``NamespaceHosts`` and collect what they wrote (``rank_job.py``).
@@ -125,7 +125,7 @@ def bound_seconds(dead_ms: int = DEAD_MS) -> float:
 
     * the kernel fails a socket with unacknowledged data ``dead_ms`` after the fault
       (TCP_USER_TIMEOUT), an idle one at its first keepalive probe past ``dead_ms`` (probes
-      every max(1, dead_ms / 5000) s, as ``tcp_setup.tune`` sets them);
+      every max(1, dead_ms / 5000) s, as ``netif.tune`` sets them);
     * ranks that still reach the store raise within a few hundred ms of that (the first posts
       the abort record, the others read it within a 100 ms poll);
     * ranks cut off from the store (host 1 after its cable is pulled, the far side of a

@@ -5,7 +5,7 @@ the jobs run with 3000 ms, so 13 s, against a 60 s collective deadline), and a l
 peer host dies exits non-zero naming the lost ranks.
 
 Each test runs ``PYCOLL_FAULT_TRIALS`` trials (default 2) and requires all of them to pass;
-``bench/multihost_faults.py`` runs 20 of each and tabulates the latencies. The jobs and the
+``benchmarks/multihost_faults.py`` runs 20 of each and tabulates the latencies. The jobs and the
 checks are in ``jobs.py`` (``fault_trial``, ``FaultTrial.problems``).
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_launcher_of_a_killed_host_is_named_by_node_0(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "pycoll/communicator.py Communicator.finalize: rank 0, which hosts the store, waits the "
+    "pycoll/comm/communicator.py Communicator.finalize: rank 0, which hosts the store, waits the "
     "whole 30 s finalize timeout for a 'finalized' count of size - gone, where gone counts at "
     "most the one rank the abort record names ('lost'), though both ranks of host 1 are out "
     "of reach: it exits ~33 s after the fault (host 1's ranks, cut off from the store, exit "

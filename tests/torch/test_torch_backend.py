@@ -121,7 +121,7 @@ def test_registration_and_single_rank_in_process():
 def test_store_adapter_over_torch_store():
     """The adapter speaks pycoll's store protocol over a torch Store (HashStore here)."""
     from pycoll.errors import CollectiveTimeout
-    from pycoll.torch.store import TorchStoreAdapter
+    from pycoll.launch.torch_store import TorchStoreAdapter
 
     s = TorchStoreAdapter(dist.PrefixStore("g/", dist.HashStore()), timeout=5)
     s.set("a", "1")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pycoll.errors import MessageSizeMismatch, PeerLost
-from pycoll.memory import CUDA, HOST, MemRef
+from pycoll.buffers.memory import CUDA, HOST, MemRef
 from pycoll.testing import run_ranks, run_threads
 from pycoll.transports import registry
 from pycoll.transports.progress import WaitTimeout

@@ -10,8 +10,8 @@ import socket
 
 from pycoll.errors import InvalidArgument, TransportError
 from pycoll.transports.base import STRIPE_MIN, stripes
-from pycoll.transports.name_rules import parse_name_rules
-from pycoll.transports.tcp_setup import select_interface
+from pycoll.transports.netif import parse_name_rules
+from pycoll.transports.netif import select_interface
 
 
 def test_hca_list_prefix_exact_exclude_and_ports():

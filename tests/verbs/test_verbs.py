@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycoll.faultinject import kill_during
+from pycoll.testing.faults import kill_during
 from pycoll.testing import run_ranks
-from pycoll.transports.verbs_device import probe
+from pycoll.transports.verbs.device import probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "algorithms"))
 from test_matrix import _check, _count_cases, _dtype_op_cases  # noqa: E402

@@ -1,0 +1,456 @@
+"""The collectives: what each call computes, written as a body over an algorithm.
+
+Each method validates its input completely (``planning.Planner``: shapes, dtypes, ranks,
+memory types) before any byte moves, picks an algorithm (or the fast path), describes the
+call (``CallInfo``) and hands a body ``body(peers)`` to the communicator's ``Execution``,
+which numbers, records and runs it.
+
+``Collectives`` holds no state: it is the part of ``Communicator`` that says what each call
+computes, written against the parts the communicator owns (listed on the class).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import debug
+from ..algorithms import ALGORITHMS
+from ..algorithms.primitives import Peers
+from ..buffers.memops import HostOps
+from ..buffers.memory import HOST
+from ..buffers.reduction import OpLike, check_op_dtype, parse_op, prepare
+from ..buffers.tensors import torch_host_view
+from ..errors import InvalidArgument
+from ..fastpath.runner import FastPath
+from ..runtime.calls import CallInfo
+from ..runtime.execution import Body, Execution
+from ..runtime.work import Outcome, Work
+from ..tags import P2P_TAG_LIMIT, p2p_tag
+from .persistent import AllreducePlan
+from .planning import Planner
+
+
+class Collectives:
+    """allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
+    barrier, send/recv and batched point-to-point (the fused ones: ``fused.py``)."""
+
+    # the parts of the communicator the collectives are written against
+    rank: int
+    size: int
+    name: str
+    _comm_id: int
+    _plan: Planner
+    _exec: Execution
+    _fast: FastPath | None
+    _ops: HostOps
+
+    def _submit(self, info: CallInfo, body: Body, timeout: float | None, async_op: bool,
+                output: Any = None) -> Work | None:
+        """Run the planned call: its device buffers (if any) wrap the body, staging them
+        through host memory or ordering it after their streams (``planning``)."""
+        if self._plan.device_buffers:
+            body = self._plan.take_device_call().wrap(body)
+        return self._exec.execute(info, body, timeout, async_op, output)
+
+    def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
+        """The algorithm this communicator would run for ``collective`` on ``nbytes``
+        ("fastpath..." for the one-host fast path; allreduce: of a native dtype)."""
+        fast = self._fast
+        if fast is not None and algo is None:
+            found = fast.kind_of(collective, nbytes)
+            if found is not None:
+                return found
+        return self._plan.select(collective, nbytes, algo)
+
+    def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` across all ranks, in place; every rank gets the result."""
+        fast = self._fast
+        if fast is not None and algo is None:
+            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
+            if arr is not None:
+                # a 1-D array of a kind already validated: no classification needed. The
+                # kind of the previous call is checked first, without a tuple to hash (an op
+                # string read from a command line is equal to the one remembered, not the
+                # same object). broadcast repeats this lookup with its root as the key:
+                # written out in both, since a shared helper costs a call
+                # (docs/algorithms.md#the-cost-of-a-small-call)
+                last = fast.last_allreduce
+                if (last[2] == arr.nbytes and last[1] is arr.dtype
+                        and (last[0] is op or (type(op) is str and last[0] == op))):
+                    call = last[3]
+                else:
+                    try:
+                        call = fast.host_calls.get(("allreduce", op, arr.dtype, arr.nbytes))
+                    except TypeError:
+                        call = None          # an unhashable op: parse_op says what is wrong
+                    if call is not None:
+                        fast.last_allreduce = (op, arr.dtype, arr.nbytes, call)
+                if call is not None and arr.ndim == 1 and arr.flags.carray:
+                    return call.run(arr, timeout, async_op, tensor)
+        return self._allreduce(tensor, op, algo, timeout, async_op)
+
+    def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
+                   async_op: bool) -> Work | None:
+        """allreduce, classified: the fast path's first call of a kind, or an algorithm.
+
+        Apart from ``allreduce`` because its closure makes cells of the variables it uses,
+        and a function with cells allocates them on every entry (0.1 us here: a quarter of
+        what a small fast call costs in Python)."""
+        fast = self._fast
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "allreduce")
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        if (fast is not None and algo is None and not self._plan.device_buffers
+                and fast.takes(buf.nbytes, buf.dtype, rop)):   # (host memory only)
+            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
+            fast.remember(("allreduce", op), buf.array, call)
+            return fast.run(call, buf.array, timeout, async_op, tensor)
+        name = self._plan.select("allreduce", buf.nbytes, algo)
+        algorithm = ALGORITHMS["allreduce"][name]
+        arr = buf.array
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
+        spec = ops.reduce_spec(rop, buf.dtype, self.size)
+        size = self.size
+        if self._exec.detail:
+            debug.logger.debug("allreduce #%d: %d bytes %s op=%s algo=%s", self._exec.seq + 1,
+                               buf.nbytes, buf.dtype, rop, name)
+
+        def body(peers: Peers) -> None:
+            prepare(rop, buf.dtype, arr)
+            if size == 1 or arr.size == 0:
+                spec.finish(arr)
+                return
+            algorithm(peers, arr, spec)
+
+        return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
+                                     algorithm=name), body, timeout, async_op, tensor)
+
+    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                       timeout: float | None = None) -> "AllreducePlan":
+        """A persistent allreduce of ``tensor`` (``pycoll.comm.persistent``): checked and planned
+        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
+        itself (no communication until a run)."""
+        return AllreducePlan(self._plan, self._fast, self.allreduce, self.name, tensor, op,
+                             algo=algo, timeout=timeout)
+
+    def barrier(self, *, algo: str | None = None, timeout: float | None = None,
+                async_op: bool = False) -> Work | None:
+        """Return once every rank has entered the barrier."""
+        fast = self._fast
+        if fast is not None and algo is None:
+            call = fast.barrier_call
+            if call is None:
+                call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
+            return call.run(fast.barrier_buffer, timeout, async_op, None)
+        return self._barrier(algo, timeout, async_op)
+
+    def _barrier(self, algo: str | None, timeout: float | None, async_op: bool
+                 ) -> Work | None:
+        """barrier by an algorithm (apart: see ``_allreduce``)."""
+        self._plan.begin()
+        name = self._plan.select("barrier", 0, algo)
+        fn = ALGORITHMS["barrier"][name]
+
+        def body(peers: Peers) -> None:
+            if self.size > 1:
+                fn(peers)
+
+        return self._submit(CallInfo("barrier", 0, algorithm=name), body, timeout, async_op)
+
+    def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+        fast = self._fast
+        if fast is not None and algo is None and type(root) is int:
+            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
+            if arr is not None:             # as in allreduce: a kind already validated
+                last = fast.last_broadcast
+                if last[0] == root and last[1] is arr.dtype and last[2] == arr.nbytes:
+                    call = last[3]
+                else:
+                    call = fast.host_calls.get(("broadcast", root, arr.dtype, arr.nbytes))
+                    if call is not None:
+                        fast.last_broadcast = (root, arr.dtype, arr.nbytes, call)
+                if call is not None and arr.ndim == 1 and arr.flags.carray:
+                    return call.run(arr, timeout, async_op, tensor)
+        return self._broadcast(tensor, root, algo, timeout, async_op)
+
+    def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
+                   async_op: bool) -> Work | None:
+        """broadcast, classified (apart: see ``_allreduce``)."""
+        fast = self._fast
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "broadcast")
+        root = self._plan.check_rank(root, "root", "broadcast")
+        if (fast is not None and algo is None and not self._plan.device_buffers
+                and fast.broadcast_kind(buf.nbytes)):
+            call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
+            fast.remember(("broadcast", root), buf.array, call)
+            return fast.run(call, buf.array, timeout, async_op, tensor)
+        name = self._plan.select("broadcast", buf.nbytes, algo)
+        fn = ALGORITHMS["broadcast"][name]
+        arr = buf.array
+
+        def body(peers: Peers) -> None:
+            if self.size > 1 and arr.size:
+                fn(peers, arr, root)
+
+        return self._submit(CallInfo("broadcast", buf.nbytes, buf.dtype, buf.count, root=root,
+                                     algorithm=name), body, timeout, async_op, tensor)
+
+    def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Reduce ``tensor`` into ``tensor`` on ``root``.
+
+        As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
+        partial results.
+        """
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "reduce")
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        root = self._plan.check_rank(root, "root", "reduce")
+        name = self._plan.select("reduce", buf.nbytes, algo)
+        fn = ALGORITHMS["reduce"][name]
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
+        arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size)
+
+        def body(peers: Peers) -> None:
+            prepare(rop, buf.dtype, arr)
+            if self.size == 1 or arr.size == 0:
+                spec.finish(arr)
+            else:
+                fn(peers, arr, root, spec)
+
+        return self._submit(CallInfo("reduce", buf.nbytes, buf.dtype, buf.count, rop, root,
+                                     name), body, timeout, async_op, tensor)
+
+    def allgather(self, output: Any, input: Any, *, algo: str | None = None,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Concatenate every rank's ``input`` into ``output`` (rank order).
+
+        ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
+        list of ``world_size`` tensors shaped like ``input``.
+        """
+        self._plan.begin()
+        inp = self._plan.buffer(input, "allgather", name="input", writable=False)
+        outs = self._plan.output_list(output, inp, "allgather")
+        out = outs[0] if len(outs) == 1 else None
+        fused = out.array if out is not None else np.empty(inp.count * self.size,
+                                                           dtype=inp.array.dtype)
+        bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
+        name = self._plan.select("allgather", fused.nbytes, algo)
+        fn = ALGORITHMS["allgather"][name]
+
+        def body(peers: Peers) -> None:
+            a, b = bounds[self.rank]
+            fused[a:b] = inp.array
+            if self.size > 1 and inp.count:
+                fn(peers, fused, bounds)
+            if out is None:
+                for i, o in enumerate(outs):
+                    o.array[...] = fused[bounds[i][0]:bounds[i][1]]
+
+        return self._submit(CallInfo("allgather", fused.nbytes, inp.dtype, inp.count,
+                                     algorithm=name), body, timeout, async_op, output)
+
+    def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
+                       algo: str | None = None, timeout: float | None = None,
+                       async_op: bool = False) -> Work | None:
+        """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
+
+        ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
+        ``world_size`` tensors shaped like ``output``); it is left unchanged.
+        """
+        self._plan.begin()
+        out = self._plan.buffer(output, "reduce_scatter", name="output", reads=False)
+        rop = parse_op(op)
+        check_op_dtype(rop, out.dtype)
+        ins = self._plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
+        name = self._plan.select("reduce_scatter", out.nbytes * self.size, algo)
+        fn = ALGORITHMS["reduce_scatter"][name]
+        spec = self._ops.reduce_spec(rop, out.dtype, self.size)
+        count = out.count
+
+        def body(peers: Peers) -> None:
+            work = (ins[0].array.copy() if len(ins) == 1
+                    else np.concatenate([b.array for b in ins]))
+            prepare(rop, out.dtype, work)
+            if self.size == 1 or count == 0:
+                spec.finish(work)
+            else:
+                fn(peers, work, spec)
+            out.array[...] = work[self.rank * count:(self.rank + 1) * count]
+
+        return self._submit(CallInfo("reduce_scatter", out.nbytes * self.size, out.dtype,
+                                     out.count, rop, algorithm=name),
+                            body, timeout, async_op, output)
+
+    def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
+                 in_splits: Sequence[int] | None = None, *, algo: str | None = None,
+                 timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` to rank i; block j of ``output`` comes from rank j.
+
+        Blocks are cut along the first dimension: equal blocks by default, or
+        ``in_splits`` / ``out_splits`` rows per rank (as torch's ``all_to_all_single``).
+        """
+        self._plan.begin()
+        out = self._plan.buffer(output, "alltoall", name="output", reads=False)
+        inp = self._plan.buffer(input, "alltoall", name="input", writable=False)
+        self._plan.same_dtype(out, inp, "alltoall")
+        out_bounds = self._plan.split_bounds(output, out, out_splits, "out_splits")
+        in_bounds = self._plan.split_bounds(input, inp, in_splits, "in_splits")
+        mine_in, mine_out = in_bounds[self.rank], out_bounds[self.rank]
+        if mine_in[1] - mine_in[0] != mine_out[1] - mine_out[0]:
+            raise InvalidArgument(
+                f"rank {self.rank}: alltoall: the block this rank keeps differs in size: "
+                f"in_splits gives it {mine_in[1] - mine_in[0]} elements, out_splits "
+                f"{mine_out[1] - mine_out[0]}; entry {self.rank} of both must agree")
+        name = self._plan.select("alltoall", inp.nbytes, algo)
+        if name == "bruck" and len({b - a for a, b in in_bounds + out_bounds}) > 1:
+            raise InvalidArgument(f"rank {self.rank}: alltoall: algo 'bruck' needs equal "
+                                  "blocks for every rank (in_splits and out_splits); use "
+                                  "'pairwise' or 'scattered' for uneven splits")
+        fn = ALGORITHMS["alltoall"][name]
+
+        def body(peers: Peers) -> None:
+            src = inp.array
+            if self.size > 1 and np.may_share_memory(out.array, src):
+                src = src.copy()   # in place: blocks still to be sent would be overwritten
+            if self.size == 1:
+                out.array[...] = src
+            else:
+                fn(peers, out.array, src, out_bounds, in_bounds)
+
+        return self._submit(CallInfo("alltoall", inp.nbytes, inp.dtype, algorithm=name),
+                            body, timeout, async_op, output)
+
+    def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+               timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Collect every rank's ``input`` into ``output`` on ``root`` (ignored elsewhere)."""
+        self._plan.begin()
+        inp = self._plan.buffer(input, "gather", name="input", writable=False)
+        root = self._plan.check_rank(root, "root", "gather")
+        out = None
+        if self.rank == root:
+            outs = self._plan.output_list(output, inp, "gather")
+            out = outs
+        name = self._plan.select("gather", inp.nbytes * self.size, algo)
+        fn = ALGORITHMS["gather"][name]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if out is not None:
+                fused = (out[0].array if len(out) == 1
+                         else np.empty(inp.count * self.size, dtype=inp.array.dtype))
+            if self.size == 1:
+                fused[...] = inp.array  # type: ignore[index]
+            else:
+                fn(peers, inp.array, fused, root)
+            if out is not None and len(out) > 1:
+                for i, o in enumerate(out):
+                    o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
+
+        return self._submit(CallInfo("gather", inp.nbytes * self.size, inp.dtype, inp.count,
+                                     root=root, algorithm=name),
+                            body, timeout, async_op, output if self.rank == root else None)
+
+    def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
+                timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Send block i of ``input`` on ``root`` (ignored elsewhere) to rank i's ``output``."""
+        self._plan.begin()
+        out = self._plan.buffer(output, "scatter", name="output", reads=False)
+        root = self._plan.check_rank(root, "root", "scatter")
+        ins = None
+        if self.rank == root:
+            ins = self._plan.output_list(input, out, "scatter", writable=False, name="input")
+        name = self._plan.select("scatter", out.nbytes * self.size, algo)
+        fn = ALGORITHMS["scatter"][name]
+
+        def body(peers: Peers) -> None:
+            fused = None
+            if ins is not None:
+                fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
+            if self.size == 1:
+                out.array[...] = fused  # type: ignore[index]
+            else:
+                fn(peers, fused, out.array, root)
+
+        return self._submit(CallInfo("scatter", out.nbytes * self.size, out.dtype, out.count,
+                                     root=root, algorithm=name), body, timeout, async_op, output)
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
+             async_op: bool = False) -> Work | None:
+        """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag)."""
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "send", writable=False)
+        self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(dst, arr, wire)])
+
+        return self._submit(CallInfo("send", buf.nbytes, buf.dtype), body, timeout, async_op)
+
+    def recv(self, tensor: Any, src: int | None = None, tag: int = 0, *,
+             timeout: float | None = None, async_op: bool = False) -> Work | int | None:
+        """Receive into ``tensor`` the next message from rank ``src`` with ``tag``.
+
+        ``src=None`` receives from any source (MPI_ANY_SOURCE, torch's ``recv`` without
+        ``src``): the first message with ``tag`` from whichever rank, one message only;
+        each source's messages still arrive in the order it sent them. The synchronous call
+        returns the sender's rank; ``Work.source_rank()`` tells it for ``async_op=True``.
+        """
+        self._plan.begin()
+        buf = self._plan.buffer(tensor, "recv", reads=False)
+        self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        outcome = Outcome(tensor, None if src is None else int(src))
+        if src is not None:
+            def body(peers: Peers) -> None:
+                peers.wait([peers.irecv(src, arr, wire)])
+        else:
+            size, rank = self.size, self.rank
+            start = self._exec.p2p_seq      # rotate who is asked first: no source is starved
+
+            def body(peers: Peers) -> None:
+                others = [(rank + 1 + (start + i) % (size - 1)) % size for i in range(size - 1)]
+                reqs, group = peers.irecv_any(others, arr, wire)
+                peers.wait_any(reqs, group)
+                won = group.matched
+                assert won is not None       # wait_any returns only once a message landed
+                outcome.source = others[reqs.index(won)]
+
+        work = self._submit(CallInfo("recv", buf.nbytes, buf.dtype), body, timeout, async_op,
+                            outcome)
+        return work if async_op else outcome.source
+
+    def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
+                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+        """Post several sends and receives together, then wait for all of them.
+
+        ``ops`` are ``("send" | "recv", tensor, peer, tag)`` tuples (like torch's
+        ``batch_isend_irecv``): the order of sends against receives does not matter, so a
+        batch ``[send to 1, recv from 1]`` on both ranks cannot deadlock, whatever the size.
+        """
+        plan = []
+        total = 0
+        self._plan.begin()
+        for i, (kind, tensor, peer, tag) in enumerate(ops):
+            if kind not in ("send", "recv"):
+                raise InvalidArgument(f"rank {self.rank}: batch_p2p: ops[{i}] kind {kind!r} "
+                                      "is not 'send' or 'recv'")
+            buf = self._plan.buffer(tensor, "batch_p2p", name=f"ops[{i}]",
+                                    writable=kind == "recv", reads=kind == "send")
+            self._plan.check_peer(peer, "peer", f"batch_p2p {kind}", tag, P2P_TAG_LIMIT)
+            plan.append((kind == "send", buf.array, int(peer), p2p_tag(int(tag), self._comm_id)))
+            total += buf.nbytes
+
+        def body(peers: Peers) -> None:
+            peers.wait([peers.isend(p, a, t) if is_send else peers.irecv(p, a, t)
+                        for is_send, a, p, t in plan])
+
+        return self._submit(CallInfo("batch_p2p", total), body, timeout, async_op)

@@ -1,0 +1,458 @@
+"""The communicator: it owns a group of ranks' state and offers the collectives.
+
+A ``Communicator`` is made of parts it owns and hands to each other, nothing inherited but
+what the collectives compute (``Collectives``, ``FusedCollectives``: stateless, written
+against the parts):
+
+* ``bootstrap.Connections``: the rank table and the lazily opened channels of a communicator
+  tree (the world and every group made from it share one, renumbering ranks);
+* ``planning.Planner``: argument checks, memory-type routing and algorithm choice, all
+  before any byte moves;
+* ``runtime.execution.Execution``: sequence numbers, tags, the flight recorder, inline or
+  queued runs, deadlines, and (through ``runtime.failures.Failures``) what happens on
+  failure;
+* ``fastpath.runner.FastPath``: the compiled one-host path, given the execution, the peers
+  and the memory ops, and nothing else of the communicator;
+* ``topology``: which ranks share a node, for the hierarchical algorithms.
+
+Every collective method is a collective: all ranks of the communicator call it in the same
+order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import debug, fastpath
+from ..algorithms import link_probe
+from ..algorithms import ALGORITHMS
+from ..algorithms.primitives import Peers
+from .bootstrap import ChannelView, Connections
+from .collectives import Collectives
+from .fused import FusedCollectives
+from ..runtime.execution import Execution
+from ..runtime.failures import Failures
+from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..envvars import env_int
+from ..errors import InvalidArgument, PeerLost, PycollError
+from ..fastpath.runner import FastPath
+from ..buffers.memops import HostOps
+from .planning import Planner
+from ..timeouts import as_seconds
+from .topology import host_identity, hierarchy_members, is_uniform, node_layout, ring_crossings
+from ..transports import registry
+from ..transports.base import Channel
+from ..algorithms.selection import Hierarchy, LinkModel, Selector
+
+DEFAULT_TIMEOUT = 300.0
+COMM_ID_BITS = 20
+#: how long a failed communicator's finalize tries to reach the store (it may be cut off)
+FAILED_FINALIZE_SECONDS = 2.0
+
+Timeout = float | timedelta | None
+
+
+def _wrap_id(n: int) -> int:
+    """Group ids run 1 .. 2**20 - 1 in message tags (0 is the root's)."""
+    return 1 + (n - 1) % ((1 << COMM_ID_BITS) - 1)
+
+
+class Communicator(Collectives, FusedCollectives):
+    """A group of ranks that run collectives together.
+
+    Create one with ``pycoll.init()`` (the world), ``Communicator.create`` (any store), or
+    ``split`` / ``new_group`` of an existing one. Every method is a collective: all ranks of
+    the communicator must call it in the same order.
+    """
+
+    def __init__(self, rank: int, size: int, *, store: Any = None, name: str = "world",
+                 connections: Connections | None = None, members: Sequence[int] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, owns_store: bool = False,
+                 token: str | None = None, master_addr: str | None = None,
+                 hosts: Sequence[str] | None = None, comm_id: int = 0,
+                 root_name: str | None = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.name = name
+        self.timeout = float(timeout)
+        self._store = store
+        self._owns_store = owns_store
+        self._conn = connections
+        self._is_root = members is None
+        self._members = list(range(size)) if members is None else list(members)
+        self._token = token
+        self._master_addr = master_addr
+        # Message tags carry the communicator's id: a root is 0, every group of the tree gets
+        # a distinct one (allocated through the store), so groups sharing channels never
+        # match each other's messages.
+        self._comm_id = comm_id
+        self._root_name = root_name or name
+        # 0: each transport's own segment size; PYCOLL_SEGMENT_BYTES overrides it job-wide
+        self._segment_bytes = (env_int("PYCOLL_SEGMENT_BYTES", 0, minimum=1)
+                               if os.environ.get("PYCOLL_SEGMENT_BYTES", "").strip() else 0)
+        self._ops = HostOps()
+        self._hosts = list(hosts or [host_identity()] * size)
+        self._layout = node_layout(self._hosts)
+        self._groups_made = 0
+        self._group_names: set[str] = set()
+        self._children: list[Communicator] = []
+        self._hier: dict[str, Peers | None] = {}
+        caps = connections.capabilities_in_use(self._members) if connections else []
+        self._plan = Planner(rank, size, Selector(ALGORITHMS, caps,
+                                                  hierarchy=self._hierarchy_model()), caps)
+        capacity = capacity_from_env()
+        failures = Failures(rank, size, name, store, token, self.timeout,
+                            self.transport_summary,
+                            FlightRecorder(capacity) if capacity else None)
+        #: what a ``with`` block around the communicator raised (posted at finalize)
+        self._exit_error: BaseException | None = None
+        channels: dict[int, Channel]
+        if connections is not None:
+            channels = (connections.channels if self._is_root
+                        else ChannelView(connections.channels, self._members))
+            engine = connections.engine
+        else:
+            from ..transports.progress import ProgressEngine
+            channels, engine = {}, ProgressEngine()
+        self._peers = Peers(rank, size, channels, 0.0, self._segment_bytes, self._ops, engine,
+                            check=failures.check, layout=self._layout, subgroup=self._subgroup)
+        self._exec = Execution(rank, size, name, self.timeout, comm_id, self._peers, failures)
+        self._fast = self._fast_path()
+
+    def _fast_path(self) -> FastPath | None:
+        """The compiled small-message path, when every member shares this host and shm and
+        can run it (each rank's limit is in its shm probe record; the same on every rank)."""
+        conn = self._conn
+        if conn is None or self._store is None or len(set(self._hosts)) != 1:
+            return None
+        try:
+            used = conn.transports_in_use(self._members)
+        except PycollError:
+            return None
+        if used not in (["shm"], ["cuda_ipc"]):   # cuda_ipc is shm plus device memory
+            return None
+        limit, chunked, cma = fastpath.agreed_limits(
+            [conn.table.records[m].get("fastpath", {}) for m in self._members], self.size)
+        if not limit:
+            return None
+        from rendezvous import PrefixStore
+        from ..fastpath.segment import SharedSlots
+        # made now, while every member is here: a lazy segment would make the first fast
+        # call wait for rank 0, which a rank stuck in another call never lets happen
+        slots = SharedSlots.setup(PrefixStore(f"pycoll/{self.name}/fastpath/", self._store),
+                                  self.rank, self.size, limit, self.timeout)
+        if slots is None:
+            return None
+        return FastPath(self._exec, self._peers, self._members, self._ops, limit, chunked, cma,
+                        slots)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def create(cls, store: Any, rank: int, size: int, *, name: str = "world",
+               timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
+               master_addr: str | None = None, owns_store: bool = False,
+               host: str | None = None) -> "Communicator":
+        """Join ``size`` ranks that share ``store``; every rank calls this collectively.
+
+        One store round (see ``bootstrap``); no connection is opened until a collective
+        needs it. ``host`` is this rank's node identity (default: detected).
+        """
+        limit = as_seconds(timeout) or DEFAULT_TIMEOUT
+        if (isinstance(size, bool) or isinstance(rank, bool) or size < 1
+                or not 0 <= rank < size):
+            raise InvalidArgument(f"rank {rank} is outside a world of size {size}")
+        debug.configure(rank)
+        if size == 1:
+            return cls(rank, 1, store=store, name=name, timeout=limit, owns_store=owns_store,
+                       token=token, master_addr=master_addr)
+        from rendezvous import PrefixStore
+
+        scoped = PrefixStore(f"pycoll/{name}/", store)
+        conn = Connections.bootstrap(scoped, rank, size, timeout=limit, token=token,
+                                     master_addr=master_addr, host=host)
+        debug.logger.info("communicator %s: %d ranks; transports in use: %s; allowed: %s",
+                          name, size, ", ".join(conn.transports_in_use()) or "none",
+                          ", ".join(conn.order))
+        try:
+            comm = cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
+                       owns_store=owns_store, hosts=conn.table.hosts, token=token,
+                       master_addr=master_addr)
+            comm._measure_links(scoped, limit)
+            return comm
+        except BaseException:   # a failing constructor must not leak open transports
+            conn.close()
+            raise
+
+    # -- groups ------------------------------------------------------------------------------
+    def split(self, color: int | None, key: int = 0, *, name: str | None = None,
+              timeout: Timeout = None) -> "Communicator | None":
+        """Collectively split into communicators of the ranks that passed the same ``color``.
+
+        Ranks are ordered by ``key`` (then by rank) in the new communicator; ``color=None``
+        (or negative) opts out and returns None. Like ``MPI_Comm_split``. The new
+        communicator shares this one's channels (no new sockets or segments); its messages
+        carry its own id, so collectives on different communicators never interfere.
+        """
+        limit = as_seconds(timeout, "timeout") or self.timeout
+        for value, what in ((color, "color"), (key, "key")):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, np.integer))):
+                raise InvalidArgument(f"rank {self.rank}: split: {what} must be an int "
+                                      f"(or None for color), not {value!r}")
+        self._groups_made += 1
+        n = self._groups_made                # the same on every rank: splits are collective
+        name = f"split{n}" if name is None else str(name)
+        if name in self._group_names:
+            raise InvalidArgument(f"rank {self.rank}: split: communicator {self.name} already "
+                                  f"made a group named {name!r}; group names must be unique")
+        self._group_names.add(name)
+        scoped = None
+        if self.size == 1 or self._store is None:
+            records = [{"color": color, "key": key}]
+        else:
+            from rendezvous import PrefixStore
+            scoped = PrefixStore(f"pycoll/{self.name}/", self._store)
+            scoped.set(f"group/{n}/{self.rank}",
+                       json.dumps({"color": None if color is None else int(color),
+                                   "key": int(key)}))
+            raw = scoped.multi_get([f"group/{n}/{r}" for r in range(self.size)],
+                                   timeout=limit)
+            records = [json.loads(v) for v in raw]
+        if color is None or color < 0:
+            return None
+        members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
+                         key=lambda r: (records[r]["key"], r))
+        if scoped is None:
+            comm_id = _wrap_id(n)
+        else:                                # the group's first member draws a fresh id
+            id_key = f"group/{n}/{int(color)}/id"
+            if self.rank == members[0]:
+                drawn = int(self._store.add(f"pycoll/{self._root_name}/group_ids", 1))
+                scoped.set(id_key, str(_wrap_id(drawn)))
+            comm_id = int(scoped.get(id_key, timeout=limit))
+        child = Communicator(members.index(self.rank), len(members), store=self._store,
+                             name=f"{self.name}.{name}.{color}", connections=self._conn,
+                             members=[self._members[m] for m in members], timeout=limit,
+                             token=self._token, master_addr=self._master_addr,
+                             hosts=[self._hosts[m] for m in members], comm_id=comm_id,
+                             root_name=self._root_name)
+        self._children.append(child)
+        # From now on two communicators (maybe two threads) share the channels.
+        self._peers.engine.share(self._exec.executor.idle())
+        return child
+
+    def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> "Communicator | None":
+        """A communicator of ``ranks`` (this communicator's ranks, in that order).
+
+        Every rank of this communicator must call it (members and non-members alike), in
+        the same order as other group creations; non-members get None.
+        """
+        ranks = [self._plan.check_rank(r, "ranks", "new_group") for r in ranks]
+        if len(set(ranks)) != len(ranks):
+            raise InvalidArgument(f"rank {self.rank}: new_group: ranks {ranks} has duplicates")
+        member = self.rank in ranks
+        return self.split(0 if member else None, ranks.index(self.rank) if member else 0,
+                          timeout=timeout)
+
+    # -- introspection -----------------------------------------------------------------------
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.size
+
+    def transport_of(self, peer: int) -> str:
+        """The transport that serves ``peer`` (the same answer on both ranks)."""
+        if self._conn is None:
+            raise InvalidArgument(f"rank {self.rank}: a world of one has no peers")
+        self._plan.check_rank(peer, "peer", "transport_of")
+        return self._conn.transport_for(self._members[peer])
+
+    def transport_summary(self) -> str:
+        """E.g. "shm" or "shm(3 peers), tcp(4 peers)"; "none" for a world of one."""
+        counts: dict[str, int] = {}
+        for p in range(self.size):
+            if p != self.rank:
+                t = self.transport_of(p)
+                counts[t] = counts.get(t, 0) + 1
+        if not counts:
+            return "none"
+        if len(counts) == 1:
+            return next(iter(counts))
+        return ", ".join(f"{t}({n} peers)" for t, n in sorted(counts.items()))
+
+    def channel(self, peer: int) -> Channel:
+        """The channel to ``peer``, opened on first use (transport tests and diagnostics;
+        collectives never need it)."""
+        self._plan.check_rank(peer, "peer", "channel")
+        if peer == self.rank:
+            raise InvalidArgument(f"rank {self.rank}: no channel to itself")
+        return self._peers.channels[peer]
+
+    def open_channels(self) -> dict[str, int]:
+        """Channels opened so far by this communicator tree, per transport (tcp: connected
+        sockets). Connections are lazy: a peer gets one when an algorithm first uses it."""
+        return self._conn.open_counts() if self._conn is not None else {}
+
+    def topology_summary(self) -> str:
+        """E.g. "2 nodes x 4 ranks" or "1 node"."""
+        nodes = {n for n, _ in self._layout}
+        if len(nodes) == 1:
+            return "1 node"
+        return (f"{len(nodes)} nodes x {self.size // len(nodes)} ranks" if is_uniform(self._layout)
+                else f"{len(nodes)} nodes (uneven)")
+
+    # -- hierarchy ---------------------------------------------------------------------------
+    def _hierarchy_model(self) -> Hierarchy | None:
+        """The two-level cost model, when the layout is several equal nodes."""
+        if self._conn is None or not is_uniform(self._layout):
+            return None
+        node = hierarchy_members(self._layout, 0, "node")
+        cross = hierarchy_members(self._layout, 0, "cross")
+        table, order = self._conn.table, self._conn.order
+        m = self._members
+        intra = registry.choose(table.info(m[node[0]]), table.info(m[node[1]]), order)
+        inter = registry.choose(table.info(m[cross[0]]), table.info(m[cross[1]]), order)
+        if intra is None or inter is None:
+            return None
+        caps = registry.transport_class
+        return Hierarchy(len(cross), len(node),
+                         LinkModel.from_capabilities([caps(intra).capabilities]),
+                         LinkModel.from_capabilities([caps(inter).capabilities]))
+
+    def _measure_links(self, store: Any, limit: float) -> None:
+        """On several equal nodes, feed the cost model measured (or declared) intra- and
+        inter-node links (``link_probe``): what decides flat against hierarchical."""
+        model = self._plan.selector.hierarchy
+        if model is None or not link_probe.enabled():
+            return
+        links = link_probe.probe_links(self._peers, store, self.rank, self._layout,
+                                       self._comm_id, limit)
+        intra = replace(model.intra, alpha=links["intra"].alpha, beta=links["intra"].beta)
+        inter = replace(model.inter, alpha=links["inter"].alpha, beta=links["inter"].beta)
+        self._plan.selector.hierarchy = replace(model, intra=intra, inter=inter)
+        # flat algorithms cross the slowest link; a flat ring's edges between nodes share
+        # each node's network link (several of them when ranks are placed round-robin)
+        shared = ring_crossings(self._layout)
+        self._plan.selector.link = replace(
+            self._plan.selector.link, alpha=max(intra.alpha, inter.alpha),
+            beta=max(intra.beta, inter.beta * shared))
+        debug.logger.info("links measured: inside a node %.1f us, %.2f GB/s; between nodes "
+                          "%.1f us, %.2f GB/s (a flat ring crosses each node's link %d times)",
+                          intra.alpha * 1e6, links["intra"].gbps, inter.alpha * 1e6,
+                          links["inter"].gbps, shared)
+
+    def _subgroup(self, kind: str) -> Peers | None:
+        """Node-local (``"node"``) or cross-node (``"cross"``) peers for hierarchical
+        algorithms: a renumbered view of this communicator's channels, made locally (every
+        rank knows the layout), with the running call's deadline and tag."""
+        if kind not in self._hier:
+            sub = None
+            if is_uniform(self._layout):
+                members = hierarchy_members(self._layout, self.rank, kind)
+                sub = Peers(members.index(self.rank), len(members),
+                            ChannelView(self._peers.channels, members), 0.0, self._segment_bytes,
+                            self._ops, self._peers.engine, check=self._exec.failures.check)
+            self._hier[kind] = sub
+        sub = self._hier[kind]
+        if sub is not None:
+            sub.deadline, sub.tag = self._peers.deadline, self._peers.tag
+            sub.posted = self._peers.posted      # a failure abandons these requests too
+        return sub
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def seq(self) -> int:
+        """Collectives started on this communicator so far (the last one's number, as
+        errors and the flight recorder name it; point-to-point calls count apart)."""
+        return self._exec.seq
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that failed this communicator (None while it works); once set, every
+        call is refused: create a new communicator."""
+        return self._exec.failed
+
+    def on_worker_thread(self) -> bool:
+        """Whether the calling thread is this communicator's worker, where asynchronous
+        calls run and the callbacks of their work handles too (a callback there must not
+        wait on a later call of the same communicator)."""
+        return self._exec.on_worker()
+
+    def dump_flight_recorder(self, reason: str = "requested") -> str | None:
+        """Write the flight recorder's dump now (e.g. from a signal handler); its path (None
+        when recording is off, ``PYCOLL_FLIGHT_RECORDER=0``)."""
+        return self._exec.dump(reason)
+
+    # -- teardown ----------------------------------------------------------------------------
+    def finalize(self, timeout: float = 30.0) -> None:
+        """Release channels, sockets and shared memory; the store server goes last.
+
+        A group made by ``split``/``new_group`` releases only itself: the channels belong to
+        the communicator it was made from, which closes them (and its groups) when finalized.
+        """
+        execution = self._exec
+        if execution.closed:
+            return
+        execution.close()
+        if self._fast is not None:
+            self._fast.close()
+        failures = execution.failures
+        if execution.failed is None:
+            failures.announce_exit(self._exit_error, execution.seq)
+        lost = self._lost_rank()
+        for child in self._children:
+            lost = lost if lost is not None else child._lost_rank()
+            child.finalize()
+        self._children.clear()
+        if self._is_root and self._conn is not None:
+            self._conn.close(farewell=lost)
+        store = self._store
+        if store is not None and self.size > 1:
+            try:
+                from rendezvous import PrefixStore
+                scoped = PrefixStore(f"pycoll/{self.name}/", store)
+                if (lost is not None or execution.failed is not None) and hasattr(store, "set_timeout"):
+                    # after a failure the store may be out of reach (a rank cut off from node
+                    # 0): a short try, not the whole init timeout before this process can exit
+                    store.set_timeout(FAILED_FINALIZE_SECONDS)
+                scoped.add("finalized", 1)
+                if self._owns_store and getattr(store, "server", None) is not None:
+                    # Ranks may still be talking to the server (reading the abort record
+                    # that names the root cause, above all): wait for all of them, except a
+                    # rank the job already knows is dead, which never finalizes.
+                    record = failures.abort.record if failures.abort is not None else None
+                    gone = 1 if record and record.get("lost") is not None else 0
+                    deadline = time.monotonic() + timeout
+                    while (scoped.add("finalized", 0) < self.size - gone
+                           and time.monotonic() < deadline):
+                        time.sleep(0.01)
+            except Exception as e:  # the server may already be gone; finalize must not fail
+                debug.logger.info("finalize: store unreachable (%s)", e)
+        failures.close()
+        if self._owns_store and store is not None:
+            store.close()
+
+    close = finalize
+
+    def _lost_rank(self) -> int | None:
+        """The rank whose loss failed this communicator, if that was it."""
+        return self._exec.failures.lost_rank(self._exec.failed)
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if isinstance(exc[1], BaseException):
+            self._exit_error = exc[1]
+        self.finalize()
+
+    def __repr__(self) -> str:
+        return (f"<pycoll.Communicator {self.name} rank {self.rank}/{self.size} "
+                f"transport={self.transport_summary()}>")

@@ -1,0 +1,86 @@
+"""Persistent collectives: validate and choose once, run many times (MPI-4's
+``MPI_Allreduce_init``, mpi4py's ``Allreduce_init``).
+
+A training loop or a benchmark calls the same collective on the same buffer again and again;
+a plan does the argument checks, the classification of the buffer and the choice of the
+path once, at ``comm.allreduce_init(tensor, op)``, so that each run costs only the
+communication: on the fast path, one compiled call. The plan is bound to the tensor's
+memory: write new values into it between runs, but do not reallocate it (``resize_``,
+``set_``), as with MPI's persistent requests.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..buffers.memory import HOST
+from ..buffers.reduction import OpLike, check_op_dtype, parse_op
+from ..fastpath.runner import FastPath
+from ..runtime.work import Work
+from .planning import Planner
+
+
+class AllreducePlan:
+    """``comm.allreduce(tensor, op)`` prepared once; ``run()`` (or calling the plan) runs it,
+    ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run its plan
+    where it would call ``allreduce``: a run is an ordinary collective call.
+
+    Made by ``Communicator.allreduce_init`` from the communicator's planner, its fast path
+    (None where it has none) and its ``allreduce`` (what a run that is not a fast call calls).
+    """
+
+    def __init__(self, planner: Planner, fast: FastPath | None,
+                 allreduce: Callable[..., Work | None], name: str, tensor: Any,
+                 op: OpLike = "sum", *, algo: str | None = None,
+                 timeout: float | None = None) -> None:
+        buf = planner.buffer(tensor, "allreduce", stage=False)
+        rop = parse_op(op)
+        check_op_dtype(rop, buf.dtype)
+        if algo is not None:
+            planner.select("allreduce", buf.nbytes, algo)     # an unknown name fails here
+        self._planner = planner
+        self._fast = fast
+        self._allreduce = allreduce
+        self._name = name
+        self.tensor = tensor
+        self.op = rop
+        self.algo = algo
+        self.timeout = timeout
+        self.nbytes = buf.nbytes
+        self._array = buf.array
+        self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
+                           if fast is not None and algo is None and buf.mem_type == HOST
+                           and fast.takes(buf.nbytes, buf.dtype, rop)
+                           else None)
+
+    @property
+    def path(self) -> str:
+        """"fastpath" (one slot), "fastpath-chunked", "fastpath-cma" (reading the peers'
+        buffers), or the generic path's algorithm."""
+        if self._fast_call is not None:
+            return self._fast_call.kind
+        return self._planner.select("allreduce", self.nbytes, self.algo)
+
+    def run(self) -> None:
+        """Run the allreduce once, synchronously (the result is in the tensor)."""
+        call, fast = self._fast_call, self._fast
+        if call is not None and fast is not None:
+            fast.run(call, self._array, self.timeout, False, self.tensor)
+        else:
+            self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout)
+
+    __call__ = run
+
+    def start(self) -> Work:
+        """Run it asynchronously; ``wait()`` on the returned work."""
+        call, fast = self._fast_call, self._fast
+        if call is not None and fast is not None:
+            work = fast.run(call, self._array, self.timeout, True, self.tensor)
+        else:
+            work = self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
+                                   async_op=True)
+        assert work is not None
+        return work
+
+    def __repr__(self) -> str:
+        return (f"<pycoll.AllreducePlan {self.nbytes} bytes op={self.op} path={self.path} "
+                f"on {self._name}>")

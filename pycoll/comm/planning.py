@@ -1,0 +1,181 @@
+"""Planning a call: validate every argument, route buffers by memory type, pick an algorithm.
+
+Everything here runs before a sequence number is taken and before any byte moves, on every
+rank, so bad input is a clear ``InvalidArgument`` where it was passed, never a desynchronised
+communicator.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidArgument, InvalidDtype
+from ..buffers.memory import CUDA, HOST
+from ..buffers.tensors import Buffer, as_buffer
+from ..transports.base import Capabilities
+from ..algorithms.selection import Selector
+
+
+class Planner:
+    """Argument checks and algorithm choice for one communicator (rank ``rank`` of ``size``)."""
+
+    def __init__(self, rank: int, size: int, selector: Selector,
+                 capabilities: Sequence[Capabilities]) -> None:
+        self.rank = rank
+        self.size = size
+        self.selector = selector
+        self.capabilities = list(capabilities)
+        self._choice_cache: dict[tuple[str, int], str] = {}
+        #: the device buffers of the call being planned (``take_device_call`` hands them to
+        #: the execution); stays empty while calls pass host buffers only
+        self.device_buffers: list = []
+
+    # -- buffers -----------------------------------------------------------------------------
+    #: the collectives that run on device buffers directly where every transport moves
+    #: device memory; the others are staged through host memory (``pycoll.cuda.staging``)
+    DIRECT = frozenset({"allreduce", "broadcast", "reduce", "send", "recv"})
+
+    def begin(self) -> None:
+        """A call starts being planned (staging left by a refused call is given back)."""
+        if self.device_buffers:
+            self._devices().begin()
+
+    def buffer(self, obj: Any, collective: str, *, name: str = "tensor",
+               writable: bool = True, reads: bool = True, stage: bool = True) -> Buffer:
+        """Classify ``obj`` and check that this communicator can move and reduce its memory.
+
+        Device memory (``pycoll.cuda.staging``) is used directly where every transport
+        moves it (the ``Buffer`` is then a CuPy view of it), else staged through page-locked
+        host memory: the ``Buffer`` is the host twin, copied in (``reads``) before the call
+        and back (``writable``) after it. ``stage=False`` only classifies it.
+        """
+        buf = as_buffer(obj, name=name, writable=writable)
+        if buf.mem_type != HOST and stage:
+            return self._route(buf, collective, name, reads, writable)
+        return buf
+
+    def _devices(self) -> Any:
+        devices = self.__dict__.get("_device_calls")
+        if devices is None:      # made on the first device buffer: CuPy is imported then
+            from ..cuda.staging import DeviceCalls
+            devices = self._device_calls = DeviceCalls(self.rank)
+            self.device_buffers = devices.pending
+        return devices
+
+    def take_device_call(self) -> Any:
+        """The planned call's device buffers as a ``DirectCall`` or ``StagedCall`` (whose
+        ``wrap(body)`` runs the call), their copies or stream ordering queued now."""
+        return self._devices().take()
+
+    def device_ops(self) -> Any:
+        """The ``MemoryOps`` of device buffers used directly."""
+        return self._devices().ops()
+
+    def _route(self, buf: Buffer, collective: str, name: str, reads: bool,
+               writes: bool) -> Buffer:
+        if buf.mem_type != CUDA:
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {name} is {buf.where} "
+                                  "memory, which pycoll cannot move")
+        if collective in self.DIRECT and all(c.moves(CUDA) for c in self.capabilities):
+            return self._devices().direct(buf, collective, name)
+        return self._devices().stage(buf, collective, name, reads=reads, writes=writes)
+
+    def output_list(self, obj: Any, like: Buffer, collective: str, *, writable: bool = True,
+                    name: str = "output") -> list[Buffer]:
+        """One tensor of ``size * like.count`` elements, or a list of ``size`` tensors."""
+        if isinstance(obj, (list, tuple)):
+            if len(obj) != self.size:
+                raise InvalidArgument(f"rank {self.rank}: {collective}: {name} list has "
+                                      f"{len(obj)} tensors, expected world size {self.size}")
+            bufs = [self.buffer(t, collective, name=f"{name}[{i}]", writable=writable,
+                                reads=not writable) for i, t in enumerate(obj)]
+            for b in bufs:
+                self.same_dtype(b, like, collective)
+                if b.count != like.count:
+                    raise InvalidArgument(
+                        f"rank {self.rank}: {collective}: {name} tensors must have {like.count} "
+                        f"elements each (like the other side), got {b.count}")
+            return bufs
+        buf = self.buffer(obj, collective, name=name, writable=writable, reads=not writable)
+        self.same_dtype(buf, like, collective)
+        if buf.count != like.count * self.size:
+            raise InvalidArgument(
+                f"rank {self.rank}: {collective}: {name} has {buf.count} elements; it needs "
+                f"world size x {like.count} = {like.count * self.size}")
+        return [buf]
+
+    def split_bounds(self, obj: Any, buf: Buffer, splits: Sequence[int] | None,
+                     what: str) -> list[tuple[int, int]]:
+        """Element bounds of each rank's block of an alltoall buffer (rows of dimension 0)."""
+        shape = tuple(getattr(obj, "shape", (buf.count,))) or (1,)
+        rows = shape[0]
+        row = buf.count // rows if rows else 0
+        if splits is None:
+            if rows % self.size:
+                raise InvalidArgument(
+                    f"rank {self.rank}: alltoall: first dimension {rows} is not divisible by the "
+                    f"world size {self.size}; pass {what} to split it unevenly")
+            splits = [rows // self.size] * self.size
+        try:
+            splits = [self._int(s, what) for s in splits]
+        except TypeError:
+            raise InvalidArgument(f"rank {self.rank}: alltoall: {what} must be a sequence of "
+                                  f"{self.size} ints, not {splits!r}") from None
+        if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise InvalidArgument(
+                f"rank {self.rank}: alltoall: {what}={splits} must be {self.size} non-negative "
+                f"row counts adding up to the first dimension ({rows})")
+        bounds, start = [], 0
+        for s in splits:
+            bounds.append((start * row, (start + s) * row))
+            start += s
+        return bounds
+
+    def _int(self, value: Any, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InvalidArgument(f"rank {self.rank}: {what} must hold ints, not {value!r}")
+        return int(value)
+
+    # -- scalars -----------------------------------------------------------------------------
+    def check_rank(self, value: Any, what: str, collective: str) -> int:
+        if type(value) is int and 0 <= value < self.size:   # the common case, fast
+            return value
+        if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                or not 0 <= int(value) < self.size):
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {what}={value!r} is not a rank "
+                                  f"of this communicator (0..{self.size - 1})")
+        return int(value)
+
+    def check_peer(self, peer: Any, what: str, op: str, tag: Any, limit: int) -> None:
+        """``peer`` is another rank (None: any source, which needs another rank to exist)."""
+        if peer is None:
+            if self.size < 2:
+                raise InvalidArgument(f"rank {self.rank}: {op} from any source in a "
+                                      "communicator of one rank would never complete")
+        else:
+            self.check_rank(peer, what, op)
+            if int(peer) == self.rank:
+                raise InvalidArgument(f"rank {self.rank}: {op} to/from itself ({what}={peer})")
+        if (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))
+                or not 0 <= tag < limit):
+            raise InvalidArgument(f"rank {self.rank}: {op}: tag must be an int in "
+                                  f"[0, 2**40), not {tag!r}")
+
+    def same_dtype(self, a: Buffer, b: Buffer, collective: str) -> None:
+        if a.dtype != b.dtype:
+            raise InvalidDtype(f"rank {self.rank}: {collective}: output dtype {a.dtype} differs "
+                               f"from input dtype {b.dtype}")
+
+    # -- algorithms --------------------------------------------------------------------------
+    def select(self, collective: str, nbytes: int, algo: str | None = None) -> str:
+        """The algorithm for ``collective`` on ``nbytes`` (cached: every call asks)."""
+        if algo is None:
+            key = (collective, nbytes)
+            found = self._choice_cache.get(key)
+            if found is None:
+                found = self.selector.choose(collective, nbytes, self.size)
+                if len(self._choice_cache) < 4096:
+                    self._choice_cache[key] = found
+            return found
+        return self.selector.choose(collective, nbytes, self.size, algo)

@@ -1,0 +1,107 @@
+"""``CallInfo``: the one description of a call, made once and read by every part that needs it.
+
+A call is described once, when it has been planned (``comm/planning``: arguments checked, the
+algorithm chosen), and that description travels with it:
+
+* the message tag's 16-bit signature (``tags.signature``: ranks that disagree about a call
+  put different signatures on their messages and in the fast path's slots);
+* ``PYCOLL_DEBUG=DETAIL``'s fingerprint, compared across ranks through the store;
+* the flight recorder's entry and its dump;
+* the text of an error ("this rank called allreduce(dtype=float32, count=4, op=sum)").
+
+The fast path makes one per kind of call (``fastpath.calls.FastCall.info``) and reuses it for
+every call of that kind, so describing a call costs nothing on the hot path.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..tags import signature
+
+#: point-to-point operations: only two ranks take part, so they have their own sequence
+#: numbers, no signature in their tags and no DETAIL fingerprint
+P2P = frozenset({"send", "recv", "batch_p2p"})
+#: what DETAIL compares across ranks, in the order messages name them
+FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op")
+
+
+class CallInfo:
+    """What one call is: collective, bytes, dtype, element count, op, root and algorithm.
+
+    ``dtype`` is pycoll's dtype name (``"bfloat16"`` too), ``count`` the elements per rank
+    that every rank must agree on (a list for the coalesced calls; None where ranks may
+    differ, as alltoall's splits), ``op`` a ``ReduceOp`` (None for calls without one) and
+    ``root`` the root rank of rooted calls. ``algorithm`` is the name the selection chose
+    (``"ring"``, ``"fastpath"``...), or None for point-to-point calls.
+    """
+
+    __slots__ = ("collective", "nbytes", "dtype", "count", "op", "root", "algorithm",
+                 "_signature")
+
+    def __init__(self, collective: str, nbytes: int, dtype: str | None = None,
+                 count: Any = None, op: Any = None, root: int | None = None,
+                 algorithm: str | None = None) -> None:
+        self.collective = collective
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.count = count
+        self.op = op
+        self.root = root
+        self.algorithm = algorithm
+        self._signature: int | None = None
+
+    @property
+    def p2p(self) -> bool:
+        return self.collective in P2P
+
+    @property
+    def agreed(self) -> tuple:
+        """(dtype, count, op, root): what every rank of a collective must agree on."""
+        return (self.dtype, self.count, self.op, self.root)
+
+    def signature(self) -> int:
+        """The 16 bits of the tag that say what this rank believes the call is (0 for
+        point-to-point calls, whose ranks need not agree on anything but the size)."""
+        sig = self._signature
+        if sig is None:
+            sig = self._signature = 0 if self.p2p else signature(self.collective, self.agreed)
+        return sig
+
+    def fields(self) -> dict[str, Any]:
+        """dtype, count, op, root and algorithm, where set (the flight recorder's entry)."""
+        out: dict[str, Any] = {}
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
+        if self.count is not None:
+            out["count"] = self.count
+        if self.op is not None:
+            out["op"] = str(self.op)
+        if self.root is not None:
+            out["root"] = int(self.root)
+        if self.algorithm is not None:
+            out["algorithm"] = self.algorithm
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What DETAIL compares across ranks (bytes too, but for alltoall, whose blocks may
+        differ per rank)."""
+        fp: dict[str, Any] = {"collective": self.collective}
+        if self.collective != "alltoall":
+            fp["nbytes"] = self.nbytes
+            if self.count is not None:
+                fp["count"] = self.count
+        if self.dtype is not None:
+            fp["dtype"] = self.dtype
+        if self.op is not None:
+            fp["op"] = str(self.op)
+        if self.root is not None:
+            fp["root"] = int(self.root)
+        return fp
+
+    def arguments(self) -> str:
+        """``dtype=float32, count=4, op=sum``: the arguments ranks must agree on."""
+        fp = self.fingerprint()
+        return ", ".join(f"{f}={fp[f]}" for f in FINGERPRINT_FIELDS[1:] if f in fp)
+
+    def __repr__(self) -> str:
+        return f"<CallInfo {self.collective}({self.arguments()}) {self.nbytes} B>"

@@ -1,0 +1,245 @@
+"""Execution: number every call, record it, run it under a deadline, report its failure.
+
+A communicator owns one ``Execution``; the collectives, the fast path and persistent plans
+run their calls through it and touch nothing else of it. A call arrives as a ``CallInfo``
+(what it is) and a body (``body(peers)``: what it does). The execution gives it a sequence
+number (collectives and point-to-point calls count separately: point-to-point involves only
+some ranks), a message tag made of that number and the call's kind (``tags``), a
+flight-recorder entry, a deadline, and a place to run: inline in the caller's thread when
+nothing is queued (a thread hand-off costs more than a small allreduce), else on the
+communicator's worker thread, strictly in issue order, which is what keeps ranks matched
+without negotiation. Failures go through ``failures.Failures``.
+
+A body that needs no channels (the fast path's compiled kernels) may run inline without a
+``Peers``: ``begin_inline`` claims the execution and numbers the call, ``finish_inline``
+(or ``fail_inline``) ends it. Everything else goes through ``execute``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..algorithms.primitives import Peers
+from ..errors import PycollError, TransportError
+from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
+from ..timeouts import as_seconds
+from .calls import CallInfo
+from .failures import Failures
+from .flight_recorder import COMPLETED, T_ENDED, T_SCHEDULED, T_STARTED, FlightRecorder
+from .work import Executor, Work
+
+Body = Callable[[Peers], None]
+
+
+class Execution:
+    """Sequencing and running of one communicator's calls.
+
+    ``peers`` is the communicator's one ``Peers`` (re-armed for each call: calls never
+    overlap, and building a fresh one costs more than a small message takes).
+    """
+
+    def __init__(self, rank: int, size: int, name: str, timeout: float, comm_id: int,
+                 peers: Peers, failures: Failures) -> None:
+        self.rank = rank
+        self.size = size
+        self.name = name
+        #: the communicator's default deadline of a call, in seconds
+        self.timeout = timeout
+        self.comm_id = comm_id
+        self.peers = peers
+        self.failures = failures
+        self.recorder: FlightRecorder | None = failures.recorder
+        self.detail = failures.detail
+        self.executor = Executor(name)
+        #: collectives started so far (the last one's number) and point-to-point calls
+        self.seq = 0
+        self.p2p_seq = 0
+        #: why this communicator failed (None while it works): every later call is refused
+        self.failed: BaseException | None = None
+        self.closed = False
+        #: a call sent messages through the channels since the fast path last looked for
+        #: messages nobody received (``fastpath.liveness.refuse_leftovers``)
+        self.generic_ran = False
+        #: the flight record and start time of the call running inline (``begin_inline``)
+        self.current: list | None = None
+        self.started = 0.0
+        self._low: dict[str, int] = {}
+        self._idle = self.executor.idle()
+        self._queued = self.executor.pending
+        #: ``finish_inline()``: the inline call completed. Its flight record was written as
+        #: completed when it began (a fast call takes µs: no second clock read); a dump
+        #: taken while it runs shows it running (``running_inline``)
+        self.finish_inline: Callable[[], None] = self._idle.release
+
+    def deadline_of(self, timeout: Any) -> float:
+        """Seconds a call may take: ``timeout`` (seconds or a timedelta) or the default."""
+        return self.timeout if timeout is None else (as_seconds(timeout) or self.timeout)
+
+    def refuse_if_unusable(self, collective: str) -> None:
+        if self.closed:
+            raise PycollError(f"rank {self.rank}: {collective} called after finalize()")
+        if self.failed is not None:
+            raise PycollError(f"rank {self.rank}: {collective} refused: this communicator "
+                              f"failed earlier ({self.failed}); create a new one (re-init)")
+
+    # -- calls with a body ---------------------------------------------------------------
+    def execute(self, info: CallInfo, body: Body, timeout: Any, async_op: bool,
+                output: Any = None, generic: bool = True) -> Work | None:
+        """Number, record and run one call (inline when idle, else queued).
+
+        ``output`` is what ``Work.result()`` returns (an ``Outcome`` when the body fills
+        it). ``generic``: the body sends messages through the channels (the fast path's
+        kernels run as a body too, and do not).
+        """
+        self.refuse_if_unusable(info.collective)
+        limit = self.deadline_of(timeout)
+        if info.p2p:
+            self.p2p_seq += 1
+            seq = self.p2p_seq
+        else:
+            self.seq += 1
+            seq = self.seq
+        fr = self.recorder
+        rec = fr.open(seq, info) if fr is not None else None
+        fp = info.fingerprint() if self.detail and not info.p2p else None
+
+        if not async_op and self.executor.run_inline_if_idle():
+            try:
+                self._run(info, seq, body, limit, rec, fp, generic)
+            finally:
+                self.executor.release()
+            return None
+
+        def task() -> None:
+            self._run(info, seq, body, limit, rec, fp, generic)
+
+        work = Work(info.collective, seq, self.rank, output)
+        if rec is not None:
+            rec[T_SCHEDULED] = time.monotonic()   # queued behind other calls
+        self.executor.submit(task, work)
+        if not async_op:
+            work.wait()
+            return None
+        return work
+
+    def _run(self, info: CallInfo, seq: int, body: Body, limit: float, rec: list | None,
+             fp: dict | None, generic: bool) -> None:
+        collective = info.collective
+        if self.failed is not None:   # queued before an earlier call failed
+            raise PycollError(f"rank {self.rank}: {collective} #{seq} refused: this "
+                              f"communicator failed earlier ({self.failed}); create a new one")
+        start = time.monotonic()
+        deadline = start + limit
+        self.current = None              # no call runs inline now (``running_inline``)
+        if rec is not None:
+            rec[T_STARTED] = start
+        peers = self.peers
+        peers.deadline = deadline
+        peers.posted.clear()
+        low = self._low.get(collective)
+        if low is None:
+            low = self._low[collective] = tag_low_bits(collective, self.comm_id)
+        # what this rank believes the call is travels in every message's tag: ranks that
+        # disagree never match, and the matcher reports it (tags.py)
+        peers.tag = collective_tag(seq, low, info.signature())
+        try:
+            if fp is not None:
+                self.failures.compare_fingerprints(info, seq, deadline, rec)
+            if generic and not info.p2p:
+                self.generic_ran = True
+            body(peers)
+            if not info.p2p:    # messages nobody will ever receive? (tags.py)
+                for ch in {id(r.channel): r.channel for r in peers.posted}.values():
+                    ch.check_leftovers(peers.tag, unread=False)
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised
+            waiting = sorted({r.channel.peer for r in peers.posted if not r.done})
+            self._abandon(collective, seq)
+            err = self.fail(info, seq, limit, e, rec, waiting)
+            if err is e:
+                raise
+            raise err from None
+        if rec is not None:
+            rec[T_ENDED] = time.monotonic()
+
+    def _abandon(self, collective: str, seq: int) -> None:
+        """Break the channels that still carry requests of a failed call (see
+        ``Channel.abandon``); other pairs stay usable."""
+        peers = self.peers
+        pending = [r for r in peers.posted if not r.done]
+        peers.posted.clear()
+        if not pending:
+            return
+        error = TransportError(
+            f"rank {self.rank}: this channel was closed after {collective} #{seq} failed with "
+            f"messages still in flight on it (communicator {self.name}); the pair is out of "
+            "step: create a new communicator", peer=None)
+        with peers.engine.lock:
+            for ch in {id(r.channel): r.channel for r in pending}.values():
+                ch.abandon(error)
+
+    # -- calls without channels, inline (the fast path) ----------------------------------
+    def begin_inline(self, info: CallInfo, bits: int) -> int:
+        """Claim the execution for ``info``, run by the caller now, or return 0: the caller
+        then goes through ``execute`` (an asynchronous call is queued, a call runs on
+        another thread, or the communicator cannot take calls, which ``execute`` says).
+        Returns the call's word (``tags.call_word`` of its sequence number and ``bits``);
+        ``finish_inline`` or ``fail_inline`` must follow."""
+        if self.failed is not None or self.closed or not self._idle.acquire(False):
+            return 0
+        if self._queued:                 # an asynchronous call goes first
+            self._idle.release()
+            return 0
+        seq = self.seq = self.seq + 1
+        self.started = start = time.monotonic()
+        fr = self.recorder
+        if fr is not None:      # FlightRecorder.open, written out (a call costs ~4% here)
+            rec = self.current = [seq, info, COMPLETED, 0.0, start, 0.0, None]
+            i = fr.count
+            fr.count = i + 1
+            fr.ring[i % fr.capacity] = rec
+        return ((seq & SEQ_MASK) << SEQ_SHIFT) | bits     # tags.call_word, written out
+
+
+    def fail_inline(self, info: CallInfo, e: BaseException) -> BaseException:
+        """The inline call failed with ``e``: the error to raise (see ``fail``)."""
+        try:
+            return self.fail(info, self.seq, self.timeout, e, self.current, None)
+        finally:
+            self._idle.release()
+
+    def running_inline(self) -> list | None:
+        """The flight record of the call running inline now, if one does."""
+        return self.current if self._idle.locked() else None
+
+    def dump(self, reason: str) -> str | None:
+        """Write the flight recorder's dump now; its path (None: recording is off)."""
+        return self.failures.dump(reason, None, self.seq, self.running_inline())
+
+    # -- failure -------------------------------------------------------------------------
+    def fail(self, info: CallInfo, seq: int, limit: float, e: BaseException,
+             rec: list | None, waiting: list[int] | None) -> BaseException:
+        """Turn a failure inside call ``seq`` into the error to raise; tell the other ranks.
+
+        Marks the communicator failed, posts the abort record (first failure wins),
+        attributes a lost peer that merely left after failing to the rank that really
+        failed, and dumps the flight recorder, naming the file in the message.
+        """
+        f = self.failures
+        err, record, pending = f.explain(info, seq, limit, e, waiting)
+        self.failed = err
+        err = self.failed = f.publish(err, record, seq, e)
+        if rec is not None:
+            FlightRecorder.fail(rec, pending, err)
+        f.attach_dump(err, self.seq)
+        return err
+
+    # -- the worker thread ----------------------------------------------------------------
+    def on_worker(self) -> bool:
+        """Whether the calling thread is this communicator's worker (a callback of a work
+        handle runs there, and must not wait on a later call)."""
+        return self.executor.thread is threading.current_thread()
+
+    def close(self) -> None:
+        self.closed = True
+        self.executor.close()

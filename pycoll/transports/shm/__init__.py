@@ -1,0 +1,1 @@
+"""Shared-memory transport (same host): inbox segments per ordered pair, eager slots, cross-memory attach for large messages. ``channel``: the channel and transport; ``segment``: the segment layout, its files, and cross-memory attach."""

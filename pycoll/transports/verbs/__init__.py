@@ -1,0 +1,1 @@
+"""InfiniBand/RoCE verbs transport (pyverbs): RC queue pairs per peer, eager with credits, zero-copy rendezvous. ``channel``: the channel and transport; ``device``: the device choice, queue pairs and registration cache."""

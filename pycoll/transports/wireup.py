@@ -1,0 +1,418 @@
+"""Wire-up: the job-membership handshake and lazy dials that open a pair's sockets.
+
+The higher rank of a pair dials (``Dial``, non-blocking: connect, send ``HELLO`` with
+``HMAC(token, listener nonce : rank)``, await a one-byte ack); the lower rank's ``Acceptor``
+accepts and checks it. Kept apart from ``tcp/`` so that the tcp transport reads like the
+others (a channel and a transport), and because it is not tcp's alone: the verbs transport
+sets up its queue pairs over the same dial and handshake (its socket then carries no data:
+only the queue-pair addresses, and a farewell).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import os
+import secrets
+import select
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from ..errors import TransportError
+from .base import peer_lost
+from .netif import MAX_STREAMS, tune
+
+if TYPE_CHECKING:
+    from .base import Channel
+
+
+class Dialer(Protocol):
+    """What a ``Dial`` needs of its transport."""
+
+    name: str
+    rank: int
+    _token: str | None
+
+HELLO = struct.Struct("<8sIHH32s")       # magic, rank, stream, streams, proof
+MAGIC = b"PYCOLLv2"
+
+
+def proof(token: str | None, nonce: str, rank: int, stream: int, streams: int) -> bytes:
+    key = (token or "").encode()
+    return hmac.new(key, f"{nonce}:{rank}:{stream}/{streams}".encode(), hashlib.sha256).digest()
+
+
+#: how long an accepted connection may take to prove it belongs to the job
+HANDSHAKE_SECONDS = 10.0
+#: connections still handshaking at once; beyond it the oldest is dropped (floods)
+MAX_HANDSHAKES = 256
+#: how often an idle transport looks for peers dialing in (a busy one: every pass)
+ACCEPT_INTERVAL = 0.01
+
+
+class Dial:
+    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack.
+    One per socket of the pair (``stream`` of ``streams``)."""
+
+    def __init__(self, transport: Dialer, channel: "Channel", addr: dict[str, Any],
+                 deadline: float, stream: int = 0, streams: int = 1) -> None:
+        self.transport = transport
+        self.channel = channel
+        self.stream = stream
+        self.addr = addr
+        self.deadline = deadline
+        self.sock: socket.socket | None = None
+        self.state = "idle"            # idle -> connecting -> ack
+        self.retry_at = 0.0
+        self.delay = 0.01
+        self.hello = HELLO.pack(MAGIC, transport.rank, stream, streams,
+                                proof(transport._token, str(addr["nonce"]), transport.rank,
+                                      stream, streams))
+
+    def _fail(self, why: str) -> None:
+        peer = self.channel.peer
+        self.channel._break(TransportError(
+            f"{self.transport.name}: could not connect to peer rank {peer} at {self.addr['host']}:"
+            f"{self.addr['port']}: {why}; check that the address is reachable from this host "
+            "(PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer))
+
+    def _retry(self, why: str) -> bool:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        now = time.monotonic()
+        if now + self.delay > self.deadline:
+            self._fail(f"{why} (until the deadline)")
+            return True
+        self.retry_at = now + self.delay * (0.5 + secrets.randbelow(1000) / 1000)
+        self.delay = min(self.delay * 2, 1.0)
+        self.state = "idle"
+        return False
+
+    def events(self) -> int:
+        return select.EPOLLOUT if self.state == "connecting" else select.EPOLLIN
+
+    def progress(self) -> bool:
+        """Advance; True once finished (connected or failed)."""
+        if self.channel._broken is not None:  # type: ignore[attr-defined]
+            if self.sock is not None:
+                self.sock.close()
+            return True
+        if self.state == "idle":
+            if time.monotonic() < self.retry_at:
+                return False
+            try:
+                info = socket.getaddrinfo(self.addr["host"], self.addr["port"],
+                                          type=socket.SOCK_STREAM)[0]
+                self.sock = socket.socket(info[0], socket.SOCK_STREAM)
+                self.sock.setblocking(False)
+                tune(self.sock)
+                err = self.sock.connect_ex(info[4])
+            except OSError as e:
+                return self._retry(str(e))
+            if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+                return self._retry(os.strerror(err))
+            self.state = "connecting"
+        sock = self.sock
+        assert sock is not None
+        if self.state == "connecting":
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLOUT)
+            if not p.poll(0):
+                if time.monotonic() > self.deadline:
+                    self._fail("no answer before the deadline")
+                    sock.close()
+                    return True
+                return False
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err == errno.ECONNREFUSED:
+                # The listener existed before its address was published: refused means the
+                # process is gone or has closed its communicator, not "not yet".
+                sock.close()
+                self.channel._break(peer_lost(
+                    self.channel.peer, f"its data port {self.addr['host']}:{self.addr['port']} "
+                    "refused the connection (the process exited or closed its communicator)"))
+                return True
+            if err:
+                return self._retry(os.strerror(err))
+            try:
+                sock.sendall(self.hello)     # 48 bytes into an empty socket buffer
+            except OSError as e:
+                return self._retry(str(e))
+            self.state = "ack"
+        try:
+            answer = sock.recv(1)
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() > self.deadline:
+                self._fail("the peer accepted the connection but never answered the handshake")
+                sock.close()
+                return True
+            return False
+        except OSError as e:
+            return self._retry(str(e))
+        if answer == b"" and time.monotonic() < self.deadline:
+            return self._retry("the peer closed the connection during the handshake")
+        if answer != b"\x01":
+            sock.close()
+            peer = self.channel.peer
+            self.channel._break(TransportError(
+                f"{self.transport.name}: peer rank {peer} at {self.addr['host']}:"
+                f"{self.addr['port']} refused this "
+                "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
+                peer=peer))
+            return True
+        self.channel.attach(sock, self.stream)  # type: ignore[attr-defined]
+        return True
+
+
+class Handshake:
+    """An accepted connection that has not yet proved which rank of the job it is."""
+
+    __slots__ = ("sock", "buf", "since")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.since = time.monotonic()
+
+
+class Connector:
+    """Lazy per-pair sockets, shared by tcp (its data connections) and verbs (setup and
+    liveness): the channel table, the dials of the higher rank of each pair, the lower
+    rank's ``Acceptor``, and whether a channel with work still waits for its peer to dial in.
+
+    A pair has ``streams`` sockets: the smaller of the two ranks' counts, which each side
+    computes from the other's published address (the dialer also states it in its
+    ``HELLO``). A channel is made by ``make_channel(peer, streams)`` and must offer
+    ``attach(sock, stream)``, ``busy()``, ``connected``, ``streams`` and ``_broken``.
+    """
+
+    def __init__(self, transport: Dialer, size: int, accepts: Callable[[str, int], bool],
+                 host: str, family: int, make_channel: Callable[[int, int], Any],
+                 streams: int = 1) -> None:
+        self.transport = transport
+        self.host = host
+        self.streams = streams
+        self._accepts = accepts
+        self._make = make_channel
+        self.channels: dict[int, Any] = {}
+        self.attached: dict[int, set[int]] = {}      # peer -> its sockets accepted so far
+        self.dials: dict[tuple[int, int], Dial] = {}
+        self.awaiting = False       # a channel with work waits for its peer to dial in
+        self.acceptor = Acceptor(transport.rank, size, transport._token, host, family,
+                                 self._may_admit, self._attach)
+
+    def address(self) -> dict[str, Any]:
+        return dict(self.acceptor.address(self.host), streams=self.streams)
+
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Any:
+        """The channel to ``peer``, created on first use: the higher rank dials."""
+        ch = self.channels.get(peer)
+        if ch is None:
+            streams = max(1, min(self.streams, int(address.get("streams", 1))))
+            ch = self.channels[peer] = self._make(peer, streams)
+            if peer < self.transport.rank:
+                for stream in range(streams):
+                    self.dials[(peer, stream)] = Dial(self.transport, ch, address, deadline,
+                                                      stream, streams)
+            else:
+                self.awaiting = True
+        return ch
+
+    def _may_admit(self, rank: int, stream: int, streams: int) -> bool:
+        existing = self.channels.get(rank)
+        if existing is None:
+            fits = streams <= self.streams
+        else:
+            fits = streams == existing.streams and stream not in self.attached.get(rank, ())
+        return fits and self._accepts(self.transport.name, rank)
+
+    def _attach(self, rank: int, stream: int, streams: int, sock: socket.socket) -> None:
+        ch = self.channels.get(rank)
+        if ch is None:
+            ch = self.channels[rank] = self._make(rank, streams)
+        self.attached.setdefault(rank, set()).add(stream)
+        ch.attach(sock, stream)
+
+    def progress(self, active: Any) -> bool:
+        """Advance dials and the acceptor; ``active``: the channels with work."""
+        moved = False
+        if self.dials:
+            for key, dial in list(self.dials.items()):
+                if dial.progress():
+                    del self.dials[key]
+                    moved = True
+        moved = self.acceptor.progress(self.awaiting) or moved
+        rank, attached = self.transport.rank, self.attached
+        self.awaiting = any(ch.peer > rank and ch.busy() and ch._broken is None
+                            and len(attached.get(ch.peer, ())) < ch.streams for ch in active)
+        return moved
+
+    @property
+    def pending(self) -> bool:
+        """Connection setup in progress (the engine must progress even idle channels)."""
+        return bool(self.dials or self.acceptor.handshakes or self.awaiting)
+
+    def fds(self) -> list[tuple[int, int]]:
+        return self.acceptor.fds() + [(d.sock.fileno(), d.events()) for d in self.dials.values()
+                                      if d.sock is not None]
+
+    def connections(self) -> int:
+        return sum(ch.connected for ch in self.channels.values())
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+        self.channels.clear()
+        for dial in self.dials.values():
+            if dial.sock is not None:
+                dial.sock.close()
+        self.dials.clear()
+        self.acceptor.close()
+
+
+class ConnectorTransport:
+    """The transport methods that only hand over to a ``Connector`` (``self._setup``), for
+    tcp and verbs alike: their published address, lazy channels, the open-connection count."""
+
+    _setup: Connector
+    setup_pending: bool
+
+    def address(self) -> dict[str, Any]:
+        return self._setup.address()
+
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Any:
+        ch = self._setup.connect(peer, address, deadline)
+        self.setup_pending = self._setup.pending
+        return ch
+
+    def connections(self) -> int:
+        """Open connections (for tests and diagnostics)."""
+        return self._setup.connections()
+
+
+class Acceptor:
+    """The listening side of connection setup, shared by tcp and verbs (``Connector``).
+
+    Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
+    it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:
+    ``may_admit(r, stream, streams)`` (is ``r`` a higher rank that may dial this socket of
+    the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack. Anything else (a stranger, a flood of silent sockets, a
+    peer of another job) is dropped without disturbing the job; when descriptors run short
+    the oldest unproven connection goes first.
+    """
+
+    def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,
+                 may_admit: Callable[[int, int, int], bool],
+                 attach: Callable[[int, int, int, socket.socket], None]) -> None:
+        self.rank = rank
+        self.size = size
+        self.token = token
+        self.nonce = secrets.token_hex(16)
+        self._may_admit = may_admit
+        self._attach = attach
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((host, 0))
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.handshakes: dict[int, Handshake] = {}
+        self._next_accept = 0.0
+
+    def address(self, host: str) -> dict[str, Any]:
+        return {"host": host, "port": self.listener.getsockname()[1], "nonce": self.nonce}
+
+    def progress(self, awaiting: bool) -> bool:
+        """Accept and check handshakes: every pass while ``awaiting`` (a channel with work
+        waits for its peer to dial in) or handshakes are open, else every
+        ``ACCEPT_INTERVAL``."""
+        now = time.monotonic() if not (self.handshakes or awaiting) else 0.0
+        if not (self.handshakes or awaiting or now >= self._next_accept):
+            return False
+        self._next_accept = now + ACCEPT_INTERVAL
+        moved = self._accept()
+        if self.handshakes:
+            moved = self._progress_handshakes() or moved
+        return moved
+
+    def fds(self) -> list[tuple[int, int]]:
+        return [(self.listener.fileno(), select.EPOLLIN)] + [
+            (fd, select.EPOLLIN) for fd in self.handshakes]
+
+    def _accept(self) -> bool:
+        moved = False
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:   # EMFILE and friends: keep the job running
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._drop_oldest_handshake()
+                break
+            conn.setblocking(False)
+            if len(self.handshakes) >= MAX_HANDSHAKES:
+                self._drop_oldest_handshake()
+            self.handshakes[conn.fileno()] = Handshake(conn)
+            moved = True
+        return moved
+
+    def _drop_oldest_handshake(self) -> None:
+        if self.handshakes:
+            fd = next(iter(self.handshakes))
+            self.handshakes.pop(fd).sock.close()
+
+    def _progress_handshakes(self) -> bool:
+        moved = False
+        now = time.monotonic()
+        for fd, hs in list(self.handshakes.items()):
+            try:
+                chunk = hs.sock.recv(HELLO.size - len(hs.buf))
+            except (BlockingIOError, InterruptedError):
+                if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
+                    del self.handshakes[fd]
+                    hs.sock.close()
+                continue
+            except OSError:
+                chunk = b""
+            moved = True
+            if not chunk:
+                del self.handshakes[fd]
+                hs.sock.close()
+                continue
+            hs.buf += chunk
+            if len(hs.buf) < HELLO.size:
+                continue
+            del self.handshakes[fd]
+            if not self._admit(hs):
+                hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
+        return moved
+
+    def _admit(self, hs: Handshake) -> bool:
+        """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
+        other code), then that the rank may dial us; attach the socket if all holds."""
+        try:
+            magic, rank, stream, streams, claimed = HELLO.unpack(bytes(hs.buf))
+            if (magic != MAGIC or not self.rank < rank < self.size
+                    or not 0 <= stream < streams <= MAX_STREAMS
+                    or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank,
+                                                              stream, streams))
+                    or not self._may_admit(rank, stream, streams)):
+                return False
+            hs.sock.send(b"\x01")
+            tune(hs.sock)
+        except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
+            return False
+        self._attach(rank, stream, streams, hs.sock)
+        return True
+
+    def close(self) -> None:
+        for hs in self.handshakes.values():
+            hs.sock.close()
+        self.handshakes.clear()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
