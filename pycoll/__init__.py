@@ -6,23 +6,53 @@
     pycoll.finalize()
 """
 from . import _moved
-from ._version import __version__
-from .comm.communicator import Communicator
-from .errors import (Aborted, CollectiveMismatch, CollectiveTimeout, InvalidArgument, InvalidDtype,
-                     MessageSizeMismatch, PeerLost, PycollError, TransportError)
+from ._version import __version__ as __version__
 from .buffers.reduction import OP_NAMES, ReduceOp
-from .runtime.work import Work
+from .comm.communicator import Communicator
 from .comm.persistent import AllreducePlan
-from .world import (allgather, allgather_coalesced, allgatherv, allreduce, allreduce_coalesced,
-                    allreduce_init, alltoall, barrier, broadcast, finalize, gather, get_rank,
-                    get_world_size, init, is_initialized, new_group, recv, reduce, reduce_scatter,
-                    scatter, send, world)
+from .errors import (
+                     Aborted,
+                     CollectiveMismatch,
+                     CollectiveTimeout,
+                     InvalidArgument,
+                     InvalidDtype,
+                     MessageSizeMismatch,
+                     PeerLost,
+                     PycollError,
+                     TransportError,
+)
+from .runtime.work import Work
+from .world import (
+                     allgather,
+                     allgather_coalesced,
+                     allgatherv,
+                     allreduce,
+                     allreduce_coalesced,
+                     allreduce_init,
+                     alltoall,
+                     barrier,
+                     broadcast,
+                     finalize,
+                     gather,
+                     get_rank,
+                     get_world_size,
+                     init,
+                     is_initialized,
+                     new_group,
+                     recv,
+                     reduce,
+                     reduce_scatter,
+                     scatter,
+                     send,
+                     world,
+)
 
 _moved.install()
 
 __all__ = [
     "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",
-    "allreduce", "allreduce_init", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+    "allreduce", "allreduce_init", "barrier", "broadcast", "reduce", "allgather",
+    "reduce_scatter", "alltoall",
     "gather", "scatter", "send", "recv", "allreduce_coalesced", "allgather_coalesced",
     "allgatherv", "new_group",
     "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",

@@ -11,8 +11,8 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Sequence
 
 #: old module path -> the module that holds its code now
 MOVED = {

@@ -9,7 +9,7 @@ import time.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import InvalidArgument
 

@@ -21,7 +21,8 @@ import glob
 import json
 import os
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .runtime.flight_recorder import FORMAT
 
@@ -131,7 +132,7 @@ def _analyze_group(job: Any, comm: Any, views: list[RankView]) -> dict[str, Any]
     ahead: list[int] = []
     kinds: dict[tuple, list[int]] = {}
     waits_for: dict[int, list[int]] = {}
-    seq = focus["seq"] if focus is not None else None
+    seq: int = focus["seq"] if focus is not None else -1
     gave_up_at = t0 = None
     if focus is not None:
         here = [v.by_seq[seq] for v in views if seq in v.by_seq]
@@ -182,8 +183,9 @@ def _analyze_group(job: Any, comm: Any, views: list[RankView]) -> dict[str, Any]
     if focus is not None:
         name = _op(focus)
         if len({c for c, _ in kinds}) > 1 or len({n for _, n in kinds}) > 1:
-            verdict.append("ranks disagree on what #%d is: %s" % (seq, "; ".join(
-                f"{_ranks(rs)} called {c} ({n} bytes)" for (c, n), rs in kinds.items())))
+            said = "; ".join(f"{_ranks(rs)} called {c} ({n} bytes)"
+                             for (c, n), rs in kinds.items())
+            verdict.append(f"ranks disagree on what #{seq} is: {said}")
         if behind or missing:
             parts = []
             if behind:

@@ -8,16 +8,15 @@ already runs one.
 from __future__ import annotations
 
 import atexit
-import os
 from datetime import timedelta
 from typing import Any
 
-from .comm.communicator import DEFAULT_TIMEOUT, Communicator
-from .launch.join import join
-from .errors import PycollError
 from .buffers.reduction import OpLike
-from .timeouts import as_seconds
+from .comm.communicator import DEFAULT_TIMEOUT, Communicator
+from .errors import PycollError
+from .launch.join import join
 from .runtime.work import Work
+from .timeouts import as_seconds
 
 _world: Communicator | None = None
 

@@ -1,6 +1,6 @@
 """Collective algorithms, each a short loop over the primitives in ``primitives.py``.
 
-``ALGORITHMS[collective][name]`` is the registry that selection (``pycoll.algorithms.selection``) and the
+``ALGORITHMS[collective][name]`` is the registry that selection (``selection.py``) and the
 ``algo=`` / ``PYCOLL_ALGO`` overrides draw from. Signatures per collective:
 
 =============== =================================================================
@@ -17,19 +17,32 @@ barrier         fn(peers)
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .chain import broadcast_pipeline
-from .halving_doubling import (allgather_recursive_doubling, allreduce_rabenseifner,
-                               reduce_scatter_recursive_halving)
+from .halving_doubling import (
+    allgather_recursive_doubling,
+    allreduce_rabenseifner,
+    reduce_scatter_recursive_halving,
+)
 from .hierarchical import allreduce_hierarchical, broadcast_hierarchical
 from .linear import gather_linear, scatter_linear
-from .pairwise import (allgather_bruck, alltoall_bruck, alltoall_pairwise, alltoall_scattered,
-                       barrier_dissemination)
+from .pairwise import (
+    allgather_bruck,
+    alltoall_bruck,
+    alltoall_pairwise,
+    alltoall_scattered,
+    barrier_dissemination,
+)
 from .recursive_doubling import allreduce_recursive_doubling
 from .ring import allgather_ring, allreduce_ring, reduce_ring, reduce_scatter_ring_owned
-from .tree import (broadcast_binomial, broadcast_scatter_allgather, gather_binomial,
-                   reduce_binomial, scatter_binomial)
+from .tree import (
+    broadcast_binomial,
+    broadcast_scatter_allgather,
+    gather_binomial,
+    reduce_binomial,
+    scatter_binomial,
+)
 
 
 def _allgather_ring(peers, out, bounds) -> None:  # registry signature

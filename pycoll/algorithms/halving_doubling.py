@@ -19,9 +19,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .primitives import (Peers, ReduceSpec, chunk_bounds, recv, recv_reduce, send, send_segmented,
-                         sendrecv, sendrecv_reduce)
 from .pairwise import allgather_bruck
+from .primitives import (
+    Peers,
+    ReduceSpec,
+    chunk_bounds,
+    recv,
+    recv_reduce,
+    send,
+    send_segmented,
+    sendrecv,
+    sendrecv_reduce,
+)
 
 Bounds = list[tuple[int, int]]
 

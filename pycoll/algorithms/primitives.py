@@ -8,12 +8,13 @@ k+1 is still arriving, so the wire and the reduction overlap.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..errors import TransportError
 from ..buffers.memops import MemoryOps, ReduceSpec
+from ..errors import TransportError
 from ..transports.base import Channel, Request
 from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine, WaitTimeout
@@ -37,7 +38,7 @@ class Peers:
                  segment_bytes: int, ops: MemoryOps, engine: ProgressEngine,
                  check: Callable[[], None] | None = None,
                  layout: Sequence[tuple[int, int]] = (),
-                 subgroup: Callable[[str], "Peers | None"] | None = None,
+                 subgroup: Callable[[str], Peers | None] | None = None,
                  tag: int | None = None) -> None:
         self.rank = rank
         self.size = size
@@ -56,7 +57,7 @@ class Peers:
         #: so that no late message lands in a user's buffer after the error was raised
         self.posted: list[Request] = []
 
-    def subgroup(self, kind: str) -> "Peers | None":
+    def subgroup(self, kind: str) -> Peers | None:
         """The ranks of this one's node (``"node"``) or of the same local index on every
         node (``"cross"``), for hierarchical algorithms; None unless the layout has several
         nodes with equally many ranks each."""
@@ -192,8 +193,9 @@ def sendrecv_reduce(peers: Peers, dst: int | None, send_arr: np.ndarray | None, 
                     acc: np.ndarray, spec: ReduceSpec, tag: int | None = None) -> None:
     """Send ``send_arr`` to ``dst``; receive ``src``'s matching data and reduce it into ``acc``.
 
-    With ``dst=None`` it only receives and reduces (recv-reduce). Both sides cut their buffers into the same segments (the segment size is a job-wide
-    setting), so every segment is one message. Two scratch segments alternate: while one is
+    With ``dst=None`` it only receives and reduces (recv-reduce). Both sides cut their
+    buffers into the same segments (the segment size is a job-wide setting), so every
+    segment is one message. Two scratch segments alternate: while one is
     being reduced the next is arriving.
     """
     sends = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from ..errors import InvalidArgument
 from ..transports.base import Capabilities
@@ -40,7 +40,7 @@ class LinkModel:
     cores: int = 0
 
     @classmethod
-    def from_capabilities(cls, caps: Sequence[Capabilities]) -> "LinkModel":
+    def from_capabilities(cls, caps: Sequence[Capabilities]) -> LinkModel:
         if not caps:
             return cls(PYTHON_STEP_US * 1e-6, 0.0)
         latency = max(c.latency_us for c in caps)
@@ -159,7 +159,7 @@ def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         rounds = [max(1, p >> (k + 1)) for k in range(_lg(p))]
         critical = sum(a + _crowd(t, link) * nbytes * (b + g) for t in rounds)
         return _bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
-    if algo == "ring":  # ring reduce-scatter (every rank at once), then the root gathers p - 1 chunks
+    if algo == "ring":  # ring reduce-scatter (every rank at once), the root gathers p-1 chunks
         a = _alpha(p, link, True)
         critical = (p * a + _crowd(p, link) * (p - 1) / p * nbytes * (b + g)
                     + (p - 1) / p * nbytes * b)
@@ -258,7 +258,7 @@ class Selector:
 
     def __init__(self, registry: dict[str, dict], caps: Sequence[Capabilities],
                  overrides: dict[str, str] | None = None,
-                 hierarchy: "Hierarchy | None" = None) -> None:
+                 hierarchy: Hierarchy | None = None) -> None:
         self.registry = registry
         self.link = LinkModel.from_capabilities(caps)
         self.hierarchy = hierarchy
@@ -273,8 +273,8 @@ class Selector:
             raise InvalidArgument(f"{where}: unknown collective {collective!r}; known: "
                                   + ", ".join(sorted(self.registry)))
         if algo not in known:
-            raise InvalidArgument(f"{where}: unknown {collective} algorithm {algo!r}; choose one of "
-                                  + ", ".join(sorted(known)))
+            raise InvalidArgument(f"{where}: unknown {collective} algorithm {algo!r}; choose one "
+                                  "of " + ", ".join(sorted(known)))
 
     def choose(self, collective: str, nbytes: int, world_size: int, algo: str | None = None) -> str:
         if algo is not None:
@@ -319,6 +319,8 @@ class Hierarchy:
                          for name in ("ring", "recursive_doubling"))
             return inside + across
         if collective == "broadcast":
-            return (math.ceil(math.log2(self.nodes)) * (self.inter.alpha + nbytes * self.inter.beta)
-                    + math.ceil(math.log2(self.local)) * (self.intra.alpha + nbytes * self.intra.beta))
+            inter = self.inter.alpha + nbytes * self.inter.beta
+            intra = self.intra.alpha + nbytes * self.intra.beta
+            return (math.ceil(math.log2(self.nodes)) * inter
+                    + math.ceil(math.log2(self.local)) * intra)
         return math.inf

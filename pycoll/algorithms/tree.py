@@ -88,7 +88,7 @@ def gather_binomial(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root:
 
         def place(a: int, b: int) -> np.ndarray:
             start = (a + root) % n
-            return out[start * blk:(start + b - a) * blk]  # type: ignore[index]
+            return out[start * blk:(start + b - a) * blk]
     else:
         stop = min(vrank + m, n)
         stage = peers.scratch((stop - vrank) * blk, inp.dtype, slot=2) if children else inp
@@ -116,7 +116,7 @@ def scatter_binomial(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root
 
         def place(a: int, b: int) -> np.ndarray:
             start = (a + root) % n
-            return inp[start * blk:(start + b - a) * blk]  # type: ignore[index]
+            return inp[start * blk:(start + b - a) * blk]
     else:
         stop = min(vrank + m, n)
         stage = peers.scratch((stop - vrank) * blk, out.dtype, slot=2) if children else out

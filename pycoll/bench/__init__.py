@@ -7,7 +7,7 @@ factors, validation data), ``runner`` (the timing loop, shared with benchmarks/p
 ``backend`` (pycoll adapter), ``report`` (OSU/nccl-tests/JSON/CSV output and parsers),
 ``plot`` (matplotlib, imported lazily), ``cli`` (the command).
 """
-from .options import parse_size, parse_message_range, message_sizes  # noqa: F401
+from .options import message_sizes, parse_message_range, parse_size  # noqa: F401
 
 
 def main(argv=None) -> int:

@@ -111,7 +111,7 @@ class BufferDelegate:
     """Buffer handling every backend shares: it owns ``self.bufs`` (NumpyBuffers or
     TorchBuffers) and forwards to it, so a backend only says how to communicate."""
 
-    bufs: "NumpyBuffers | TorchBuffers"
+    bufs: NumpyBuffers | TorchBuffers
 
     def alloc(self, count, dtype):
         return self.bufs.alloc(count, dtype)

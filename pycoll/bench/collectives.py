@@ -12,8 +12,8 @@ wraps identically on all ranks) and a misplaced block is detected.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -206,7 +206,9 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     p.add_argument("-n", "--nprocs", type=int, default=2,
                    help="local ranks to spawn when not started by a launcher (default 2)")
     p.add_argument("-A", "--algo", default=None, help="force an algorithm (passed as algo=)")
-    p.add_argument("--transport", default=None, help="force the transports, an ordered list such as verbs or verbs,tcp (PYCOLL_TRANSPORTS)")
+    p.add_argument("--transport", default=None,
+                   help="force the transports, an ordered list such as verbs or verbs,tcp "
+                        "(PYCOLL_TRANSPORTS)")
     p.add_argument("-o", "--op", default="sum",
                    help="reduction op: sum (default), prod, min, max, avg, or all")
     p.add_argument("-d", "--device", default="cpu", choices=("cpu", "cuda"),

@@ -1,7 +1,7 @@
 """PNG plots of latency and busbw against message size (matplotlib, Agg, log axes)."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 def _matplotlib():

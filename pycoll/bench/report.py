@@ -6,9 +6,9 @@ OSU layout (OMB 7.4 ``print_only_header``/``print_stats`` in ``c/util/osu_util.c
     # Size       Avg Latency(us)     [Min Latency(us)     Max Latency(us)  Iterations]
     8                       1.52     ...
 
-``"%-10s%18s"`` header, ``"%-10d%18.2f"`` rows (FIELD_WIDTH 18), 18-wide min/max, 12-wide iterations; pycoll
-appends nccl-tests' ``algbw(GB/s)`` and ``busbw(GB/s)`` (14 wide) and, with ``-c``, OSU's
-18-wide ``Validation`` column last.  nccl-tests layout: the header and row printf formats of
+``"%-10s%18s"`` header, ``"%-10d%18.2f"`` rows (FIELD_WIDTH 18), 18-wide min/max, 12-wide
+iterations; pycoll appends nccl-tests' ``algbw(GB/s)`` and ``busbw(GB/s)`` (14 wide) and,
+with ``-c``, OSU's 18-wide ``Validation`` column last.  nccl-tests layout: the header and row printf formats of
 nccl-tests' ``src/util.cu``.
 """
 from __future__ import annotations
@@ -184,7 +184,8 @@ def nccl_preamble(meta: dict, sizes: list[int]) -> list[str]:
              f"# Collective test starting: {name}",
              f"# nThread 1 nGpus 1 minBytes {min(sizes) if sizes else 0} "
              f"maxBytes {max(sizes) if sizes else 0} step: 2(factor) "
-             f"warmup iters: {meta.get('warmup_text', 'osu')} iters: {meta.get('iters_text', 'osu')} "
+             f"warmup iters: {meta.get('warmup_text', 'osu')} "
+             f"iters: {meta.get('iters_text', 'osu')} "
              f"agg iters: 1 validation: {1 if meta.get('validate') else 0} graph: 0",
              "#"]
     lines += _meta_lines(meta)
@@ -204,29 +205,30 @@ def nccl_preamble(meta: dict, sizes: list[int]) -> list[str]:
 def nccl_column_header() -> list[str]:
     return [
         "#" + " " * 61 + "in-place",
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s"
-        % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"),
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s"
-        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  "
+        f"{'algbw':>6}  {'busbw':>6}  {'#wrong':>6}",
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  "
+        f"{'(GB/s)':>6}  {'(GB/s)':>6}  {'':>5}",
     ]
 
 
 def _nccl_time(us: float) -> str:
     if us >= 10000.0:
-        return "%7.0f" % us
+        return f"{us:7.0f}"
     if us >= 100.0:
-        return "%7.1f" % us
-    return "%7.2f" % us
+        return f"{us:7.1f}"
+    return f"{us:7.2f}"
 
 
 def nccl_row(row: dict) -> str:
     root = row.get("root", -1)
     root = 0 if root == "rotate" else int(root)
     wrong = "N/A" if row.get("wrong") is None else str(row["wrong"])
-    return "%12d  %12d  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s" % (
-        row["size"], row["count"], NCCL_TYPES.get(row["dtype"], row["dtype"]),
-        row.get("op") or "none", root, _nccl_time(row["avg_us"]),
-        row["algbw_GBps"], row["busbw_GBps"], wrong)
+    dtype = NCCL_TYPES.get(row["dtype"], row["dtype"])
+    op = row.get("op") or "none"
+    return (f"{row['size']:12d}  {row['count']:12d}  {dtype:>8}  {op:>6}  {root:6d}  "
+            f"{_nccl_time(row['avg_us'])}  {row['algbw_GBps']:6.2f}  {row['busbw_GBps']:6.2f}  "
+            f"{wrong:>6}")
 
 
 def nccl_epilogue(meta: dict, rows: list[dict]) -> list[str]:

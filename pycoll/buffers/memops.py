@@ -13,8 +13,9 @@ error naming what is missing instead of silently staging through the host.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -68,7 +68,7 @@ class MemRef:
         self.nbytes = view.nbytes
 
     @classmethod
-    def of(cls, obj: Any) -> "MemRef":
+    def of(cls, obj: Any) -> MemRef:
         """Host memory of any buffer-protocol object (bytes, bytearray, numpy...)."""
         view = memoryview(obj)
         if view.format != "B" or view.ndim != 1:
@@ -77,7 +77,7 @@ class MemRef:
 
     @staticmethod
     def device_memory(ptr: int, nbytes: int, device: int | None, owner: Any = None,
-                      ready: Any = None, mem_type: MemoryType = CUDA) -> "DeviceMemRef":
+                      ready: Any = None, mem_type: MemoryType = CUDA) -> DeviceMemRef:
         """A reference to device memory (no host view)."""
         return DeviceMemRef(ptr, nbytes, mem_type, device, owner, ready)
 
@@ -89,7 +89,7 @@ class MemRef:
         """The bytes as a ``memoryview`` (host memory only)."""
         return self._view
 
-    def sub(self, offset: int, nbytes: int) -> "MemRef":
+    def sub(self, offset: int, nbytes: int) -> MemRef:
         """``nbytes`` bytes from ``offset`` (same memory, same owner)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"sub({offset}, {nbytes}) outside a {self.nbytes}-byte MemRef")
@@ -125,7 +125,7 @@ class DeviceMemRef(MemRef):
         raise TypeError(f"{self.mem_type.label(self.device)} memory has no host view; "
                         "this transport does not move device memory")
 
-    def sub(self, offset: int, nbytes: int) -> "MemRef":
+    def sub(self, offset: int, nbytes: int) -> MemRef:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"sub({offset}, {nbytes}) outside a {self.nbytes}-byte MemRef")
         return DeviceMemRef(self._ptr + offset, nbytes, self.mem_type, self.device, self.owner,

@@ -10,8 +10,9 @@ size; integer averages truncate toward zero, like C division.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,7 +81,7 @@ ReduceOp.BOR = ReduceOp("bor")
 ReduceOp.BXOR = ReduceOp("bxor")
 
 
-OpLike = Union[str, ReduceOp]
+OpLike = str | ReduceOp
 
 
 _PARSED: dict[str, ReduceOp] = {}

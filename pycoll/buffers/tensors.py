@@ -231,7 +231,8 @@ def _from_buffer_protocol(obj: Any, name: str) -> Buffer:
     try:
         arr = np.asarray(view)
     except (ValueError, TypeError) as e:
-        raise InvalidDtype(f"{name}: buffer format {view.format!r} is not understood ({e})") from None
+        raise InvalidDtype(f"{name}: buffer format {view.format!r} is not understood ({e})"
+                           ) from None
     return _host_array(arr, name, "buffer")
 
 

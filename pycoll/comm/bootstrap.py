@@ -19,14 +19,15 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import debug, fastpath
 from ..errors import InvalidArgument
-from .topology import host_identity, machine_identity
 from ..transports import registry
 from ..transports.base import Capabilities, Channel, OpenContext, PeerInfo, Transport
 from ..transports.progress import ProgressEngine, WaitPolicy
+from .topology import host_identity, machine_identity
 
 
 class RankTable:
@@ -123,7 +124,7 @@ class Connections:
     @classmethod
     def bootstrap(cls, store: Any, rank: int, size: int, *, timeout: float,
                   token: str | None, master_addr: str | None,
-                  host: str | None = None) -> "Connections":
+                  host: str | None = None) -> Connections:
         deadline = time.monotonic() + timeout
         order = registry.allowed_transports()
         records, missing = registry.probe_all(order)
@@ -147,7 +148,8 @@ class Connections:
                                       timeout=max(0.001, deadline - time.monotonic()))
                 recs = [json.loads(v) for v in raw]
                 store.set("table", _encode_table(recs, size))
-            table = _decode_table(store.get("table", timeout=max(0.001, deadline - time.monotonic())),
+            remaining = max(0.001, deadline - time.monotonic())
+            table = _decode_table(store.get("table", timeout=remaining),
                                   rank, size)
             conn = cls(rank, table, order, transports, missing, store, timeout)
             holder.append(conn)

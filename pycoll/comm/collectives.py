@@ -10,7 +10,8 @@ computes, written against the parts the communicator owns (listed on the class).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,7 @@ class Collectives:
                                      algorithm=name), body, timeout, async_op, tensor)
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                       timeout: float | None = None) -> "AllreducePlan":
+                       timeout: float | None = None) -> AllreducePlan:
         """A persistent allreduce of ``tensor`` (``pycoll.comm.persistent``): checked and planned
         once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
         itself (no communication until a run)."""
@@ -375,7 +376,7 @@ class Collectives:
             if ins is not None:
                 fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
             if self.size == 1:
-                out.array[...] = fused  # type: ignore[index]
+                out.array[...] = fused
             else:
                 fn(peers, fused, out.array, root)
 

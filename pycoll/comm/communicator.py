@@ -23,32 +23,32 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import debug, fastpath
-from ..algorithms import link_probe
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, link_probe
 from ..algorithms.primitives import Peers
-from .bootstrap import ChannelView, Connections
-from .collectives import Collectives
-from .fused import FusedCollectives
+from ..algorithms.selection import Hierarchy, LinkModel, Selector
+from ..buffers.memops import HostOps
+from ..envvars import env_int
+from ..errors import InvalidArgument, PycollError
+from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
-from ..envvars import env_int
-from ..errors import InvalidArgument, PeerLost, PycollError
-from ..fastpath.runner import FastPath
-from ..buffers.memops import HostOps
-from .planning import Planner
 from ..timeouts import as_seconds
-from .topology import host_identity, hierarchy_members, is_uniform, node_layout, ring_crossings
 from ..transports import registry
 from ..transports.base import Channel
-from ..algorithms.selection import Hierarchy, LinkModel, Selector
+from .bootstrap import ChannelView, Connections
+from .collectives import Collectives
+from .fused import FusedCollectives
+from .planning import Planner
+from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
 DEFAULT_TIMEOUT = 300.0
 COMM_ID_BITS = 20
@@ -142,6 +142,7 @@ class Communicator(Collectives, FusedCollectives):
         if not limit:
             return None
         from rendezvous import PrefixStore
+
         from ..fastpath.segment import SharedSlots
         # made now, while every member is here: a lazy segment would make the first fast
         # call wait for rank 0, which a rank stuck in another call never lets happen
@@ -157,7 +158,7 @@ class Communicator(Collectives, FusedCollectives):
     def create(cls, store: Any, rank: int, size: int, *, name: str = "world",
                timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
                master_addr: str | None = None, owns_store: bool = False,
-               host: str | None = None) -> "Communicator":
+               host: str | None = None) -> Communicator:
         """Join ``size`` ranks that share ``store``; every rank calls this collectively.
 
         One store round (see ``bootstrap``); no connection is opened until a collective
@@ -191,7 +192,7 @@ class Communicator(Collectives, FusedCollectives):
 
     # -- groups ------------------------------------------------------------------------------
     def split(self, color: int | None, key: int = 0, *, name: str | None = None,
-              timeout: Timeout = None) -> "Communicator | None":
+              timeout: Timeout = None) -> Communicator | None:
         """Collectively split into communicators of the ranks that passed the same ``color``.
 
         Ranks are ordered by ``key`` (then by rank) in the new communicator; ``color=None``
@@ -247,7 +248,7 @@ class Communicator(Collectives, FusedCollectives):
         self._peers.engine.share(self._exec.executor.idle())
         return child
 
-    def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> "Communicator | None":
+    def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> Communicator | None:
         """A communicator of ``ranks`` (this communicator's ranks, in that order).
 
         Every rank of this communicator must call it (members and non-members alike), in
@@ -418,7 +419,8 @@ class Communicator(Collectives, FusedCollectives):
             try:
                 from rendezvous import PrefixStore
                 scoped = PrefixStore(f"pycoll/{self.name}/", store)
-                if (lost is not None or execution.failed is not None) and hasattr(store, "set_timeout"):
+                failed = lost is not None or execution.failed is not None
+                if failed and hasattr(store, "set_timeout"):
                     # after a failure the store may be out of reach (a rank cut off from node
                     # 0): a short try, not the whole init timeout before this process can exit
                     store.set_timeout(FAILED_FINALIZE_SECONDS)
@@ -445,7 +447,7 @@ class Communicator(Collectives, FusedCollectives):
         """The rank whose loss failed this communicator, if that was it."""
         return self._exec.failures.lost_rank(self._exec.failed)
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,8 @@ worker's for ``async_op=True``), so an asynchronous call returns before any byte
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,8 @@ memory: write new values into it between runs, but do not reallocate it (``resiz
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op

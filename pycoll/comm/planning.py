@@ -6,15 +6,16 @@ communicator.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, InvalidDtype
+from ..algorithms.selection import Selector
 from ..buffers.memory import CUDA, HOST
 from ..buffers.tensors import Buffer, as_buffer
+from ..errors import InvalidArgument, InvalidDtype
 from ..transports.base import Capabilities
-from ..algorithms.selection import Selector
 
 
 class Planner:

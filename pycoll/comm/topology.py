@@ -6,6 +6,7 @@ import socket
 
 from ..errors import InvalidArgument
 
+
 def host_identity(rank: int | None = None) -> str:
     """A string equal for processes on the same host (and kernel), different otherwise.
 

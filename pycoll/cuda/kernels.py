@@ -16,7 +16,8 @@ calls (streams, events, IPC handles) and works on any device pointer, torch tens
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..buffers.reduction import ReduceOp
 from .runtime import cupy

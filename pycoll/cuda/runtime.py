@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,9 +53,10 @@ def unavailable_reason() -> str | None:
 
 def _find_unavailable_reason() -> str | None:
     try:
-        import cupy  # type: ignore[import-not-found]  # noqa: F401
+        import cupy  # noqa: F401
     except ImportError as e:
-        return f"CuPy is not installed ({e}); install pycoll's cuda extra: pip install 'pycoll[cuda]'"
+        return (f"CuPy is not installed ({e}); install pycoll's cuda extra: "
+                "pip install 'pycoll[cuda]'")
     except Exception as e:  # noqa: BLE001 - a broken CUDA install raises anything
         return f"CuPy failed to import ({type(e).__name__}: {e})"
     try:
@@ -73,7 +75,7 @@ def cupy() -> Any:
         why = unavailable_reason()
         if why is not None:
             raise InvalidArgument(f"CUDA buffers cannot be used: {why}")
-        import cupy as cp  # type: ignore[import-not-found]
+        import cupy as cp
         _cupy = cp
     return _cupy
 

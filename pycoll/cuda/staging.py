@@ -25,13 +25,14 @@ check (``take``); a call refused while being planned gives its buffers back (``b
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgument
 from ..buffers.memory import CUDA, HOST
 from ..buffers.tensors import Buffer
+from ..errors import InvalidArgument
 from . import runtime
 
 
@@ -222,7 +223,7 @@ class DeviceCalls:
         arr = host[:buf.nbytes].view(runtime.storage_dtype(buf.dtype))
         return Buffer(arr, buf.dtype, buf.source, HOST)
 
-    def take(self) -> "StagedCall | DirectCall":
+    def take(self) -> StagedCall | DirectCall:
         """The planned call's device buffers, their copies to the host queued (staged) or
         pycoll's stream ordered after the caller's (direct)."""
         assert self._device is not None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import platform
 
-from llvmlite import ir  # type: ignore[import-untyped]
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic

@@ -8,7 +8,8 @@ docs/algorithms.md#the-fast-path-one-host.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

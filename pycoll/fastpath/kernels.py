@@ -33,11 +33,25 @@ import numpy as np
 from numba import njit
 
 from . import segment as layout
-
-from .atomics import (FUTEX_WAIT, FUTEX_WAKE, SYS_FUTEX, SYS_PROCESS_VM_READV,
-                      SYS_PROCESS_VM_WRITEV, address_of, copy_bytes, cpu_relax, fetch_add,
-                      full_fence, load_acquire, sched_yield, store_release, syscall6, syscall7,
-                      view_as, bytes_at)
+from .atomics import (
+    FUTEX_WAIT,
+    FUTEX_WAKE,
+    SYS_FUTEX,
+    SYS_PROCESS_VM_READV,
+    SYS_PROCESS_VM_WRITEV,
+    address_of,
+    bytes_at,
+    copy_bytes,
+    cpu_relax,
+    fetch_add,
+    full_fence,
+    load_acquire,
+    sched_yield,
+    store_release,
+    syscall6,
+    syscall7,
+    view_as,
+)
 
 # the segment's layout (segment.py), and its slot arithmetic compiled
 HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS

@@ -14,7 +14,7 @@ of that call that nobody received (``refuse_leftovers``).
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..algorithms.primitives import Peers
 from ..errors import CollectiveMismatch, PycollError, describe

@@ -9,8 +9,8 @@ algorithm, and, while it sleeps, the checks of ``liveness``.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +24,23 @@ from ..runtime.work import Work
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..transports.progress import WaitPolicy
 from . import NATIVE_DTYPES
-from .calls import (ALLREDUCE_CMA_BYTES, BROADCAST, BROADCAST_BUDGET, CHUNK_BYTES, CHUNKED,
-                    CMA_BROKEN, CMA_REFUSED, CROWDED_POLLS, DIRECT, POLLS, SINGLE_COPY,
-                    SLEPT_AT, SMALL, FastCall, wait_policy)
+from .calls import (
+    ALLREDUCE_CMA_BYTES,
+    BROADCAST,
+    BROADCAST_BUDGET,
+    CHUNK_BYTES,
+    CHUNKED,
+    CMA_BROKEN,
+    CMA_REFUSED,
+    CROWDED_POLLS,
+    DIRECT,
+    POLLS,
+    SINGLE_COPY,
+    SLEPT_AT,
+    SMALL,
+    FastCall,
+    wait_policy,
+)
 from .liveness import Liveness
 from .segment import SharedSlots
 
@@ -196,7 +210,8 @@ class FastPath:
                                   slots.stride, call.code, call.op_code, self.spin,
                                   self.slice_ns], dtype=np.int64)
 
-            def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
+            def run_single(arr: np.ndarray, timeout: Any, async_op: bool,
+                           output: Any) -> Work | None:
                 slots = self.slots
                 if async_op or timeout is not None or slots is None:
                     return run_generic(call, arr, timeout, async_op, output)
@@ -227,7 +242,7 @@ class FastPath:
                 finish()
                 return None
 
-            call.run = run
+            call.run = run_single
             return
 
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:

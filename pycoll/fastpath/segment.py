@@ -6,8 +6,8 @@ line (flag, sequence word, signature, length, and the first payload bytes) follo
 payload, padded to 128 bytes so that no two ranks' flags share a cache line (or the pair the
 adjacent-line prefetcher fetches together).
 
-The segment is made like the shm transport's inboxes (``transports.shm.segment.Segment``): a name with
-the creator's pid (swept if it dies), an unguessable suffix, mode 0600, sized with
+The segment is made like the shm transport's inboxes (``transports.shm.segment.Segment``): a
+name with the creator's pid (swept if it dies), an unguessable suffix, mode 0600, sized with
 ``posix_fallocate`` and renamed into place; rank 0 publishes the name through the job's
 authenticated store, and the last rank to map it unlinks it, so nothing is left in /dev/shm.
 """
@@ -57,7 +57,7 @@ class SharedSlots:
 
     @classmethod
     def setup(cls, store: Any, rank: int, size: int, limit: int,
-              timeout: float) -> "SharedSlots | None":
+              timeout: float) -> SharedSlots | None:
         """Rank 0 creates and names the segment, the others map it (collective: every
         member calls this while the communicator is made). None on every rank when rank 0
         cannot make it (/dev/shm full): the fast path is an optimisation, the generic path

@@ -13,11 +13,20 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import debug
-from ..errors import (Aborted, CollectiveMismatch, CollectiveTimeout, PeerLost, PeerLostAbort,
-                      PycollError, TransportError, describe)
+from ..errors import (
+    Aborted,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    PeerLost,
+    PeerLostAbort,
+    PycollError,
+    TransportError,
+    describe,
+)
 from ..transports.progress import WaitTimeout
 from .abort import AbortSignal, AbortWatch, describe_record, exiting_with, lost_rank
 from .calls import FINGERPRINT_FIELDS, CallInfo
@@ -56,7 +65,8 @@ class Failures:
 
     # -- a failed call ---------------------------------------------------------------------
     def explain(self, info: CallInfo, seq: int, limit: float, e: BaseException,
-                waiting: list[int] | None) -> tuple[BaseException, dict[str, Any], list[int] | None]:
+                waiting: list[int] | None
+                ) -> tuple[BaseException, dict[str, Any], list[int] | None]:
         """The error to raise for ``e`` inside call ``seq``, what to post as the abort record
         (empty: nothing, the call was aborted by another rank's record) and the peers the
         call was still waiting for."""
@@ -163,7 +173,7 @@ class Failures:
                 f"pycoll.trace {path.replace(f'rank{self.rank}.json', 'rank*.json')})")
         if isinstance(err, PycollError):
             err.args = (f"{err.args[0]}\n{note}",) + err.args[1:]
-        else:
+        elif hasattr(err, "add_note"):          # Python 3.11+
             err.add_note(note)
 
     def dump(self, reason: str, err: BaseException | None, last_seq: int,

@@ -28,7 +28,8 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..envvars import env_int
 from .calls import CallInfo

@@ -12,7 +12,8 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CollectiveTimeout, PycollError
 
@@ -44,7 +45,7 @@ class Work:
         self._output = output
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[["Work"], None]] = []
+        self._callbacks: list[Callable[[Work], None]] = []
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future | None = None
 
@@ -56,13 +57,13 @@ class Work:
         for cb in callbacks:
             self._call(cb)
 
-    def _call(self, fn: Callable[["Work"], None]) -> None:
+    def _call(self, fn: Callable[[Work], None]) -> None:
         try:
             fn(self)
         except Exception:  # a user's callback must never kill the worker thread
             logging.getLogger("pycoll").exception("done-callback of %r raised", self)
 
-    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
         """Call ``fn(work)`` once the collective finishes (immediately if it already has)."""
         with self._lock:
             if not self._done.is_set():
@@ -106,7 +107,7 @@ class Work:
             fut.set_running_or_notify_cancel()
             self._future = fut
 
-        def settle(work: "Work") -> None:
+        def settle(work: Work) -> None:
             if work._error is not None:
                 fut.set_exception(work._error)
             else:

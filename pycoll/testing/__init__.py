@@ -19,7 +19,8 @@ import signal
 import socket
 import time
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def tcp_connections() -> list[tuple[str, int, str, int]]:
@@ -138,7 +139,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
 
     server = StoreServer("127.0.0.1", 0)
     server.start()
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(fn, r, world_size, server.port,

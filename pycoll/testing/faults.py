@@ -17,8 +17,9 @@ import queue
 import random
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -171,5 +172,6 @@ def kill_during(world_size: int, collective: str = "allreduce", nbytes: int = 8,
         kind, t, msg = outcomes.get(r, ("missing", 0.0, "reported nothing"))
         latency = t - t_kill if (t and t_kill is not None) else None
         result.survivors.append(Survivor(r, kind, msg, latency))
-    result.leaked_segments = [f for pid in result.pids for f in glob.glob(f"/dev/shm/pycoll-{pid}-*")]
+    result.leaked_segments = [f for pid in result.pids
+                              for f in glob.glob(f"/dev/shm/pycoll-{pid}-*")]
     return result

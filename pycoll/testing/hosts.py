@@ -23,7 +23,8 @@ apart by hostname, so ranks on different namespace hosts talk tcp, as on real ma
 
 Command line, for trying things by hand::
 
-    python -m pycoll.testing.hosts 2 --rate 5gbit --delay 1ms -- python -c "import socket; print(socket.gethostname())"
+    python -m pycoll.testing.hosts 2 --rate 5gbit --delay 1ms -- \
+        python -c "import socket; print(socket.gethostname())"
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..transports.shm.cma import process_exited
 
@@ -106,7 +108,7 @@ class NamespaceHosts:
         self._created: list[str] = []
 
     # -- life cycle --------------------------------------------------------------------------
-    def __enter__(self) -> "NamespaceHosts":
+    def __enter__(self) -> NamespaceHosts:
         sweep()
         try:
             self._create()
