@@ -104,17 +104,17 @@ class HostOps(MemoryOps):
         return spec
 
 
-_OPS: dict[MemoryType, Callable[[], MemoryOps]] = {HOST: HostOps}
+_OPS_FACTORIES: dict[MemoryType, Callable[[], MemoryOps]] = {HOST: HostOps}
 
 
 def register_ops(mem_type: MemoryType, factory: Callable[[], MemoryOps]) -> None:
     """Install the ops of a memory type (the CUDA support calls this)."""
-    _OPS[mem_type] = factory
+    _OPS_FACTORIES[mem_type] = factory
 
 
 def ops_for(mem_type: MemoryType, device: int | None = None) -> MemoryOps:
     """A fresh ops object for ``mem_type`` (each communicator keeps its own scratch)."""
-    factory = _OPS.get(mem_type)
+    factory = _OPS_FACTORIES.get(mem_type)
     if factory is None:
         raise InvalidArgument(
             f"{mem_type.label(device)} memory cannot be reduced or copied by this pycoll build: "

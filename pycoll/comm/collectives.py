@@ -76,7 +76,7 @@ class Collectives:
                 # string read from a command line is equal to the one remembered, not the
                 # same object). broadcast repeats this lookup with its root as the key:
                 # written out in both, since a shared helper costs a call
-                # (docs/algorithms.md#the-cost-of-a-small-call)
+                # (docs/algorithms.md#the-fast-path-one-host)
                 last = fast.last_allreduce
                 if (last[2] == arr.nbytes and last[1] is arr.dtype
                         and (last[0] is op or (type(op) is str and last[0] == op))):

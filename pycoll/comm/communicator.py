@@ -126,8 +126,8 @@ class Communicator(Collectives, FusedCollectives):
         self._fast = self._fast_path()
 
     def _fast_path(self) -> FastPath | None:
-        """The compiled small-message path, when every member shares this host and shm and
-        can run it (each rank's limit is in its shm probe record; the same on every rank)."""
+        """The compiled one-host path, when every member shares this host and shm and can run
+        it (each rank's limits are in its bootstrap record, so every rank decides alike)."""
         conn = self._conn
         if conn is None or self._store is None or len(set(self._hosts)) != 1:
             return None

@@ -201,61 +201,36 @@ class FastPath:
             call.run = lambda arr, timeout, async_op, output: run_generic(
                 call, arr, timeout, async_op, output)
             return
-        if call.kind is SMALL and not raw and not more and self.slots is not None:
-            # the single-slot kernel, nothing left to Python: the common small call
-            single = self._entry(np.dtype(call.dtype))
-            slots = self.slots
-            seg = slots.bytes
+        single = None
+        if call.kind is SMALL and self.slots is not None:
+            single = self._entry(np.dtype("uint8" if raw else call.dtype))
+            seg = self.slots.bytes
             constants = np.array([seg.ctypes.data, seg.size, self.rank, self.size,
-                                  slots.stride, call.code, call.op_code, self.spin,
+                                  self.slots.stride, call.code, call.op_code, self.spin,
                                   self.slice_ns], dtype=np.int64)
 
-            def run_single(arr: np.ndarray, timeout: Any, async_op: bool,
-                           output: Any) -> Work | None:
-                slots = self.slots
-                if async_op or timeout is not None or slots is None:
-                    return run_generic(call, arr, timeout, async_op, output)
-                word = begin(info, seq_bits)
-                if not word:
-                    return run_generic(call, arr, timeout, async_op, output)
-                try:
-                    self.k = k = self.k + 1
-                    # the kernel gets only the segment's address (``constants``): its array
-                    # is held while the kernel runs, so that a finalize on another thread
-                    # cannot unmap it (SharedSlots.close leaves a mapping that is still
-                    # exported), and dropped after, so that a failure's traceback does not
-                    # keep it
-                    mapped = slots.bytes
-                    state = single(arr, constants, k, word)
-                    del mapped
-                    if state != 0:
-                        self._complete(state, call, arr, arr, execution.seq, word, k,
-                                       execution.started + limit)
-                    if execution.generic_ran:
-                        execution.generic_ran = False
-                        liveness.refuse_leftovers(word)
-                except BaseException as e:  # noqa: BLE001 - reported like any failed call
-                    err = fail(info, e)
-                    if err is e:
-                        raise
-                    raise err from None
-                finish()
-                return None
-
-            call.run = run_single
-            return
-
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
-            if async_op or timeout is not None or self.slots is None:
+            slots = self.slots
+            if async_op or timeout is not None or slots is None:
                 return run_generic(call, arr, timeout, async_op, output)
             word = begin(info, seq_bits)
             if not word:
                 return run_generic(call, arr, timeout, async_op, output)
             try:
                 k = self.k + 1
-                self.k += stages
+                self.k = k + stages - 1
                 data = arr.view(np.uint8) if raw else arr
-                state = self.launch(call, data, k, word, False, 0)
+                if single is not None:
+                    # the kernel gets only the segment's address (``constants``): its array
+                    # is held while the kernel runs, so that a finalize on another thread
+                    # cannot unmap it (SharedSlots.close leaves a mapping that is still
+                    # exported), and dropped after, so that a failure's traceback does not
+                    # keep it
+                    mapped = slots.bytes
+                    state = single(data, constants, k, word)
+                    del mapped
+                else:
+                    state = self.launch(call, data, k, word, False, 0)
                 if state != 0 or more:
                     self._complete(state, call, arr, data, execution.seq, word, k,
                                    execution.started + limit)
