@@ -27,21 +27,9 @@ from . import sparse
 from .arguments import one_tensor, op_timeout, reduce_op, tensor_list
 from .contiguous import ContiguousStandIns
 from .p2p import DeferredP2P
-from .work import PycollWork, _disable_compile, begin_record, end_record, issue_parts
+from .work import EVENT_NAMES, PycollWork, _disable_compile, begin_record, end_record, issue_parts
 
 BACKEND_NAME = "pycoll"
-
-# Profiler event names (``pycoll:<name>``), Gloo's vocabulary: the same name as Gloo's event
-# wherever torch.distributed runs the same collective on both.
-_EVENTS = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "sparse_allreduce": "sparse_all_reduce", "allgather": "all_gather",
-    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "allgather_coalesced": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
-    "recv_anysource": "recv",
-}
-
 
 def _after_calls(post: Callable[[], None] | None,
                  stand_ins: ContiguousStandIns | None) -> Callable[[], None] | None:
@@ -134,7 +122,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         ``inputs`` are what the profiler event of the work shows (``record_shapes``)."""
         if self._p2p.batch:
             self._p2p.flush()
-        record = begin_record(_EVENTS.get(op, op), inputs)
+        record = begin_record(EVENT_NAMES.get(op, op), inputs)
         then = _after_calls(post, stand_ins)
         if not async_op and not self._on_worker():
             # dist.* with async_op=False waits right away: run inline (no thread hand-off).

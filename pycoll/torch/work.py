@@ -64,6 +64,18 @@ except ImportError:  # pragma: no cover - older torch: events without shapes
     _Record = None
 
 
+#: the profiler event (``pycoll:<name>``) of each op whose method name is not the event's:
+#: Gloo's event name wherever torch.distributed runs the same collective on both
+EVENT_NAMES = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "sparse_allreduce": "sparse_all_reduce", "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
+    "recv_anysource": "recv",
+}
+
+
 def begin_record(title: str, inputs: Any) -> Any:
     """Open the profiler event ``pycoll:<title>`` (None while no profiler is running)."""
     if not torch.autograd._profiler_enabled():
