@@ -7,8 +7,8 @@
 Every ``torch.distributed`` collective runs on a ``pycoll.Communicator`` bootstrapped over
 torch's own store; DistributedDataParallel works unchanged. See docs/torch.md.
 """
-from .process_group import BACKEND_NAME, ProcessGroupPycoll, create_process_group, register
 from ..launch.torch_store import TorchStoreAdapter
+from .process_group import BACKEND_NAME, ProcessGroupPycoll, create_process_group, register
 from .work import PycollWork
 
 register()

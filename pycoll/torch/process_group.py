@@ -3,19 +3,16 @@
 Each torch call maps to one or a few calls on a ``pycoll.Communicator``. Ordering: every
 collective (sync or async) goes through the communicator's executor, which runs them in
 issue order on one thread per group; that is what keeps ranks matched. Tensors that pycoll
-cannot touch in place (CUDA, non-contiguous) are staged through host memory and copied back
-before the work completes.
+cannot use in place (non-contiguous ones) get contiguous stand-ins, copied back before the
+work completes (``contiguous.py``).
 
-Sends and receives are *deferred*: ``isend``/``irecv`` collect into a batch that is posted as
-one pycoll ``batch_p2p`` (all requests in flight together, so ``[send to 1, recv from 1]`` on
-both ranks cannot deadlock, as ``batch_isend_irecv`` promises) when any work of the batch is
-waited on or queried, or when the next collective is issued on the group.
+Sends and receives are *deferred*: they collect into a batch, posted as one pycoll
+``batch_p2p`` when any work of it is waited on or the next collective is issued (``p2p.py``).
 """
 from __future__ import annotations
 
 import os
 import secrets
-import threading
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -25,142 +22,39 @@ from torch._C import _distributed_c10d as _c10d
 
 from ..comm.communicator import Communicator
 from ..errors import InvalidArgument, PycollError
-from ..buffers.reduction import ReduceOp as PycollReduceOp
-from . import sparse
 from ..launch.torch_store import TorchStoreAdapter
-from .work import PycollWork, _disable_compile, _seconds, begin_record, end_record
+from . import sparse
+from .arguments import one_tensor, op_timeout, reduce_op, tensor_list
+from .contiguous import ContiguousStandIns
+from .p2p import DeferredP2P
+from .work import EVENT_NAMES, PycollWork, _disable_compile, begin_record, end_record, issue_parts
 
 BACKEND_NAME = "pycoll"
 
-_RedOpType = dist.ReduceOp.RedOpType
-_OPS = {
-    _RedOpType.SUM: "sum", _RedOpType.AVG: "avg", _RedOpType.PRODUCT: "prod",
-    _RedOpType.MIN: "min", _RedOpType.MAX: "max", _RedOpType.BAND: "band",
-    _RedOpType.BOR: "bor", _RedOpType.BXOR: "bxor",
-}
+def _after_calls(post: Callable[[], None] | None,
+                 stand_ins: ContiguousStandIns | None) -> Callable[[], None] | None:
+    """What runs once a call's pycoll parts have succeeded: ``post``, then the copy-back."""
+    if stand_ins is None or not stand_ins.copies:
+        return post
+    if post is None:
+        return stand_ins.copy_back
 
+    def both() -> None:
+        post()
+        stand_ins.copy_back()
 
-# Profiler event names (``pycoll:<name>``), Gloo's vocabulary: the same name as Gloo's event
-# wherever torch.distributed runs the same collective on both.
-_EVENTS = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "sparse_allreduce": "sparse_all_reduce", "allgather": "all_gather",
-    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "allgather_coalesced": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
-    "recv_anysource": "recv",
-}
-
-
-#: looked up by the enum's integer value: reading it costs a third of hashing the enum
-#: (pybind), and this runs on every call
-_OPS_BY_VALUE = {kind.value: name for kind, name in _OPS.items()}
-
-
-_SUM = _RedOpType.SUM
-
-
-def _reduce_op(op: Any) -> Any:
-    """torch ReduceOp (or RedOpType) -> pycoll op name / ReduceOp("premul_sum", factor)."""
-    if op == _SUM:          # the common case first: one comparison (0.1 us, the rest 0.65)
-        return "sum"
-    kind = op if isinstance(op, _RedOpType) else getattr(op, "op", op)
-    name = _OPS_BY_VALUE.get(getattr(kind, "value", None))
-    if name is not None:
-        return name
-    if kind == _RedOpType.PREMUL_SUM:
-        factor = getattr(op, "factor", None)
-        if factor is None:
-            raise InvalidArgument("PREMUL_SUM without a factor: build it with "
-                                  "torch.distributed._make_nccl_premul_sum(factor)")
-        if isinstance(factor, torch.Tensor):
-            if factor.numel() != 1:
-                raise InvalidArgument(f"PREMUL_SUM factor must be a scalar, got shape "
-                                      f"{tuple(factor.shape)}")
-            factor = factor.reshape(-1)[0].item()
-        return PycollReduceOp("premul_sum", float(factor))
-    raise InvalidArgument(f"reduce op {op!r} is not supported by the pycoll backend")
-
-
-def _op_timeout(opts: Any) -> float | None:
-    return _seconds(getattr(opts, "timeout", None))
-
-
-def _tensor_list(tensors: Any) -> list:
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-
-
-def _one(tensors: Any, what: str) -> torch.Tensor:
-    tensors = _tensor_list(tensors)
-    if len(tensors) != 1:
-        raise InvalidArgument(f"pycoll backend: {what} takes exactly one tensor per process, "
-                              f"got {len(tensors)}")
-    return tensors[0]
-
-
-class _Stage:
-    """Contiguous stand-ins for tensors pycoll cannot use in place; copied back at the end.
-
-    Contiguous CPU and CUDA tensors are passed to pycoll as they are (zero copy): pycoll moves
-    CUDA tensors itself (``pycoll.cuda``: GPU to GPU over cuda_ipc, else through its reused
-    page-locked buffers), ordered after the tensor's current stream and released to it.
-    A non-contiguous tensor gets a contiguous copy on its own device, copied back (on the
-    current stream, so in order with pycoll's release) when the call succeeded.
-    """
-
-    __slots__ = ("copies",)
-
-    def __init__(self) -> None:
-        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    @staticmethod
-    def _check(t: torch.Tensor) -> None:
-        if not (t.is_cpu or t.is_cuda):
-            raise InvalidArgument(f"pycoll backend: tensors on {t.device} are not supported "
-                                  "(cpu and cuda are)")
-
-    def inp(self, t: torch.Tensor) -> torch.Tensor:
-        """A tensor only read by the collective."""
-        self._check(t)
-        return t if t.is_contiguous() else t.contiguous()
-
-    def out(self, t: torch.Tensor) -> torch.Tensor:
-        """A tensor only written by the collective."""
-        self._check(t)
-        if t.is_contiguous():
-            return t
-        stand_in = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        self.copies.append((t, stand_in))
-        return stand_in
-
-    def io(self, t: torch.Tensor) -> torch.Tensor:
-        """A tensor read and written (in-place collectives)."""
-        self._check(t)
-        if t.is_contiguous():
-            return t
-        stand_in = t.contiguous()
-        self.copies.append((t, stand_in))
-        return stand_in
-
-    def complete(self, work: PycollWork, error: BaseException | None) -> None:
-        """Copy the results back (if the call succeeded), then complete ``work``."""
-        if error is None:
-            try:
-                self.finish()
-            except BaseException as e:  # delivered through the work
-                error = e
-        work._complete(error)
-
-    def finish(self) -> None:
-        for dst, src in self.copies:
-            dst.copy_(src)
+    return both
 
 
 class ProcessGroupPycoll(dist.ProcessGroup):
-    """A torch process group backed by a ``pycoll.Communicator``."""
+    """A torch process group backed by a ``pycoll.Communicator``.
+
+    torch calls the methods below from C++ in one form, (tensors, options); its type stubs
+    describe the Python-facing overloads of the C++ class instead, hence the
+    ``type: ignore[override]`` and ``[assignment]`` on them."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         if seconds <= 0:
             seconds = 1800.0
@@ -176,8 +70,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._size = size
         self._group_name = ""
         self._group_desc = ""
-        self._p2p: list[tuple[str, torch.Tensor, int, int, PycollWork, _Stage]] = []
-        self._p2p_lock = threading.Lock()
+        self._p2p = DeferredP2P(self.comm, rank, size)
         self._shut = False
 
     # -- identity -----------------------------------------------------------------------------
@@ -214,85 +107,37 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         outputs, inputs = list(outputs), list(inputs)
         if len(outputs) != len(inputs):
             raise InvalidArgument(f"{op}: {len(outputs)} outputs for {len(inputs)} inputs")
-        st = _Stage()
+        st = ContiguousStandIns()
         pairs = [(st.out(o), st.inp(i)) for o, i in zip(outputs, inputs)]
         calls = [(lambda a, ho=ho, hi=hi: call(ho, hi, a)) for ho, hi in pairs]
         return self._issue(op, calls, outputs, st, async_op, inputs=inputs)
 
     def _issue(self, op: str, calls: Sequence[Callable[[bool], Any]], outputs: Any,
-               stage: _Stage | None, async_op: bool,
+               stand_ins: ContiguousStandIns | None, async_op: bool,
                post: Callable[[], None] | None = None,
                inputs: Sequence[torch.Tensor] = ()) -> PycollWork:
         """Run ``calls`` (each ``f(async_op) -> pycoll Work | None``) in order, then
-        ``post`` and the stage's copy-back; return a torch Work for the whole.
+        ``post`` and the stand-ins' copy-back; return a torch Work for the whole.
 
         ``inputs`` are what the profiler event of the work shows (``record_shapes``)."""
-        if self._p2p:
-            self._flush_p2p()
-        record = begin_record(_EVENTS.get(op, op), inputs)
+        if self._p2p.batch:
+            self._p2p.flush()
+        record = begin_record(EVENT_NAMES.get(op, op), inputs)
+        then = _after_calls(post, stand_ins)
         if not async_op and not self._on_worker():
             # dist.* with async_op=False waits right away: run inline (no thread hand-off).
             # An error raises from here, before torch ever sees the work. The work is made
             # finished, after the call: the fewer steps after a large collective (which has
-            # flushed the CPU caches) the better (measured: 1 MiB allreduce, dist.* 9% faster)
+            # flushed the CPU caches) the better (docs/torch.md, Performance)
             try:
                 for call in calls:
                     call(False)
-                if post is not None:
-                    post()
-                if stage is not None and stage.copies:
-                    stage.finish()
+                if then is not None:
+                    then()
             finally:
                 end_record(record)
             return PycollWork(op, outputs, self._rank, finished=True)
-        work = PycollWork(op, outputs, self._rank, record=record)
-
-        def finish(error: BaseException | None) -> None:
-            if error is None:
-                try:
-                    if post is not None:
-                        post()
-                    if stage is not None:
-                        stage.finish()
-                except BaseException as e:  # delivered through the work
-                    error = e
-            work._complete(error)
-
-        if not calls:
-            finish(None)
-            return work
-        pending = [len(calls)]
-        first_error: list[BaseException] = []
-        lock = threading.Lock()
-
-        def one_done(pw: Any) -> None:
-            with lock:
-                pending[0] -= 1
-                e = pw.exception()
-                if e is not None and not first_error:
-                    first_error.append(e)
-                last = pending[0] == 0
-            if last:
-                finish(first_error[0] if first_error else None)
-
-        issued = 0
-        try:
-            for call in calls:
-                pw = call(True)
-                issued += 1
-                pw.add_done_callback(one_done)
-        except BaseException as e:
-            if issued == 0:
-                work._complete(e)
-                raise
-            # later parts were refused: fail the work once the issued parts are done
-            with lock:
-                first_error.append(e)
-                pending[0] -= len(calls) - issued
-                last = pending[0] == 0
-            if last:
-                finish(first_error[0])
-        return work
+        return issue_parts(PycollWork(op, outputs, self._rank, record=record), calls, then)
 
     def _on_worker(self) -> bool:
         """True on this group's own pycoll worker thread (completion callbacks run there):
@@ -300,14 +145,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self.comm.on_worker_thread()
 
     # -- collectives --------------------------------------------------------------------------
-    def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:
+    def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
         opts = opts if opts is not None else _c10d.AllreduceOptions()
-        tensors = _tensor_list(tensors)
-        t = _one(tensors, "allreduce")
-        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        tensors = tensor_list(tensors)
+        t = one_tensor(tensors, "allreduce")
+        op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
         if t.layout == torch.sparse_coo:
             return self._sparse_allreduce(t, op, timeout, opts.asyncOp)
-        st = _Stage()
+        st = ContiguousStandIns()
         h = st.io(t)
         return self._issue("allreduce", [
             lambda a: self.comm.allreduce(h, op, timeout=timeout, async_op=a)],
@@ -336,44 +181,44 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
-        tensors = _tensor_list(tensors)
-        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
-        st = _Stage()
+        tensors = tensor_list(tensors)
+        op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
+        st = ContiguousStandIns()
         hs = [st.io(t) for t in tensors]
         return self._issue("allreduce_coalesced", [
             lambda a: self.comm.allreduce_coalesced(hs, op, timeout=timeout, async_op=a)],
             tensors, st, opts.asyncOp, inputs=tensors)
 
-    def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:
+    def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
         opts = opts if opts is not None else _c10d.BroadcastOptions()
-        tensors = _tensor_list(tensors)
-        t = _one(tensors, "broadcast")
-        root, timeout = opts.rootRank, _op_timeout(opts)
-        st = _Stage()
+        tensors = tensor_list(tensors)
+        t = one_tensor(tensors, "broadcast")
+        root, timeout = opts.rootRank, op_timeout(opts)
+        st = ContiguousStandIns()
         h = st.io(t)
         return self._issue("broadcast", [
             lambda a: self.comm.broadcast(h, root, timeout=timeout, async_op=a)],
             tensors, st, opts.asyncOp, inputs=tensors)
 
-    def reduce(self, tensors: Any, opts: Any = None) -> PycollWork:
+    def reduce(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
         opts = opts if opts is not None else _c10d.ReduceOptions()
-        t = _one(tensors, "reduce")
-        root, timeout = opts.rootRank, _op_timeout(opts)
-        op = _reduce_op(opts.reduceOp)
-        st = _Stage()
+        t = one_tensor(tensors, "reduce")
+        root, timeout = opts.rootRank, op_timeout(opts)
+        op = reduce_op(opts.reduceOp)
+        st = ContiguousStandIns()
         # pycoll uses non-root buffers as workspace; torch users expect them unchanged.
         h = st.io(t) if self._rank == root else st.inp(t).clone()
         return self._issue("reduce", [
             lambda a: self.comm.reduce(h, root, op, timeout=timeout, async_op=a)],
-            _tensor_list(tensors), st, opts.asyncOp, inputs=[t])
+            tensor_list(tensors), st, opts.asyncOp, inputs=[t])
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        inp = _one(input_tensors, "allgather")
+        inp = one_tensor(input_tensors, "allgather")
         outs = list(output_tensors[0]) if output_tensors and isinstance(
             output_tensors[0], (list, tuple)) else list(output_tensors)
-        timeout = _op_timeout(opts)
-        st = _Stage()
+        timeout = op_timeout(opts)
+        st = ContiguousStandIns()
         hi = st.inp(inp)
         hos = [st.out(o) for o in outs]
         return self._issue("allgather", [
@@ -383,8 +228,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        timeout = _op_timeout(opts)
-        st = _Stage()
+        timeout = op_timeout(opts)
+        st = ContiguousStandIns()
         hi, ho = st.inp(input), st.out(output)
         return self._issue("all_gather_into_tensor", [
             lambda a: self.comm.allgather(ho, hi, timeout=timeout, async_op=a)],
@@ -396,34 +241,34 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                         inputs: Sequence[torch.Tensor],
                                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        timeout = _op_timeout(opts)
+        timeout = op_timeout(opts)
         return self._issue_pairs(
             "allgather_into_tensor_coalesced", outputs, inputs, opts.asyncOp,
             lambda ho, hi, a: self.comm.allgather(ho, hi, timeout=timeout, async_op=a))
 
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
 
     def allgather_coalesced(self, output_lists: Sequence[Sequence[torch.Tensor]],
                             input_list: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
         """torch's layout: ``output_lists[r][i]`` receives rank ``r``'s ``input_list[i]``;
         one fused transfer (``Communicator.allgather_coalesced``)."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        timeout = _op_timeout(opts)
-        st = _Stage()
+        timeout = op_timeout(opts)
+        st = ContiguousStandIns()
         ins = [st.inp(i) for i in input_list]
         outs = [[st.out(o) for o in row] for row in output_lists]
         return self._issue("allgather_coalesced", [
             lambda a: self.comm.allgather_coalesced(outs, ins, timeout=timeout, async_op=a)],
             [list(o) for o in output_lists], st, opts.asyncOp, inputs=list(input_list))
 
-    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                        opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        out = _one(output_tensors, "reduce_scatter")
+        out = one_tensor(output_tensors, "reduce_scatter")
         ins = list(input_tensors[0]) if input_tensors and isinstance(
             input_tensors[0], (list, tuple)) else list(input_tensors)
-        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
-        st = _Stage()
+        op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
+        st = ContiguousStandIns()
         ho = st.out(out)
         his = [st.inp(i) for i in ins]
         return self._issue("reduce_scatter", [
@@ -433,34 +278,34 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
-        st = _Stage()
+        op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
+        st = ContiguousStandIns()
         ho, hi = st.out(output), st.inp(input)
         return self._issue("reduce_scatter_tensor", [
             lambda a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a)],
             [output], st, opts.asyncOp, inputs=[input])
 
-    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single = _reduce_scatter_base  # type: ignore[assignment]
 
     def reduce_scatter_tensor_coalesced(self, outputs: Sequence[torch.Tensor],
                                         inputs: Sequence[torch.Tensor],
                                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        op, timeout = _reduce_op(opts.reduceOp), _op_timeout(opts)
+        op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
         return self._issue_pairs(
             "reduce_scatter_tensor_coalesced", outputs, inputs, opts.asyncOp,
             lambda ho, hi, a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a))
 
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
                       opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllToAllOptions()
-        timeout = _op_timeout(opts)
+        timeout = op_timeout(opts)
         out_splits = list(output_split_sizes) or None
         in_splits = list(input_split_sizes) or None
-        st = _Stage()
+        st = ContiguousStandIns()
         ho, hi = st.out(output), st.inp(input)
         if ho.dim() == 0:
             ho, hi = ho.reshape(1), hi.reshape(1)
@@ -469,12 +314,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                          async_op=a)],
             [output], st, opts.asyncOp, inputs=[input])
 
-    all_to_all_single = alltoall_base
+    all_to_all_single = alltoall_base  # type: ignore[assignment]
 
     def alltoall(self, output_tensors: Sequence[torch.Tensor],
                  input_tensors: Sequence[torch.Tensor], opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.AllToAllOptions()
-        timeout = _op_timeout(opts)
+        timeout = op_timeout(opts)
         outs, ins = list(output_tensors), list(input_tensors)
         if len(outs) != self._size or len(ins) != self._size:
             raise InvalidArgument(f"all_to_all: needs {self._size} input and output tensors, "
@@ -482,7 +327,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         dtypes = {t.dtype for t in outs + ins}
         if len(dtypes) != 1:
             raise InvalidArgument(f"all_to_all: tensors must share one dtype, got {dtypes}")
-        st = _Stage()
+        st = ContiguousStandIns()
         hos = [st.out(o) for o in outs]
         flat_in = torch.cat([st.inp(i).reshape(-1) for i in ins])
         flat_out = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
@@ -498,11 +343,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                          timeout=timeout, async_op=a)],
             outs, st, opts.asyncOp, post, inputs=ins)
 
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
+    def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+               opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.GatherOptions()
-        inp = _one(input_tensors, "gather")
-        root, timeout = opts.rootRank, _op_timeout(opts)
-        st = _Stage()
+        inp = one_tensor(input_tensors, "gather")
+        root, timeout = opts.rootRank, op_timeout(opts)
+        st = ContiguousStandIns()
         hi = st.inp(inp)
         outs: list = []
         hos = None
@@ -514,11 +360,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             lambda a: self.comm.gather(hos, hi, root, timeout=timeout, async_op=a)],
             [outs], st, opts.asyncOp, inputs=[inp])
 
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
+    def scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+                opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ScatterOptions()
-        out = _one(output_tensors, "scatter")
-        root, timeout = opts.rootRank, _op_timeout(opts)
-        st = _Stage()
+        out = one_tensor(output_tensors, "scatter")
+        root, timeout = opts.rootRank, op_timeout(opts)
+        st = ContiguousStandIns()
         ho = st.out(out)
         his = None
         ins: list = []             # as Gloo: the profiler shows the root's inputs only
@@ -532,81 +379,35 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.BarrierOptions()
-        timeout = _op_timeout(opts)
+        timeout = op_timeout(opts)
         return self._issue("barrier", [
             lambda a: self.comm.barrier(timeout=timeout, async_op=a)], [], None,
             getattr(opts, "asyncOp", True))
 
-    # -- point to point (deferred into batches, see the module docstring) ---------------------
+    # -- point to point (deferred into batches: p2p.py) ---------------------------------------
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> PycollWork:
-        return self._defer("send", _one(tensors, "send"), dstRank, tag)
+        t = one_tensor(tensors, "send")
+        self._refuse_if_shut("send")
+        return self._p2p.defer("send", t, dstRank, tag)
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> PycollWork:
-        return self._defer("recv", _one(tensors, "recv"), srcRank, tag)
+        t = one_tensor(tensors, "recv")
+        self._refuse_if_shut("recv")
+        return self._p2p.defer("recv", t, srcRank, tag)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> PycollWork:
         """A receive from whichever rank sends first (``Communicator.recv(src=None)``);
         ``work._source_rank()`` tells who. Sends and receives deferred before it are posted
         first, so each source's messages still arrive in order."""
-        t = _one(tensors, "recv")
-        if self._shut:
-            raise PycollError(f"rank {self._rank}: recv on a process group that was shut down")
-        if self._p2p:
-            self._flush_p2p()
-        st = _Stage()
-        h = st.out(t)
-        work = PycollWork("recv_anysource", [t], self._rank,
-                          record=begin_record("recv", [t]))
-        try:
-            pw = self.comm.recv(h, None, int(tag), async_op=True)
-        except BaseException as e:
-            work._complete(e)
-            raise
-
-        def done(w: Any) -> None:
-            work._source = w.source_rank() if w.exception() is None else -1
-            st.complete(work, w.exception())
-
-        pw.add_done_callback(done)
-        return work
+        t = one_tensor(tensors, "recv")
+        self._refuse_if_shut("recv")
+        return self._p2p.recv_from_any(t, tag)
 
     recvAnysource = recv_anysource
 
-    def _defer(self, kind: str, t: torch.Tensor, peer: int, tag: int) -> PycollWork:
+    def _refuse_if_shut(self, kind: str) -> None:
         if self._shut:
             raise PycollError(f"rank {self._rank}: {kind} on a process group that was shut down")
-        peer, tag = int(peer), int(tag)
-        if not 0 <= peer < self._size or peer == self._rank:
-            raise InvalidArgument(f"rank {self._rank}: {kind}: peer {peer} is not another rank "
-                                  f"of this group (0..{self._size - 1})")
-        if tag < 0:
-            raise InvalidArgument(f"rank {self._rank}: {kind}: tag must be >= 0, not {tag}")
-        st = _Stage()
-        h = st.inp(t) if kind == "send" else st.out(t)
-        work = PycollWork(kind, [t], self._rank, flush=self._flush_p2p,
-                          record=begin_record(kind, [t]))
-        work._source = peer
-        with self._p2p_lock:
-            self._p2p.append((kind, h, peer, tag, work, st))
-        return work
-
-    def _flush_p2p(self) -> None:
-        with self._p2p_lock:
-            batch, self._p2p = self._p2p, []
-        if not batch:
-            return
-        try:
-            pw = self.comm.batch_p2p([(k, h, p, t) for k, h, p, t, _, _ in batch], async_op=True)
-        except BaseException as e:
-            for *_, work, _st in batch:
-                work._complete(e)
-            return
-
-        def done(w: Any) -> None:
-            for *_, work, st in batch:
-                st.complete(work, w.exception())
-
-        pw.add_done_callback(done)
 
     # -- teardown -----------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -614,11 +415,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         if self._shut:
             return
         self._shut = True
-        with self._p2p_lock:
-            batch, self._p2p = self._p2p, []
-        for *_, work, _st in batch:
-            work._complete(PycollError(f"rank {self._rank}: process group shut down before "
-                                       "this send/recv was waited on"))
+        self._p2p.fail_pending(f"rank {self._rank}: process group shut down before this "
+                               "send/recv was waited on")
         self._adapter.close()
         self.comm.finalize()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -57,10 +57,23 @@ def _seconds(timeout: Any) -> float | None:
     return seconds if seconds > 0 else None
 
 
+_Record: Any
 try:   # a record function that carries input shapes and may end on another thread
     from torch._C._profiler import _RecordFunctionFast as _Record
 except ImportError:  # pragma: no cover - older torch: events without shapes
     _Record = None
+
+
+#: the profiler event (``pycoll:<name>``) of each op whose method name is not the event's:
+#: Gloo's event name wherever torch.distributed runs the same collective on both
+EVENT_NAMES = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "sparse_allreduce": "sparse_all_reduce", "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
+    "recv_anysource": "recv",
+}
 
 
 def begin_record(title: str, inputs: Any) -> Any:
@@ -84,7 +97,7 @@ class PycollWork(dist._Work):
     """One torch-level operation: one or more pycoll collectives plus the copy-back after."""
 
     # What most works never change, as class defaults: a synchronous op's work is made on
-    # every dist.* call, and each attribute set in __init__ costs (0.9 -> 0.6 us a work)
+    # every dist.* call, and each attribute set in __init__ adds to it (docs/torch.md)
     _flush: Callable[[], None] | None = None    # p2p: post the deferred batch this op is in
     _record: Any = None                 # the open profiler event, closed on completion
     _event: threading.Event | None = None   # made only if somebody has to block
@@ -121,6 +134,17 @@ class PycollWork(dist._Work):
         end_record(record)
         if raw is not None:
             raw.set_result(self._outputs if error is None else _Failure(error))
+
+    def _complete_after(self, error: BaseException | None,
+                        then: Callable[[], None] | None) -> None:
+        """Complete once the op's pycoll calls are done: ``then`` first (``post`` and the
+        copy-back) if they succeeded; an error it raises fails the work instead."""
+        if error is None and then is not None:
+            try:
+                then()
+            except BaseException as e:  # delivered through the work
+                error = e
+        self._complete(error)
 
     def _wait_finished(self, limit: float | None) -> bool:
         if self._finished:
@@ -160,7 +184,7 @@ class PycollWork(dist._Work):
         self._post()
         with self._lock:
             if self._future is None:
-                raw = torch.futures.Future()
+                raw: torch.futures.Future = torch.futures.Future()
                 self._future = raw.then(_unwrap)
                 if self._finished:
                     done_now = True
@@ -202,6 +226,52 @@ class PycollWork(dist._Work):
         state = ("failed" if self._error is not None else "done") if self._finished \
             else "pending"
         return f"<pycoll.torch.PycollWork {self._op} {state}>"
+
+
+def issue_parts(work: PycollWork, calls: Sequence[Callable[[bool], Any]],
+                then: Callable[[], None] | None) -> PycollWork:
+    """Issue ``calls`` asynchronously (``call(True)`` returns a pycoll Work) and complete
+    ``work``, one torch Work for them all, when the last is done: with the first error any
+    part had, else after ``then``.
+
+    A part refused while being issued raises at once if it is the first (nothing is in flight
+    then); a later one fails the work once the parts already issued are done, since those
+    cannot be withdrawn.
+    """
+    if not calls:
+        work._complete_after(None, then)
+        return work
+    pending = [len(calls)]
+    first_error: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one_done(pw: Any) -> None:
+        with lock:
+            pending[0] -= 1
+            e = pw.exception()
+            if e is not None and not first_error:
+                first_error.append(e)
+            last = pending[0] == 0
+        if last:
+            work._complete_after(first_error[0] if first_error else None, then)
+
+    issued = 0
+    try:
+        for call in calls:
+            pw = call(True)
+            issued += 1
+            pw.add_done_callback(one_done)
+    except BaseException as e:
+        if issued == 0:
+            work._complete(e)
+            raise
+        with lock:
+            first_error.append(e)
+            pending[0] -= len(calls) - issued
+            last = pending[0] == 0
+        if last:
+            work._complete_after(first_error[0], then)
+    return work
 
 
 def _disable_compile(cls: type, names: list[str]) -> None:

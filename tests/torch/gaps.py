@@ -12,9 +12,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from rank_helpers import RANK, WORLD, Checker
 from torch.profiler import profile
-
-from worker import RANK, WORLD, Checker
 
 COMPARED_EVENTS = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
                    "all_to_all", "barrier", "send", "recv", "sparse_all_reduce")
