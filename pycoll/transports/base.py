@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from ..buffers.memory import HOST, MemoryType, MemRef
+from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from .matching import AnySource, Request, TagMatcher
-
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,14 @@ class Capabilities:
 
 
 class Channel(ABC):
-    """Ordered, tagged, non-blocking messages to one peer."""
+    """Ordered, tagged, non-blocking messages to one peer.
+
+    Lifecycle, the same words for every transport: ``Transport.connect`` makes the channel at
+    once; it connects in the background of progress (``Transport.setup_pending`` while it
+    does) until it is ``ready``; messages queued before that move then. ``peer_joined`` says
+    whether the peer has started its side at all. A channel that fails is broken for good
+    (``_broken``: every request after that fails with it), and ``close`` ends it.
+    """
 
     #: rank of the peer (in the root communicator that opened the transport)
     peer: int
@@ -78,6 +84,14 @@ class Channel(ABC):
     @abstractmethod
     def busy(self) -> bool:
         """Whether anything is queued, posted or connecting (the engine keeps progressing)."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether connecting is over: the channel can carry messages both ways (tcp: every
+        socket of the pair is up; shm: both inboxes are mapped; verbs: the queue pairs are
+        connected; inproc: the peer's endpoint was found). Not a liveness test: a ready
+        channel can still break."""
 
     def irecv_any(self, mem: MemRef, tag: int, group: AnySource) -> Request:
         """Post a receive that is one alternative of ``group`` (a receive from any source):

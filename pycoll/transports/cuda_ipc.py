@@ -1,8 +1,9 @@
 """CUDA IPC transport: same-host ranks move device memory GPU to GPU, no host copy.
 
-It is the shared-memory transport (``shm.py``: slots, rendezvous completion words, peer
-liveness) with one more message kind. Host messages travel exactly as over shm; a device
-message is a rendezvous:
+It is the shared-memory transport (``shm/``: slots, rendezvous completion words, peer
+liveness) with one more message kind, added by ``CudaIpcChannel`` through the shm channel's
+hooks (shm itself knows nothing of devices). Host messages travel exactly as over shm; a
+device message is a rendezvous:
 
 1. the sender records an interprocess event on pycoll's stream (after the kernels that
    produced the data) and puts into a slot the IPC handle of the allocation holding the
@@ -32,18 +33,20 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections import OrderedDict
-from typing import Any
+from collections import OrderedDict, deque
+from typing import Any, NamedTuple
 
-from ..errors import TransportError
 from ..buffers.memory import CUDA, HOST, MemRef
-from .base import Capabilities, OpenContext, PeerInfo
-from .shm.channel import ShmTransport
-from .shm.segment import DEVICE_BODY_BYTES
+from ..errors import TransportError
+from .base import Capabilities, OpenContext, PeerInfo, Request
+from .shm.channel import ShmChannel
+from .shm.segment import DONE_BASE, FIRST_EXTENSION_KIND, RNDV_WINDOW, Segment
+from .shm.transport import ShmTransport
 
+#: the slot kind of a device buffer's announcement (after shm's own kinds)
+DEVICE = FIRST_EXTENSION_KIND
 # mem handle, event handle, offset in the allocation, sender device, sender pid
 DEVICE_BODY = struct.Struct("<64s64sqqq")
-assert DEVICE_BODY.size == DEVICE_BODY_BYTES
 _MAX_MAPPINGS = 256          # opened peer allocations kept mapped (least recently used go)
 
 
@@ -180,10 +183,112 @@ class DeviceIpc:
         self._events.clear()
 
 
+class DeviceNotice(NamedTuple):
+    """A device buffer's announcement held for a receive not yet posted."""
+
+    body: bytes
+    seq: int
+
+
+class CudaIpcChannel(ShmChannel):
+    """An shm channel that also moves device memory (see the module docstring): a send
+    without a host view is announced in a ``DEVICE`` slot, and a receive copies from the
+    peer's device memory on pycoll's stream."""
+
+    transport: CudaIpcTransport
+    message_kinds = (*ShmChannel.message_kinds, DEVICE)
+
+    def __init__(self, transport: CudaIpcTransport, peer: int, inbox: Segment,
+                 address: dict[str, Any]) -> None:
+        super().__init__(transport, peer, inbox, address)
+        self._device = transport.device
+        self._device_reads: deque[tuple[Any, int]] = deque()   # (copy-done event, seq)
+
+    # -- sending -------------------------------------------------------------------------
+    def _send_unaddressable(self, req: Request, out: Segment, off: int) -> bool:
+        if self._window_full():
+            return False
+        self._sends.popleft()
+        try:
+            body = self._device.export(req.mem, self.peer)
+        except TransportError as err:
+            req.fail(err)       # nothing was announced: the pair stays in step
+            return True
+        self._announce(req, out, off, DEVICE, body)
+        return True
+
+    # -- receiving -----------------------------------------------------------------------
+    def _memory_fits(self, req: Request, kind: int) -> bool:
+        if (req.view is None) == (kind == DEVICE):
+            return True
+        self._memory_mismatch(req, kind == DEVICE)
+        return False
+
+    def _start_message(self, req: Request | None, tag: int, total: int, kind: int, aux: int,
+                       at: int) -> None:
+        if kind != DEVICE:
+            super()._start_message(req, tag, total, kind, aux, at)
+            return
+        body = bytes(self._in.data[at: at + DEVICE_BODY.size])
+        if req is None:
+            self._match.hold(tag, total, DeviceNotice(body, aux))
+        else:
+            self._device_read(req, body, aux)
+
+    def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
+        if (req.view is None) != isinstance(body, DeviceNotice):
+            self._memory_mismatch(req, isinstance(body, DeviceNotice))
+        elif isinstance(body, DeviceNotice):
+            if self._size_ok(req, nbytes):
+                self._device_read(req, body.body, body.seq)
+        else:
+            super()._deliver_held(req, nbytes, body)
+
+    def _device_read(self, req: Request, body: bytes, seq: int) -> None:
+        """Queue the copy out of the peer's device memory; the receive is complete at once
+        (whatever reads it is queued behind the copy), the sender once the copy has run."""
+        try:
+            done = self._device.read(req.mem, body, self.peer)
+        except TransportError as err:
+            self._break(err)
+            req.fail(err)
+            return
+        self._device_reads.append((done, seq))
+        self._active[self.peer] = self
+        req.complete()
+
+    def _finish_device_reads(self) -> bool:
+        reads, moved = self._device_reads, False
+        finished = self._device.finished
+        while reads and finished(reads[0][0]):
+            _, seq = reads.popleft()
+            self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+            moved = True
+        return moved
+
+    def _memory_mismatch(self, req: Request, device_sent: bool) -> None:
+        sent, posted = ("device", "host") if device_sent else ("host", "device")
+        self._refuse(req, TransportError(
+            f"rank {self.peer} sent {sent} memory where this rank receives into {posted} "
+            f"memory (tag {req.tag}): every rank must pass device buffers, or every rank host "
+            "buffers, to one call", peer=self.peer))
+
+    # -- progress ------------------------------------------------------------------------
+    def progress(self) -> bool:
+        moved = super().progress()
+        if self._device_reads:
+            moved = self._finish_device_reads() or moved
+        return moved
+
+    def busy(self) -> bool:
+        return super().busy() or bool(self._device_reads)
+
+
 class CudaIpcTransport(ShmTransport):
     """shm, plus device memory moved GPU to GPU through CUDA IPC handles."""
 
     name = "cuda_ipc"
+    channel_class = CudaIpcChannel
     capabilities = Capabilities("cuda_ipc", latency_us=10.0, bandwidth_gbps=100.0,
                                 same_host_only=True, one_sided=True,
                                 memory_types=frozenset({HOST, CUDA}),

@@ -21,10 +21,19 @@ import threading
 from collections import deque
 from typing import Any
 
-from ..errors import TransportError
 from ..buffers.memory import MemRef
-from .base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                   peer_lost, size_mismatch)
+from ..errors import TransportError
+from .base import (
+    ActiveSet,
+    Capabilities,
+    Channel,
+    OpenContext,
+    PeerInfo,
+    Request,
+    Transport,
+    peer_lost,
+    size_mismatch,
+)
 from .matching import TagMatcher
 
 EAGER_BYTES = 64 * 1024
@@ -181,7 +190,11 @@ class InprocChannel(Channel):
     def busy(self) -> bool:
         return bool(self._match.posted or self._sent)
 
+    @property
     def ready(self) -> bool:
+        return self._remote is not None
+
+    def has_news(self) -> bool:
         """Whether progress would move something now (mail for a posted receive, or a
         large send the peer has read)."""
         return bool((self._match.posted and self.transport._mail.get(self.peer))
@@ -314,7 +327,7 @@ class InprocTransport(Transport):
         # say we sleep first, then look once more: mail that arrived in between wakes us.
         self._sleeping = self.setup_pending = True   # the next pass resets the eventfd
         for ch in self._active.channels.values():
-            if ch.ready():   # type: ignore[attr-defined]
+            if ch.has_news():   # type: ignore[attr-defined]
                 self.wake()
                 break
         return [(self._efd, select.EPOLLIN)]

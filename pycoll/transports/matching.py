@@ -24,9 +24,9 @@ from collections import deque
 from itertools import chain
 from typing import Any, Sequence
 
+from ..buffers.memory import MemRef
 from ..errors import CollectiveMismatch
 from ..tags import conflicts, describe_tag
-from ..buffers.memory import MemRef
 
 
 class Request:

@@ -3,8 +3,8 @@
 Adding a transport is one module (with the ``Transport`` shape: ``probe``, ``can_connect``,
 ``address``, ``connect``, ``progress``...) plus one line in ``REGISTRY``. The order of
 ``REGISTRY`` is the default preference; ``PYCOLL_TRANSPORTS`` (an ordered allow-list, like
-UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp, verbs) keeps
-working (auto, shm, tcp, verbs).
+UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp, verbs)
+keeps working.
 
 The choice for a pair is made from data every rank has after the bootstrap exchange (each
 rank's host, machine and probe records), with rules that are symmetric by construction: the
@@ -25,9 +25,9 @@ from .base import PeerInfo, Transport
 REGISTRY: dict[str, tuple[str, str]] = {
     # shm plus device memory GPU to GPU; usable only where CuPy sees a GPU (else shm serves)
     "cuda_ipc": ("pycoll.transports.cuda_ipc", "CudaIpcTransport"),
-    "shm": ("pycoll.transports.shm.channel", "ShmTransport"),
-    "verbs": ("pycoll.transports.verbs.channel", "VerbsTransport"),
-    "tcp": ("pycoll.transports.tcp.channel", "TcpTransport"),
+    "shm": ("pycoll.transports.shm.transport", "ShmTransport"),
+    "verbs": ("pycoll.transports.verbs.transport", "VerbsTransport"),
+    "tcp": ("pycoll.transports.tcp.transport", "TcpTransport"),
     "inproc": ("pycoll.transports.inproc", "InprocTransport"),
 }
 #: chosen only when named explicitly (inproc connects threads of one process: tests)

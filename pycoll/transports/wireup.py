@@ -186,7 +186,7 @@ class Connector:
     A pair has ``streams`` sockets: the smaller of the two ranks' counts, which each side
     computes from the other's published address (the dialer also states it in its
     ``HELLO``). A channel is made by ``make_channel(peer, streams)`` and must offer
-    ``attach(sock, stream)``, ``busy()``, ``connected``, ``streams`` and ``_broken``.
+    ``attach(sock, stream)``, ``busy()``, ``ready``, ``streams`` and ``_broken``.
     """
 
     def __init__(self, transport: Dialer, size: int, accepts: Callable[[str, int], bool],
@@ -260,7 +260,7 @@ class Connector:
                                       if d.sock is not None]
 
     def connections(self) -> int:
-        return sum(ch.connected for ch in self.channels.values())
+        return sum(ch.ready for ch in self.channels.values())
 
     def close(self) -> None:
         for ch in self.channels.values():
@@ -299,9 +299,10 @@ class Acceptor:
     Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
     it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:
     ``may_admit(r, stream, streams)`` (is ``r`` a higher rank that may dial this socket of
-    the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack. Anything else (a stranger, a flood of silent sockets, a
-    peer of another job) is dropped without disturbing the job; when descriptors run short
-    the oldest unproven connection goes first.
+    the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack.
+    Anything else (a stranger, a flood of silent sockets, a peer of another job) is dropped
+    without disturbing the job; when descriptors run short the oldest unproven connection
+    goes first.
     """
 
     def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,

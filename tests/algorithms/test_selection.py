@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.transports.shm.channel import ShmTransport
+from pycoll.transports.shm.transport import ShmTransport
 from pycoll.algorithms.selection import Selector
 
 ROOT = Path(__file__).resolve().parents[2]

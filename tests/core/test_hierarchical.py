@@ -76,7 +76,7 @@ def test_probe_off_keeps_the_declared_links():
     on = run_ranks(_links, 4, env={"PYCOLL_VIRTUAL_NODE_SIZE": "2"})[0]
     off = run_ranks(_links, 4, env={"PYCOLL_VIRTUAL_NODE_SIZE": "2",
                                     "PYCOLL_LINK_PROBE": "0"})[0]
-    from pycoll.transports.tcp.channel import TcpTransport
+    from pycoll.transports.tcp.transport import TcpTransport
     assert off[0][3] == 1 / (TcpTransport.capabilities.bandwidth_gbps * 1e9)
     assert on[0] != off[0]
 

@@ -1,29 +1,24 @@
-"""Shared-memory transport: same-host peers talk through /dev/shm segments.
+"""The shm channel: messages to one same-host peer through two inbox segments.
 
-Each ordered pair of ranks has one *inbox* segment, created by the receiver and mapped by the
-sender: a control page (head/tail counters, flags, rendezvous completion words) followed by a
-ring of fixed-size slots. The sender fills a slot and then bumps ``head``; the receiver copies
-it out and bumps ``tail``. Each counter has one writer, and x86 keeps stores in order, so no
-lock is needed.
+Each ordered pair of ranks has one *inbox* segment (``segment.py``), created by the receiver
+and mapped by the sender: a control page (head/tail counters, flags, rendezvous completion
+words) followed by a ring of fixed-size slots. The sender fills a slot and then bumps
+``head``; the receiver copies it out and bumps ``tail``. Each counter has one writer, and x86
+keeps stores in order, so no lock is needed.
 
 Three message protocols, by size:
 
 * eager: the message fits in one slot (copied in, copied out);
 * rendezvous (large messages, the default when the kernel allows it): the slot carries only
   the sender's pid and buffer address, and the receiver pulls the bytes straight out of the
-  sender's memory with ``process_vm_readv`` (cross-memory attach, as MPICH and Open MPI do):
-  one copy instead of two, and no bounce buffer that grows with the message;
+  sender's memory with ``process_vm_readv`` (cross-memory attach, ``cma.py``, as MPICH and
+  Open MPI do): one copy instead of two, and no bounce buffer that grows with the message;
 * fragmented: where cross-memory attach is not permitted (containers that forbid ptrace),
   the message streams through the slot ring in pieces.
 
-Inboxes are created lazily, the first time an algorithm uses the peer (64 ranks on one host
-reserve memory only for the pairs that talk). Each rank publishes an unguessable path prefix
-through the authenticated store; the inbox from peer P is ``<prefix>-from<P>``, created under
-a temporary name, sized with ``posix_fallocate`` (a full /dev/shm is an exception here, not a
-SIGBUS later) and renamed into place, so a peer never maps a half-made segment. Each side
-opens its peer's inbox in the background of progress, so neither waits for the other.
-Segments are unlinked as soon as both sides have mapped them, so nothing is left in /dev/shm
-even if a process is killed afterwards. Peer death is noticed through a pidfd.
+The channel moves host memory. ``cuda_ipc.CudaIpcChannel`` extends it with device memory
+through its hooks (``_send_unaddressable``, ``_memory_fits``, ``_start_message``,
+``_deliver_held``, ``message_kinds``).
 
 Memory ordering: every control word has one writer and is written after the data it
 publishes; that is enough on x86-64 (total store order). Weakly ordered CPUs need fences
@@ -31,34 +26,63 @@ this transport does not issue, so its probe refuses them (tcp is used instead).
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
-import secrets
 import select
-import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
-from ... import debug
-from ...errors import TransportError
 from ...buffers.memory import MemRef
-from ..base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                    peer_left_over, peer_lost)
+from ...errors import TransportError
+from ..base import ActiveSet, Channel, Request, peer_left_over, peer_lost
 from ..matching import TagMatcher
 from .cma import cma_read, process_exited
-from .segment import (ATTACHED, CMA_STATE, CONT, DEVICE, DEVICE_BODY_BYTES, DONE_BASE, EAGER,
-                      FIRST, HEAD, NOTIFY, PAGE, PROBE_MAGIC, RECEIVER_CLOSED, RNDV, RNDV_BODY,
-                      RNDV_WINDOW, SENDER_CLOSED, SHM_DIR, SLOT_HEADER, TAIL, DeviceNotice,
-                      RndvNotice, Segment, ShmSettings, segment_prefix,
-                      seq_span, sweep)
+from .segment import (
+    ATTACHED,
+    CMA_STATE,
+    CONT,
+    DONE_BASE,
+    EAGER,
+    FIRST,
+    HEAD,
+    NOTIFY,
+    PAGE,
+    RECEIVER_CLOSED,
+    RNDV,
+    RNDV_BODY,
+    RNDV_WINDOW,
+    SENDER_CLOSED,
+    SLOT_HEADER,
+    TAIL,
+    CmaNotice,
+    Segment,
+    ShmSettings,
+    seq_span,
+)
+
+
+class ShmOwner(Protocol):
+    """What a channel uses of its transport (``ShmTransport``)."""
+
+    name: str
+    rank: int
+    farewell: int | None
+    settings: ShmSettings
+    _size: int
+    _active: ActiveSet
+    _linked: set[str]
+    _notices: list[tuple[int, int]]
+
+    def _unlink(self, path: str) -> None: ...
+
 
 class ShmChannel(Channel):
     """Messages to and from one same-host peer through two inbox segments."""
 
-    transport: "ShmTransport"
+    transport: ShmOwner  # type: ignore[assignment]
+    #: the slot kinds that start a message (a subclass may add its own)
+    message_kinds: tuple[int, ...] = (EAGER, FIRST, RNDV)
 
-    def __init__(self, transport: "ShmTransport", peer: int, inbox: Segment,
+    def __init__(self, transport: ShmOwner, peer: int, inbox: Segment,
                  address: dict[str, Any]) -> None:
         self.transport = transport
         self.peer = peer
@@ -84,10 +108,10 @@ class ShmChannel(Channel):
         self._rndv_seq = 0
         self._rndv_pending: dict[int, Request] = {}
         # receiver state
-        self._device_reads: deque[tuple[Any, int]] = deque()   # (copy-done event, seq)
         self._tail = 0
         self._match = TagMatcher(peer)
-        self._assembling: tuple[Any, int, int] | None = None     # (target request|bytearray, tag, offset)
+        #: the fragmented message being read: (target request|bytearray, tag, offset)
+        self._assembling: tuple[Any, int, int] | None = None
         self._broken: BaseException | None = None
         self._cma_threshold = transport.settings.cma_threshold
         self._settling = True          # until both inboxes are mapped and ours unlinked
@@ -171,16 +195,9 @@ class ShmChannel(Channel):
                 self._publish()
                 self._sends.popleft()
                 req.complete()
-            elif req.view is None:      # device memory: a rendezvous (cuda_ipc.py)
-                if self._window_full():
+            elif req.view is None:      # memory without a host address (device memory)
+                if not self._send_unaddressable(req, out, off):
                     break
-                self._sends.popleft()
-                try:
-                    body = self._device().export(req.mem, self.peer)
-                except TransportError as err:
-                    req.fail(err)       # nothing was announced: the pair stays in step
-                    continue
-                self._announce(req, out, off, DEVICE, body)
             elif n <= self._payload:
                 SLOT_HEADER.pack_into(out.data, off, req.tag, n, EAGER, 0)
                 if n:
@@ -196,8 +213,10 @@ class ShmChannel(Channel):
             else:
                 start = self._send_offset
                 chunk = min(self._payload, n - start)
-                SLOT_HEADER.pack_into(out.data, off, req.tag, n, FIRST if start == 0 else CONT, chunk)
-                out.data[off + SLOT_HEADER.size: off + SLOT_HEADER.size + chunk] = req.view[start:start + chunk]
+                SLOT_HEADER.pack_into(out.data, off, req.tag, n, FIRST if start == 0 else CONT,
+                                      chunk)
+                body_at = off + SLOT_HEADER.size
+                out.data[body_at: body_at + chunk] = req.view[start:start + chunk]
                 self._publish()
                 self._send_offset = start + chunk
                 req.bytes_done = self._send_offset
@@ -208,6 +227,18 @@ class ShmChannel(Channel):
             moved = True
         return moved
 
+    def _send_unaddressable(self, req: Request, out: Segment, off: int) -> bool:
+        """A send of memory without a host address (device memory): this channel moves host
+        memory only, so it fails (nothing was announced: the pair stays in step). The cuda_ipc
+        channel announces it instead. False keeps it queued (no room yet)."""
+        self._sends.popleft()
+        req.fail(self._host_only())
+        return True
+
+    def _host_only(self) -> TransportError:
+        return TransportError(f"shm: device memory for rank {self.peer} reached a channel "
+                              "that moves host memory only", peer=self.peer)
+
     def _window_full(self) -> bool:
         """Completion words are indexed seq % RNDV_WINDOW: never reuse one whose send is
         still pending (the receiver may complete them out of order)."""
@@ -215,8 +246,8 @@ class ShmChannel(Channel):
                                                      self._rndv_pending) >= RNDV_WINDOW
 
     def _announce(self, req: Request, out: Segment, off: int, kind: int, body: bytes) -> None:
-        """Publish a rendezvous (``kind`` RNDV or DEVICE, ``body`` saying where the bytes
-        are); ``req`` completes when the receiver sets its completion word."""
+        """Publish a rendezvous (``kind`` RNDV, or a subclass's, ``body`` saying where the
+        bytes are); ``req`` completes when the receiver sets its completion word."""
         seq = self._rndv_seq
         self._rndv_seq += 1
         SLOT_HEADER.pack_into(out.data, off, req.tag, req.nbytes, kind, seq)
@@ -262,7 +293,8 @@ class ShmChannel(Channel):
 
     def _publish(self) -> None:
         self._head += 1
-        self._out.ctrl[HEAD] = self._head   # type: ignore[union-attr]  # after the slot's bytes: x86 store order
+        # after the slot's bytes: x86 store order
+        self._out.ctrl[HEAD] = self._head   # type: ignore[union-attr]
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
@@ -274,12 +306,9 @@ class ShmChannel(Channel):
         return req
 
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
-        if (req.view is None) != isinstance(body, DeviceNotice):
-            self._memory_mismatch(req, isinstance(body, DeviceNotice))
-        elif isinstance(body, DeviceNotice):
-            if self._size_ok(req, nbytes):
-                self._device_read(req, body.body, body.seq)
-        elif not isinstance(body, RndvNotice):
+        if req.view is None:
+            self._refuse(req, self._host_only())
+        elif not isinstance(body, CmaNotice):
             super()._deliver_held(req, nbytes, body)
         elif self._size_ok(req, nbytes):
             if self._broken is not None:   # the sender's buffer may be its user's again:
@@ -297,44 +326,18 @@ class ShmChannel(Channel):
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
         req.complete()
 
-    # -- device memory (the cuda_ipc transport) ---------------------------------------------
-    def _device(self) -> Any:
-        device = self.transport.device
-        if device is None:
-            raise TransportError(f"shm: device memory for rank {self.peer} reached a channel "
-                                 "that moves host memory only", peer=self.peer)
-        return device
-
-    def _device_read(self, req: Request, body: bytes, seq: int) -> None:
-        """Queue the copy out of the peer's device memory; the receive is complete at once
-        (whatever reads it is queued behind the copy), the sender once the copy has run."""
-        try:
-            done = self._device().read(req.mem, body, self.peer)
-        except TransportError as err:
-            self._break(err)
-            req.fail(err)
-            return
-        self._device_reads.append((done, seq))
-        self._active[self.peer] = self
-        req.complete()
-
-    def _finish_device_reads(self) -> bool:
-        reads, moved = self._device_reads, False
-        finished = self._device().finished
-        while reads and finished(reads[0][0]):
-            _, seq = reads.popleft()
-            self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
-            moved = True
-        return moved
-
-    def _memory_mismatch(self, req: Request, device_sent: bool) -> None:
-        sent, posted = ("device", "host") if device_sent else ("host", "device")
-        err = TransportError(
-            f"rank {self.peer} sent {sent} memory where this rank receives into {posted} "
-            f"memory (tag {req.tag}): every rank must pass device buffers, or every rank host "
-            "buffers, to one call", peer=self.peer)
+    def _refuse(self, req: Request, err: TransportError) -> None:
+        """The matched receive ``req`` cannot take its message: the pair is out of step."""
         self._break(err)
         req.fail(err)
+
+    def _memory_fits(self, req: Request, kind: int) -> bool:
+        """Whether the matched receive ``req`` can take a message of slot ``kind``: here only
+        a receive into host memory can (the cuda_ipc channel adds device memory)."""
+        if req.view is not None:
+            return True
+        self._refuse(req, self._host_only())
+        return False
 
     def unread_tags(self) -> list[int]:
         seg = self._in
@@ -342,7 +345,7 @@ class ShmChannel(Channel):
         for index in range(self._tail, seg.ctrl[HEAD]):
             tag, _total, kind, _aux = SLOT_HEADER.unpack_from(seg.data,
                                                               self._slot_offset(seg, index))
-            if kind in (EAGER, FIRST, RNDV, DEVICE):
+            if kind in self.message_kinds:
                 tags.append(tag)
         return tags
 
@@ -383,40 +386,39 @@ class ShmChannel(Channel):
                 self.transport._notices.append((self.peer, aux))
             else:
                 req = match.take(tag)
-                if req is not None:
-                    if not self._size_ok(req, total):
-                        return True
-                    if (req.view is None) != (kind == DEVICE):
-                        self._memory_mismatch(req, kind == DEVICE)
-                        return True
-                if kind == EAGER:
-                    if req is None:
-                        match.hold(tag, total, bytes(data[off + hs: off + hs + total]))
-                    else:
-                        if total:
-                            req.view[:] = data[off + hs: off + hs + total]
-                        req.complete()
-                elif kind == DEVICE:
-                    body = bytes(data[off + hs: off + hs + DEVICE_BODY_BYTES])
-                    if req is None:
-                        match.hold(tag, total, DeviceNotice(body, aux))
-                    else:
-                        self._device_read(req, body, aux)
-                elif kind == RNDV:
-                    pid, address = RNDV_BODY.unpack_from(data, off + hs)
-                    if req is None:
-                        match.hold(tag, total, RndvNotice(pid, address, aux))
-                    else:
-                        self._rndv_read(req, pid, address, aux)
-                else:  # FIRST fragment
-                    target = req if req is not None else bytearray(total)
-                    dst = req.view if req is not None else memoryview(target)  # type: ignore[arg-type]
-                    dst[0:aux] = data[off + hs: off + hs + aux]
-                    self._assembling = (target, tag, aux)
+                if req is not None and not (self._size_ok(req, total)
+                                            and self._memory_fits(req, kind)):
+                    return True
+                self._start_message(req, tag, total, kind, aux, off + hs)
             self._tail += 1
             seg.ctrl[TAIL] = self._tail
             moved = True
         return moved
+
+    def _start_message(self, req: Request | None, tag: int, total: int, kind: int, aux: int,
+                       at: int) -> None:
+        """The first slot of a message (its body at ``at``): into the matched receive ``req``,
+        or held for one not yet posted (``req`` None)."""
+        match = self._match
+        data = self._in.data
+        if kind == EAGER:
+            if req is None:
+                match.hold(tag, total, bytes(data[at: at + total]))
+            else:
+                if total:
+                    req.view[:] = data[at: at + total]
+                req.complete()
+        elif kind == RNDV:
+            pid, address = RNDV_BODY.unpack_from(data, at)
+            if req is None:
+                match.hold(tag, total, CmaNotice(pid, address, aux))
+            else:
+                self._rndv_read(req, pid, address, aux)
+        else:  # FIRST fragment
+            target = req if req is not None else bytearray(total)
+            dst = req.view if req is not None else memoryview(target)  # type: ignore[arg-type]
+            dst[0:aux] = data[at: at + aux]
+            self._assembling = (target, tag, aux)
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
@@ -425,16 +427,17 @@ class ShmChannel(Channel):
             moved = self._progress_send()
         if self._match.posted or self._assembling is not None:
             moved = self._progress_recv() or moved
-        if self._device_reads:
-            moved = self._finish_device_reads() or moved
         return moved
 
     def busy(self) -> bool:
-        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling
-                    or self._device_reads)
+        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling)
 
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
+
+    @property
+    def ready(self) -> bool:
+        return self._out is not None and self.mapped_by_peer()
 
     def peer_joined(self) -> bool:
         return self._out is not None or self.mapped_by_peer()
@@ -488,140 +491,9 @@ class ShmChannel(Channel):
                 self._out.ctrl[SENDER_CLOSED] = flag
         except ValueError:
             pass  # already released
-        self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
+        self._break(TransportError(f"channel to peer rank {self.peer} was closed",
+                                   peer=self.peer))
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
             self._pid_poll = None
-
-
-
-
-class ShmTransport(Transport):
-    """Shared-memory transport for the peers on this host."""
-
-    name = "shm"
-    pollable = False
-    #: the device half (``cuda_ipc.DeviceIpc``) of the cuda_ipc transport built on this one
-    device: Any = None
-    capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=1 << 20)
-
-    def __init__(self, ctx: OpenContext) -> None:
-        self.rank = rank = ctx.rank
-        self._size = ctx.size
-        self.settings = ShmSettings.from_env(crowded=False)   # see configure
-        removed = sweep()          # leftovers of killed jobs (their creators are dead)
-        if removed:
-            debug.logger.info("shm: removed %d segment(s) left by dead processes",
-                              len(removed))
-        self._prefix = f"{SHM_DIR}/{segment_prefix(os.getpid())}{rank}-{secrets.token_hex(8)}"
-        self._channels: dict[int, ShmChannel] = {}
-        self._active = ActiveSet()
-        self._linked: set[str] = set()
-        self._probe = ctypes.c_uint64(PROBE_MAGIC ^ os.getpid())
-        self._registered: dict[int, MemRef] = {}
-        self._notices: list[tuple[int, int]] = []
-        self._check_unlink = False
-        self._next_finish = 0.0
-
-    def configure(self, crowded: bool) -> None:
-        """Adopt the job's rank layout (known after the bootstrap): with more ranks than
-        cores, cross-memory attach pays from 1 MiB (see ``ShmSettings``)."""
-        self.settings = ShmSettings.from_env(crowded)
-
-    # -- registry ------------------------------------------------------------------------
-    @classmethod
-    def probe(cls) -> tuple[dict[str, Any] | None, str]:
-        if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
-            return None, (f"shm relies on x86 store ordering; this CPU is {platform.machine()} "
-                          "(weakly ordered), which it does not handle yet")
-        if not os.access(SHM_DIR, os.W_OK):
-            return None, f"{SHM_DIR} is missing or not writable"
-        return {}, ""
-
-    @staticmethod
-    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
-        return a.host == b.host and a.machine == b.machine
-
-    def address(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
-                "prefix": self._prefix, "slots": self.settings.num_slots,
-                "slot_bytes": self.settings.slot_bytes}
-
-    def _cma_works(self, pid: int, probe: int) -> bool:
-        if not self.settings.cma:
-            return False
-        value = ctypes.c_uint64(0)
-        try:
-            cma_read(pid, probe, memoryview(value).cast("B"), -1)
-        except TransportError:
-            return False
-        return value.value == PROBE_MAGIC ^ pid
-
-    # -- connections -----------------------------------------------------------------------
-    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
-        ch = self._channels.get(peer)
-        if ch is None:
-            cma = 1 if self._cma_works(int(address["pid"]), int(address["probe"])) else 2
-            path = f"{self._prefix}-from{peer}"
-            inbox = Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
-            self._linked.add(path)
-            ch = self._channels[peer] = ShmChannel(self, peer, inbox, address)
-            self._check_unlink = self.setup_pending = True
-            self._next_finish = 0.0
-        return ch
-
-    def _finish_connections(self) -> None:
-        """Settle every channel still connecting (``ShmChannel.settle``); polled at most
-        every millisecond while any is."""
-        now = time.monotonic()
-        if now < self._next_finish:
-            return
-        self._next_finish = now + 1e-3
-        waiting = [ch for ch in self._channels.values() if ch._settling and not ch.settle()]
-        self._check_unlink = self.setup_pending = bool(waiting)
-
-    def _unlink(self, path: str) -> None:
-        if path in self._linked:
-            self._linked.discard(path)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-
-    # -- one-sided ---------------------------------------------------------------------------
-    def register(self, mem: MemRef) -> dict[str, Any]:
-        self._registered[mem.ptr] = mem
-        return {"pid": os.getpid(), "addr": mem.ptr, "nbytes": mem.nbytes}
-
-    def deregister(self, record: dict[str, Any]) -> None:
-        self._registered.pop(int(record["addr"]), None)
-
-    def notifications(self) -> list[tuple[int, int]]:
-        for ch in self._channels.values():
-            ch._progress_recv(drain=True)
-        notices, self._notices = self._notices, []
-        return notices
-
-    # -- progress --------------------------------------------------------------------------
-    def progress(self) -> bool:
-        if self._check_unlink:
-            self._finish_connections()
-        return self._active.progress() if self._active.channels else False
-
-    def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
-        self._active.channels.clear()
-        for path in list(self._linked):
-            self._unlink(path)
-        for ch in self._channels.values():
-            for seg in (ch._in, ch._out):
-                if seg is None:
-                    continue
-                try:
-                    seg.close()
-                except BufferError:
-                    pass  # a request still references it; the mapping goes with the process
-        self._channels.clear()

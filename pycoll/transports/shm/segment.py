@@ -5,7 +5,6 @@ each word has one writer) followed by a ring of fixed-size slots.
 """
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import secrets
@@ -33,10 +32,11 @@ RNDV_WINDOW = 64
 SLOT_HEADER = struct.Struct("<qqqq")   # tag, total message bytes, kind, aux
 RNDV_BODY = struct.Struct("<qq")       # sender pid, sender address
 EAGER, FIRST, CONT, RNDV, NOTIFY = 0, 1, 2, 3, 4
-DEVICE = 5          # a device buffer announced by the cuda_ipc transport (cuda_ipc.py)
-DEVICE_BODY_BYTES = 152
+#: kinds from here on belong to channels built on shm's (cuda_ipc.py's DEVICE is 5)
+FIRST_EXTENSION_KIND = 5
 
 PROBE_MAGIC = 0x5059434F4C4C3031  # "PYCOLL01"
+
 
 @dataclass(frozen=True)
 class ShmSettings:
@@ -131,18 +131,12 @@ class Segment:
         self.mm.close()
 
 
-class RndvNotice(NamedTuple):
-    """A rendezvous notice held for a receive not yet posted: where to read the bytes."""
+class CmaNotice(NamedTuple):
+    """A rendezvous held for a receive not yet posted: where to read the bytes with
+    cross-memory attach, and the completion word to set after."""
 
     pid: int
     address: int
-    seq: int
-
-
-class DeviceNotice(NamedTuple):
-    """A device buffer's announcement (cuda_ipc) held for a receive not yet posted."""
-
-    body: bytes
     seq: int
 
 

@@ -1,20 +1,15 @@
-"""TCP transport: one or more connections per peer pair, works between hosts.
+"""The tcp channel: messages to one peer over one or more TCP connections.
 
 Frames are a 16-byte header (tag, payload length) followed by the payload. Sends go out with
-``sendmsg([header, payload])`` straight from the user's memory; a receive reads the header and
-then ``recv_into`` the posted buffer, so large messages are never copied in user space. With
-``PYCOLL_SOCKET_NSOCKS`` > 1 a pair has that many connections and a large message's stripes
-travel on all of them at once (``TcpChannel``). All
-sockets are non-blocking and progress is driven by the engine, which reads and writes in the
-same loop: both peers can send large messages to each other at once without deadlock.
+``sendmsg([header, payload])`` straight from the user's memory; a receive reads the header
+and then ``recv_into`` the posted buffer, so large messages are never copied in user space.
+With ``PYCOLL_SOCKET_NSOCKS`` > 1 a pair has that many connections and a large message's
+stripes travel on all of them at once (``TcpChannel``). All sockets are non-blocking and
+progress is driven by the engine, which reads and writes in the same loop: both peers can
+send large messages to each other at once without deadlock.
 
-Connections are lazy (Gloo's lazy mode): a channel exists from the first time an algorithm
-uses that peer; the higher rank of the pair dials, on its own first use (every message has a
-sender and a receiver, so both ends use the pair), and proves membership of the job with
-``HMAC(token, listener nonce : rank : socket)``. Dials and handshakes are non-blocking and progress
-with everything else, so connections open in parallel, never rank after rank. Anything else
-that connects to the data port (a stranger, a flood of silent sockets) is dropped at a short
-handshake deadline without disturbing the job.
+The sockets come from the transport's lazy dials and handshake (``transport.py``,
+``wireup``), one ``attach`` per socket.
 """
 from __future__ import annotations
 
@@ -22,20 +17,26 @@ import select
 import socket
 import struct
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
-from ...errors import TransportError
 from ...buffers.memory import MemRef
-from ..base import (ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Request, Transport,
-                    peer_left_over, peer_lost, stripes)
+from ...errors import TransportError
+from ..base import ActiveSet, Channel, Request, peer_left_over, peer_lost, stripes
 from ..matching import TagMatcher
-from ..wireup import Connector, ConnectorTransport
-from ..netif import choose_bind_address, socket_streams
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 #: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
 #: message tag is this low) and, as the length, -(2 + that rank)
 FAREWELL_TAG = -(1 << 63)
+
+
+class TcpOwner(Protocol):
+    """What a channel uses of its transport (``TcpTransport``)."""
+
+    name: str
+    farewell: int | None
+    _size: int
+    _active: ActiveSet
 
 
 class Lane:
@@ -75,9 +76,9 @@ class TcpChannel(Channel):
     in the order they were sent.
     """
 
-    transport: "TcpTransport"
+    transport: TcpOwner  # type: ignore[assignment]
 
-    def __init__(self, transport: "TcpTransport", peer: int, streams: int = 1) -> None:
+    def __init__(self, transport: TcpOwner, peer: int, streams: int = 1) -> None:
         self.transport = transport
         self.peer = peer
         self.streams = streams
@@ -102,7 +103,7 @@ class TcpChannel(Channel):
         self._active[self.peer] = self
 
     @property
-    def connected(self) -> bool:
+    def ready(self) -> bool:
         return self._attached == self.streams
 
     # -- sending -------------------------------------------------------------------------
@@ -325,49 +326,3 @@ class TcpChannel(Channel):
                     lane.sock.close()
                 except OSError:
                     pass
-
-
-class TcpTransport(ConnectorTransport, Transport):
-    """TCP transport for peers anywhere on the network."""
-
-    name = "tcp"
-    capabilities = Capabilities("tcp", latency_us=25.0, bandwidth_gbps=3.0, same_host_only=False,
-                                segment_bytes=1 << 20)
-
-    def __init__(self, ctx: OpenContext) -> None:
-        self.rank = ctx.rank
-        self._size = ctx.size
-        self._token = ctx.token
-        host, family = choose_bind_address(ctx.master_addr)
-        self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
-                                lambda peer, streams: TcpChannel(self, peer, streams),
-                                streams=socket_streams())
-        self._channels: dict[int, TcpChannel] = self._setup.channels
-        self._active = ActiveSet()
-
-    # -- registry ------------------------------------------------------------------------
-    @classmethod
-    def probe(cls) -> tuple[dict[str, Any] | None, str]:
-        return {}, ""
-
-    @staticmethod
-    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
-        return True
-
-    # -- progress --------------------------------------------------------------------------
-    def progress(self) -> bool:
-        moved = self._setup.progress(self._active.channels.values())
-        self.setup_pending = self._setup.pending
-        if self._active.channels:
-            moved = self._active.progress() or moved
-        return moved
-
-    def wait_fds(self) -> list[tuple[int, int]] | None:
-        fds = self._setup.fds()
-        for ch in self._active.channels.values():
-            fds += ch.fds()  # type: ignore[attr-defined]
-        return fds
-
-    def close(self) -> None:
-        self._setup.close()
-        self._active.channels.clear()

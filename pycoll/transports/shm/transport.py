@@ -1,0 +1,159 @@
+"""The shm transport: same-host peers talk through /dev/shm segments (``channel.py``).
+
+Inboxes are created lazily, the first time an algorithm uses the peer (64 ranks on one host
+reserve memory only for the pairs that talk). Each rank publishes an unguessable path prefix
+through the authenticated store; the inbox from peer P is ``<prefix>-from<P>``, created under
+a temporary name, sized with ``posix_fallocate`` (a full /dev/shm is an exception here, not a
+SIGBUS later) and renamed into place, so a peer never maps a half-made segment. Each side
+opens its peer's inbox in the background of progress, so neither waits for the other.
+Segments are unlinked as soon as both sides have mapped them, so nothing is left in /dev/shm
+even if a process is killed afterwards. Peer death is noticed through a pidfd.
+
+The probe refuses weakly ordered CPUs: the channel relies on x86 store order (``channel.py``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import secrets
+import time
+from typing import Any
+
+from ... import debug
+from ...buffers.memory import MemRef
+from ...errors import TransportError
+from ..base import ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Transport
+from .channel import ShmChannel
+from .cma import cma_read
+from .segment import PROBE_MAGIC, SHM_DIR, Segment, ShmSettings, segment_prefix, sweep
+
+
+class ShmTransport(Transport):
+    """Shared-memory transport for the peers on this host."""
+
+    name = "shm"
+    pollable = False
+    #: what ``connect`` makes (the cuda_ipc transport built on this one makes its own)
+    channel_class: type[ShmChannel] = ShmChannel
+    capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
+                                one_sided=True, segment_bytes=1 << 20)
+
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = rank = ctx.rank
+        self._size = ctx.size
+        self.settings = ShmSettings.from_env(crowded=False)   # see configure
+        removed = sweep()          # leftovers of killed jobs (their creators are dead)
+        if removed:
+            debug.logger.info("shm: removed %d segment(s) left by dead processes",
+                              len(removed))
+        self._prefix = f"{SHM_DIR}/{segment_prefix(os.getpid())}{rank}-{secrets.token_hex(8)}"
+        self._channels: dict[int, ShmChannel] = {}
+        self._active = ActiveSet()
+        self._linked: set[str] = set()
+        self._probe = ctypes.c_uint64(PROBE_MAGIC ^ os.getpid())
+        self._registered: dict[int, MemRef] = {}
+        self._notices: list[tuple[int, int]] = []
+        self._check_unlink = False
+        self._next_finish = 0.0
+
+    def configure(self, crowded: bool) -> None:
+        """Adopt the job's rank layout (known after the bootstrap): with more ranks than
+        cores, cross-memory attach pays from 1 MiB (see ``ShmSettings``)."""
+        self.settings = ShmSettings.from_env(crowded)
+
+    # -- registry ------------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> tuple[dict[str, Any] | None, str]:
+        if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+            return None, (f"shm relies on x86 store ordering; this CPU is {platform.machine()} "
+                          "(weakly ordered), which it does not handle yet")
+        if not os.access(SHM_DIR, os.W_OK):
+            return None, f"{SHM_DIR} is missing or not writable"
+        return {}, ""
+
+    @staticmethod
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
+        return a.host == b.host and a.machine == b.machine
+
+    def address(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
+                "prefix": self._prefix, "slots": self.settings.num_slots,
+                "slot_bytes": self.settings.slot_bytes}
+
+    def _cma_works(self, pid: int, probe: int) -> bool:
+        if not self.settings.cma:
+            return False
+        value = ctypes.c_uint64(0)
+        try:
+            cma_read(pid, probe, memoryview(value).cast("B"), -1)
+        except TransportError:
+            return False
+        return value.value == PROBE_MAGIC ^ pid
+
+    # -- connections -----------------------------------------------------------------------
+    def connect(self, peer: int, address: dict[str, Any], deadline: float) -> Channel:
+        ch = self._channels.get(peer)
+        if ch is None:
+            cma = 1 if self._cma_works(int(address["pid"]), int(address["probe"])) else 2
+            path = f"{self._prefix}-from{peer}"
+            inbox = Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
+            self._linked.add(path)
+            ch = self._channels[peer] = self.channel_class(self, peer, inbox, address)
+            self._check_unlink = self.setup_pending = True
+            self._next_finish = 0.0
+        return ch
+
+    def _finish_connections(self) -> None:
+        """Settle every channel still connecting (``ShmChannel.settle``); polled at most
+        every millisecond while any is."""
+        now = time.monotonic()
+        if now < self._next_finish:
+            return
+        self._next_finish = now + 1e-3
+        waiting = [ch for ch in self._channels.values() if ch._settling and not ch.settle()]
+        self._check_unlink = self.setup_pending = bool(waiting)
+
+    def _unlink(self, path: str) -> None:
+        if path in self._linked:
+            self._linked.discard(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # -- one-sided ---------------------------------------------------------------------------
+    def register(self, mem: MemRef) -> dict[str, Any]:
+        self._registered[mem.ptr] = mem
+        return {"pid": os.getpid(), "addr": mem.ptr, "nbytes": mem.nbytes}
+
+    def deregister(self, record: dict[str, Any]) -> None:
+        self._registered.pop(int(record["addr"]), None)
+
+    def notifications(self) -> list[tuple[int, int]]:
+        for ch in self._channels.values():
+            ch._progress_recv(drain=True)
+        notices, self._notices = self._notices, []
+        return notices
+
+    # -- progress --------------------------------------------------------------------------
+    def progress(self) -> bool:
+        if self._check_unlink:
+            self._finish_connections()
+        return self._active.progress() if self._active.channels else False
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._active.channels.clear()
+        for path in list(self._linked):
+            self._unlink(path)
+        for ch in self._channels.values():
+            for seg in (ch._in, ch._out):
+                if seg is None:
+                    continue
+                try:
+                    seg.close()
+                except BufferError:
+                    pass  # a request still references it; the mapping goes with the process
+        self._channels.clear()

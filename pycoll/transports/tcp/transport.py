@@ -1,0 +1,66 @@
+"""The tcp transport: peers anywhere on the network, one or more sockets per pair.
+
+Connections are lazy (Gloo's lazy mode): a channel exists from the first time an algorithm
+uses that peer; the higher rank of the pair dials, on its own first use (every message has a
+sender and a receiver, so both ends use the pair), and proves membership of the job with
+``HMAC(token, listener nonce : rank : socket)``. Dials and handshakes are non-blocking and
+progress with everything else, so connections open in parallel, never rank after rank.
+Anything else that connects to the data port (a stranger, a flood of silent sockets) is
+dropped at a short handshake deadline without disturbing the job. The dials, the handshake
+and the acceptor are ``wireup``'s (verbs uses them too), the interface choice ``netif``'s,
+the frames ``channel.py``'s.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
+from ..netif import choose_bind_address, socket_streams
+from ..wireup import Connector, ConnectorTransport
+from .channel import TcpChannel
+
+
+class TcpTransport(ConnectorTransport, Transport):
+    """TCP transport for peers anywhere on the network."""
+
+    name = "tcp"
+    capabilities = Capabilities("tcp", latency_us=25.0, bandwidth_gbps=3.0, same_host_only=False,
+                                segment_bytes=1 << 20)
+
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = ctx.rank
+        self._size = ctx.size
+        self._token = ctx.token
+        host, family = choose_bind_address(ctx.master_addr)
+        self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
+                                lambda peer, streams: TcpChannel(self, peer, streams),
+                                streams=socket_streams())
+        self._channels: dict[int, TcpChannel] = self._setup.channels
+        self._active = ActiveSet()
+
+    # -- registry ------------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> tuple[dict[str, Any] | None, str]:
+        return {}, ""
+
+    @staticmethod
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
+        return True
+
+    # -- progress --------------------------------------------------------------------------
+    def progress(self) -> bool:
+        moved = self._setup.progress(self._active.channels.values())
+        self.setup_pending = self._setup.pending
+        if self._active.channels:
+            moved = self._active.progress() or moved
+        return moved
+
+    def wait_fds(self) -> list[tuple[int, int]] | None:
+        fds = self._setup.fds()
+        for ch in self._active.channels.values():
+            fds += ch.fds()  # type: ignore[attr-defined]
+        return fds
+
+    def close(self) -> None:
+        self._setup.close()
+        self._active.channels.clear()

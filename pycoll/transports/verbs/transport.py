@@ -1,0 +1,157 @@
+"""The verbs transport: RDMA over InfiniBand or RoCE through pyverbs, for ranks on any host
+whose ports share a fabric.
+
+One per rank: it opens the device (``device.py``), registers the memory every channel shares
+(the credit words peers write into, a scratch word), sets up each pair's channel over the
+same lazy dials and handshake as tcp (``wireup.Connector``), and blocks the progress engine
+on the channels' completion channels and setup sockets. The protocol is the channel's
+(``channel.py``), the queue pairs its ``QueuePairs`` (``queue_pairs.py``), the layouts on
+the wire ``wire.py``'s.
+"""
+from __future__ import annotations
+
+import os
+import select
+from typing import Any
+
+import numpy as np
+
+from ...buffers.memory import MemRef
+from ...envvars import env_int
+from ...errors import TransportError
+from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
+from ..netif import choose_bind_address
+from ..wireup import Connector, ConnectorTransport
+from .channel import VerbsChannel
+from .device import Device, RegistrationCache, access_flags, exporter_range, probe
+from .wire import EAGER_MAX, INLINE_BYTES, MAX_QPS
+
+
+class VerbsTransport(ConnectorTransport, Transport):
+    """RDMA over InfiniBand or RoCE through pyverbs (see the module docstring)."""
+
+    name = "verbs"
+    capabilities = Capabilities("verbs", latency_us=3.0, bandwidth_gbps=12.0,
+                                same_host_only=False, one_sided=True, segment_bytes=1 << 20)
+
+    def __init__(self, ctx: OpenContext) -> None:
+        self.rank = ctx.rank
+        self.size = ctx.size
+        self._token = ctx.token
+        self.eager_max = env_int("PYCOLL_IB_EAGER_MAX", EAGER_MAX, minimum=0)
+        self.qps_per_peer = env_int("PYCOLL_IB_QPS_PER_PEER", 1, minimum=1)
+        if self.qps_per_peer > MAX_QPS - 1:
+            raise TransportError(f"PYCOLL_IB_QPS_PER_PEER={self.qps_per_peer}: at most "
+                                 f"{MAX_QPS - 1}")
+        self.ring_slots = env_int("PYCOLL_IB_EAGER_SLOTS", 16, minimum=2)   # and send slots
+        self.ack_timeout = env_int("PYCOLL_IB_TIMEOUT", 14, minimum=1)
+        self.retry_cnt = min(7, env_int("PYCOLL_IB_RETRY_CNT", 7, minimum=1))
+        self.inline = INLINE_BYTES
+        self.device = Device()
+        self.cache = RegistrationCache(self.device.pd)
+        # credit words: the peers write theirs into ``credit_words`` (one per rank); this
+        # rank writes from ``credit_out``
+        self.credit_words = np.zeros(self.size, dtype=np.uint64)
+        self.credit_mr = self.register_own(self.credit_words)
+        self.credit_addr = self.credit_mr.buf
+        self.credit_out = np.zeros(self.size, dtype=np.uint64)
+        self.credit_out_mr = self.register_own(self.credit_out)
+        self.credit_out_addr = self.credit_out_mr.buf
+        self._scratch = np.zeros(64, dtype=np.uint8)
+        self.scratch_mr = self.register_own(self._scratch)
+        self.notices: list[tuple[int, int]] = []
+        self._exposed: dict[int, tuple[Any, MemRef]] = {}
+        host, family = choose_bind_address(ctx.master_addr)
+        self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
+                                lambda peer, streams: VerbsChannel(self, peer))
+        self._channels: dict[int, VerbsChannel] = self._setup.channels
+        self._active = ActiveSet()
+        self.exchanging = 0
+        self._kick_fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self._kicked = False
+
+    def register_own(self, array: np.ndarray) -> Any:
+        """Register memory this transport owns (rings, slots, credit words)."""
+        from pyverbs.mr import MR  # type: ignore[import-not-found]
+
+        return MR(self.device.pd, array.nbytes, access_flags(True), address=array.ctypes.data)
+
+    # -- registry ------------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> tuple[dict[str, Any] | None, str]:
+        return probe()
+
+    @staticmethod
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
+        return a.records["verbs"]["fabric"] == b.records["verbs"]["fabric"]
+
+    # -- progress --------------------------------------------------------------------------
+    def progress(self) -> bool:
+        moved = self._setup.progress(self._active.channels.values())
+        if self._kicked:
+            self._kicked = False
+            try:
+                os.eventfd_read(self._kick_fd)
+            except BlockingIOError:
+                pass
+        if self._active.channels:
+            moved = self._active.progress() or moved
+        self.setup_pending = self._setup.pending or bool(self.exchanging)
+        return moved
+
+    def wait_fds(self) -> list[tuple[int, int]] | None:
+        fds = self._setup.fds()
+        slipped = False
+        for ch in self._working():
+            fds += ch.pairs.fds()
+            slipped = ch.pairs.arm() or slipped
+        if slipped and not self._kicked:      # a completion came while arming: wake at once
+            os.eventfd_write(self._kick_fd, 1)
+            self._kicked = True
+        fds.append((self._kick_fd, select.EPOLLIN))
+        return fds
+
+    def _working(self) -> list[VerbsChannel]:
+        return list(self._active.channels.values())  # type: ignore[arg-type]
+
+    # -- one-sided ---------------------------------------------------------------------------
+    def register(self, mem: MemRef) -> dict[str, Any]:
+        from pyverbs.mr import MR  # type: ignore[import-not-found]
+
+        _owner, _base, _n, at = exporter_range(mem._view)
+        mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
+        self._exposed[mr.rkey] = (mr, mem)
+        return {"addr": at, "rkey": mr.rkey, "nbytes": mem.nbytes}
+
+    def deregister(self, record: dict[str, Any]) -> None:
+        found = self._exposed.pop(int(record["rkey"]), None)
+        if found is not None:
+            found[0].close()
+
+    def notifications(self) -> list[tuple[int, int]]:
+        for ch in self._channels.values():
+            ch.progress()           # nothing to do on a channel still connecting
+        notices, self.notices = self.notices, []
+        return notices
+
+    def stats(self) -> dict[str, Any]:
+        """Registration cache counters (the bench reports them)."""
+        return self.cache.stats()
+
+    def close(self) -> None:
+        self._setup.close()
+        self._active.channels.clear()
+        for mr, _ in self._exposed.values():
+            try:
+                mr.close()
+            except Exception:   # noqa: BLE001
+                pass
+        self._exposed.clear()
+        self.cache.close()
+        for mr in (self.credit_mr, self.credit_out_mr, self.scratch_mr):
+            try:
+                mr.close()
+            except Exception:   # noqa: BLE001
+                pass
+        os.close(self._kick_fd)
+        self.device.close()
