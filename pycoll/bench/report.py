@@ -8,8 +8,8 @@ OSU layout (OMB 7.4 ``print_only_header``/``print_stats`` in ``c/util/osu_util.c
 
 ``"%-10s%18s"`` header, ``"%-10d%18.2f"`` rows (FIELD_WIDTH 18), 18-wide min/max, 12-wide
 iterations; pycoll appends nccl-tests' ``algbw(GB/s)`` and ``busbw(GB/s)`` (14 wide) and,
-with ``-c``, OSU's 18-wide ``Validation`` column last.  nccl-tests layout: the header and row printf formats of
-nccl-tests' ``src/util.cu``.
+with ``-c``, OSU's 18-wide ``Validation`` column last. nccl-tests layout: the header and
+row printf formats of nccl-tests' ``src/util.cu``.
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

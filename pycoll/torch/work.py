@@ -19,8 +19,9 @@ failure path, ``test_peer_death_mid_training_raises_from_backward``):
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ class _Failure:
         self.error = error
 
 
-def _unwrap(fut: "torch.futures.Future") -> Any:
+def _unwrap(fut: torch.futures.Future) -> Any:
     value = fut.value()
     if isinstance(value, _Failure):
         raise value.error
@@ -102,8 +103,8 @@ class PycollWork(dist._Work):
     _record: Any = None                 # the open profiler event, closed on completion
     _event: threading.Event | None = None   # made only if somebody has to block
     _error: BaseException | None = None
-    _raw: "torch.futures.Future | None" = None
-    _future: "torch.futures.Future | None" = None
+    _raw: torch.futures.Future | None = None
+    _future: torch.futures.Future | None = None
     _source = -1
 
     def __init__(self, op: str, outputs: Any, rank: int,
@@ -180,7 +181,7 @@ class PycollWork(dist._Work):
             raise self._error
         return True
 
-    def get_future(self) -> "torch.futures.Future":
+    def get_future(self) -> torch.futures.Future:
         self._post()
         with self._lock:
             if self._future is None:

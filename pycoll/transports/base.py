@@ -24,8 +24,9 @@ so a send queued on any channel moves while any wait runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..buffers.memory import HOST, MemoryType, MemRef
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
@@ -61,13 +62,13 @@ class Channel(ABC):
     #: rank of the peer (in the root communicator that opened the transport)
     peer: int
     #: the transport that made this channel
-    transport: "Transport"
+    transport: Transport
     #: the channel's receives and unexpected messages (every transport matches through one)
     _match: TagMatcher
     #: why the channel broke (None while it works); every request after that fails with it
     _broken: BaseException | None
     #: the transport's active set (``ActiveSet.channels``): joined when work arrives
-    _active: dict[int, "Channel"]
+    _active: dict[int, Channel]
 
     @abstractmethod
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
@@ -215,7 +216,7 @@ class Transport(ABC):
 
     @staticmethod
     @abstractmethod
-    def can_connect(a: "PeerInfo", b: "PeerInfo") -> bool:
+    def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         """Whether two ranks can talk over this transport; must be symmetric."""
 
     @abstractmethod
@@ -248,7 +249,7 @@ class Transport(ABC):
         return []
 
     #: the channels with work (every transport keeps one; see ``ActiveSet``)
-    _active: "ActiveSet"
+    _active: ActiveSet
     #: connection setup in progress (dials, handshakes, segments to map): progress me even
     #: when no channel has work
     setup_pending: bool = False

@@ -39,7 +39,7 @@ from .matching import TagMatcher
 EAGER_BYTES = 64 * 1024
 
 #: every open in-process transport of this process, by the key it publishes
-_ENDPOINTS: dict[str, "InprocTransport"] = {}
+_ENDPOINTS: dict[str, InprocTransport] = {}
 _ENDPOINTS_LOCK = threading.Lock()
 _PROCESS: tuple[int, str] = (-1, "")
 
@@ -72,10 +72,10 @@ class _Message:
 class InprocChannel(Channel):
     """Messages to and from a rank in another thread of this process."""
 
-    transport: "InprocTransport"
+    transport: InprocTransport
 
-    def __init__(self, transport: "InprocTransport", peer: int,
-                 remote: "InprocTransport | None") -> None:
+    def __init__(self, transport: InprocTransport, peer: int,
+                 remote: InprocTransport | None) -> None:
         self.transport = transport
         self.peer = peer
         self._active = transport._active.channels    # join it when work arrives

@@ -21,8 +21,9 @@ order that source sent them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any
 
 from ..buffers.memory import MemRef
 from ..errors import CollectiveMismatch
@@ -40,7 +41,7 @@ class Request:
         self.mem = mem
         # Host bytes. Device memory has none (None): only transports declaring device
         # memory receive such requests, and they use ``mem`` instead.
-        self.view: memoryview = mem._view  # type: ignore[assignment]
+        self.view: memoryview = mem._view
         self.tag = tag
         self.nbytes = mem.nbytes
         self.done = False

@@ -29,8 +29,9 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..envvars import env_float
 from ..errors import TransportError
@@ -247,7 +248,7 @@ class ProgressEngine:
         else:
             time.sleep(min(timeout, MAX_SLEEP_SECONDS))
 
-    def _sync_epoll(self, fds: list[tuple[int, int]]) -> "select.epoll | None":
+    def _sync_epoll(self, fds: list[tuple[int, int]]) -> select.epoll | None:
         """Register exactly ``fds`` with the engine's epoll; None when there are none."""
         ep = self._epoll
         if ep is None:

@@ -15,7 +15,8 @@ the same algorithms (ranks that disagreed would run different message patterns a
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..envvars import env_choice, env_list
 from ..errors import InvalidArgument, TransportError

@@ -18,7 +18,8 @@ import select
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TransportError
 from .base import peer_lost
@@ -56,7 +57,7 @@ class Dial:
     """A non-blocking connection attempt to a lower rank: connect, prove, await the ack.
     One per socket of the pair (``stream`` of ``streams``)."""
 
-    def __init__(self, transport: Dialer, channel: "Channel", addr: dict[str, Any],
+    def __init__(self, transport: Dialer, channel: Channel, addr: dict[str, Any],
                  deadline: float, stream: int = 0, streams: int = 1) -> None:
         self.transport = transport
         self.channel = channel
@@ -96,7 +97,7 @@ class Dial:
 
     def progress(self) -> bool:
         """Advance; True once finished (connected or failed)."""
-        if self.channel._broken is not None:  # type: ignore[attr-defined]
+        if self.channel._broken is not None:
             if self.sock is not None:
                 self.sock.close()
             return True

@@ -56,7 +56,7 @@ class ShmSettings:
     cma_threshold: int = 2 << 20
 
     @classmethod
-    def from_env(cls, crowded: bool = False) -> "ShmSettings":
+    def from_env(cls, crowded: bool = False) -> ShmSettings:
         threshold = (1 << 20) if crowded else cls.cma_threshold
         return cls(env_int("PYCOLL_SHM_SLOT_BYTES", cls.slot_bytes, minimum=64),
                    env_int("PYCOLL_SHM_SLOTS", cls.num_slots, minimum=1),
@@ -82,7 +82,7 @@ class Segment:
         self.data = memoryview(mm)
 
     @classmethod
-    def create(cls, path: str, num_slots: int, slot_bytes: int, cma_state: int) -> "Segment":
+    def create(cls, path: str, num_slots: int, slot_bytes: int, cma_state: int) -> Segment:
         """Create, size and initialise under a temporary name, then rename into place."""
         size = PAGE + num_slots * slot_bytes
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
@@ -111,7 +111,7 @@ class Segment:
         return seg
 
     @classmethod
-    def open(cls, path: str, num_slots: int, slot_bytes: int) -> "Segment | None":
+    def open(cls, path: str, num_slots: int, slot_bytes: int) -> Segment | None:
         """Map a peer's inbox; None while the peer has not created it yet."""
         try:
             fd = os.open(path, os.O_RDWR)

@@ -32,12 +32,12 @@ from ..netif import parse_name_rules
 
 #: pyverbs' enums module moved (rdma-core <= ~50: pyverbs.enums; later: libibverbs_enums)
 try:
-    import pyverbs.enums as E  # type: ignore[import-not-found]
+    import pyverbs.enums as E
 except ImportError:  # pragma: no cover - depends on the installed rdma-core
     try:
-        import pyverbs.libibverbs_enums as E  # type: ignore[import-not-found,no-redef]
+        import pyverbs.libibverbs_enums as E
     except ImportError:
-        E = None  # type: ignore[assignment]
+        E = None
 
 LINK_ETHERNET = 2       # ibv_port_attr.link_layer: IBV_LINK_LAYER_ETHERNET
 PORT_ACTIVE = 4         # IBV_PORT_ACTIVE
@@ -88,8 +88,8 @@ def select_port() -> PortChoice:
     if E is None:
         raise TransportError("pyverbs is not installed for this Python (install Debian's "
                              "python3-pyverbs and use a venv with --system-site-packages)")
-    from pyverbs.device import Context, get_device_list  # type: ignore[import-not-found]
-    from pyverbs.pyverbs_error import PyverbsError  # type: ignore[import-not-found]
+    from pyverbs.device import Context, get_device_list
+    from pyverbs.pyverbs_error import PyverbsError
 
     try:
         names = [d.name.decode() for d in get_device_list()]
@@ -154,8 +154,8 @@ class Device:
     """The opened device: context, protection domain, and the port's address."""
 
     def __init__(self) -> None:
-        from pyverbs.device import Context  # type: ignore[import-not-found]
-        from pyverbs.pd import PD  # type: ignore[import-not-found]
+        from pyverbs.device import Context
+        from pyverbs.pd import PD
 
         self.choice = select_port()
         self.ctx = Context(name=self.choice.device)
@@ -167,7 +167,7 @@ class Device:
         creating the channel added to this process."""
         import fcntl
 
-        from pyverbs.cq import CompChannel  # type: ignore[import-not-found]
+        from pyverbs.cq import CompChannel
 
         before = _event_fds()
         cc = CompChannel(self.ctx)
@@ -201,7 +201,7 @@ def _event_fds() -> set[int]:
 def create_qp(dev: Device, cq: Any, max_send: int, max_recv: int, inline: int) -> tuple[Any, int]:
     """An RC queue pair on ``cq``, moved to INIT (receives can be posted from then on);
     returns it and the inline size it accepted (``inline``, or 0 where refused)."""
-    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr  # type: ignore[import-not-found]
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
     for size in (inline, 0):
         cap = QPCap(max_send_wr=max_send, max_recv_wr=max_recv, max_send_sge=1, max_recv_sge=1,
@@ -224,8 +224,8 @@ def connect_qp(qp: Any, port: PortChoice, gid: str, lid: int, qpn: int, psn: int
     """INIT -> RTR -> RTS towards the peer's queue pair ``qpn``: RoCE needs a global route
     (GID, no LIDs), InfiniBand a LID. ``rnr_retry`` 7 (no limit) is safe because credits
     keep every send within posted receives; a silent peer is caught by the ack timeout."""
-    from pyverbs.addr import GID, AHAttr, GlobalRoute  # type: ignore[import-not-found]
-    from pyverbs.qp import QPAttr  # type: ignore[import-not-found]
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
 
     attr = QPAttr(port_num=port.port)
     attr.qp_access_flags = access_flags(True)
@@ -324,7 +324,7 @@ class RegistrationCache:
     """
 
     def __init__(self, pd: Any) -> None:
-        from pyverbs.mr import MR  # type: ignore[import-not-found]
+        from pyverbs.mr import MR
 
         self._pd = pd
         self._mr = MR

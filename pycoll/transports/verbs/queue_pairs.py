@@ -144,7 +144,7 @@ class QueuePairs:
         self.transport.exchanging += 1
 
     def _create(self) -> QpAddresses:
-        from pyverbs.cq import CQ  # type: ignore[import-not-found]
+        from pyverbs.cq import CQ
 
         t = self.transport
         dev = t.device
@@ -233,7 +233,7 @@ class QueuePairs:
 
     # -- posting ---------------------------------------------------------------------------
     def post_ring(self, i: int) -> None:
-        from pyverbs.wr import SGE, RecvWR  # type: ignore[import-not-found]
+        from pyverbs.wr import SGE, RecvWR
 
         sge = SGE(self._ring_mr.buf + i * self.stride, self.stride, self._ring_mr.lkey)
         self.qps[0].post_recv(RecvWR(wr_id=wr_id(WR_RING, 0, i), num_sge=1, sg=[sge]))
@@ -245,7 +245,7 @@ class QueuePairs:
 
     def post_data_recv(self, q: int, recv_id: int) -> None:
         """Expect one write with immediate data (``recv_id``) on data queue pair ``q``."""
-        from pyverbs.wr import SGE, RecvWR  # type: ignore[import-not-found]
+        from pyverbs.wr import SGE, RecvWR
 
         scratch = self.transport.scratch_mr
         self.qps[q].post_recv(RecvWR(wr_id=wr_id(WR_DATA, q, recv_id), num_sge=1,
@@ -255,7 +255,7 @@ class QueuePairs:
     def post_send(self, q: int, kind: int, index: int, opcode: int, addr: int, length: int,
                   lkey: int, imm: int = 0, remote: tuple[int, int] | None = None,
                   inline: bool = False) -> None:
-        from pyverbs.wr import SGE, SendWR  # type: ignore[import-not-found]
+        from pyverbs.wr import SGE, SendWR
 
         flags = E.IBV_SEND_SIGNALED | (E.IBV_SEND_INLINE if inline else 0)
         wr = SendWR(wr_id=wr_id(kind, q, index), opcode=opcode, num_sge=1,
@@ -476,7 +476,7 @@ class QueuePairs:
         self.writes.clear()
         if not self.qps:
             return
-        from pyverbs.qp import QPAttr  # type: ignore[import-not-found]
+        from pyverbs.qp import QPAttr
 
         for qp in self.qps:
             try:

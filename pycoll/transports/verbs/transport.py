@@ -72,7 +72,7 @@ class VerbsTransport(ConnectorTransport, Transport):
 
     def register_own(self, array: np.ndarray) -> Any:
         """Register memory this transport owns (rings, slots, credit words)."""
-        from pyverbs.mr import MR  # type: ignore[import-not-found]
+        from pyverbs.mr import MR
 
         return MR(self.device.pd, array.nbytes, access_flags(True), address=array.ctypes.data)
 
@@ -116,7 +116,7 @@ class VerbsTransport(ConnectorTransport, Transport):
 
     # -- one-sided ---------------------------------------------------------------------------
     def register(self, mem: MemRef) -> dict[str, Any]:
-        from pyverbs.mr import MR  # type: ignore[import-not-found]
+        from pyverbs.mr import MR
 
         _owner, _base, _n, at = exporter_range(mem._view)
         mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
