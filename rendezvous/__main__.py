@@ -12,7 +12,7 @@ import argparse
 import logging
 import signal
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .protocol import DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE
 from .server import StoreServer
@@ -33,14 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
-    token: Optional[str] = None
+    token: str | None = None
     if args.token_file:
         with open(args.token_file, "r", encoding="utf-8") as f:
             token = f.read().strip()

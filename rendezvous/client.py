@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Sequence
 
 from . import protocol as P
 from .errors import (
@@ -34,8 +34,8 @@ from .server import StoreServer, resolve_token
 
 __all__ = ["TCPStore", "Timeout", "Value"]
 
-Timeout = Union[float, int, datetime.timedelta, None]
-Value = Union[bytes, bytearray, memoryview, str]
+Timeout = float | int | datetime.timedelta | None
+Value = bytes | bytearray | memoryview | str
 
 #: extra seconds the client waits past a server-side deadline before declaring the server hung.
 _REPLY_GRACE = 5.0
@@ -116,19 +116,19 @@ class TCPStore:
         port: int,
         *,
         is_server: bool = False,
-        token: Optional[str | bytes] = None,
+        token: str | bytes | None = None,
         timeout: Timeout = 300.0,
-        server_options: Optional[dict] = None,
+        server_options: dict | None = None,
     ) -> None:
         self._timeout = _seconds(timeout, 300.0)
         self._token = resolve_token(token)
         self._lock = threading.RLock()
-        self._sock: Optional[socket.socket] = None
+        self._sock: socket.socket | None = None
         self._closed = False
         self._max_key = P.DEFAULT_MAX_KEY_SIZE
         self._max_value = P.DEFAULT_MAX_VALUE_SIZE
         self.host = host
-        self.server: Optional[StoreServer] = None
+        self.server: StoreServer | None = None
         if is_server:
             # The embedded server uses exactly the token this client resolved, so the two
             # always agree (an explicit token=None still honours $PYCOLL_TOKEN for both).
@@ -171,7 +171,7 @@ class TCPStore:
         start = time.monotonic()
         delay = _BACKOFF_START
         attempts = 0
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         while True:
             attempts += 1
             remaining = deadline - time.monotonic()
@@ -273,7 +273,7 @@ class TCPStore:
         arg: int,
         blobs: Sequence[bytes],
         timeout: float,
-        wait_keys: Optional[Sequence[bytes]] = None,
+        wait_keys: Sequence[bytes] | None = None,
     ) -> tuple[int, list[bytes]]:
         """Send one request and return ``(arg, blobs)`` of its OK reply.
 
@@ -385,7 +385,7 @@ class TCPStore:
         )
         return blobs[0]
 
-    def wait(self, keys: Union[str, Iterable[str]], timeout: Timeout = None) -> None:
+    def wait(self, keys: str | Iterable[str], timeout: Timeout = None) -> None:
         """Block until every key exists (server-side wait) or raise :class:`StoreTimeout`."""
         if isinstance(keys, str):
             keys = [keys]
@@ -393,7 +393,7 @@ class TCPStore:
         t = _seconds(timeout, self._timeout)
         self._call(Op.WAIT, self._wait_ms(t), ks, t, wait_keys=ks)
 
-    def check(self, keys: Union[str, Iterable[str]]) -> bool:
+    def check(self, keys: str | Iterable[str]) -> bool:
         """Return whether every key exists right now (never waits)."""
         if isinstance(keys, str):
             keys = [keys]
