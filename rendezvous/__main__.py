@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run a standalone rendezvous store server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=0, help="port to bind (0 = pick a free one)")
-    s.add_argument("--token-file", help="file holding the job token (default: $PYCOLL_TOKEN, else no auth)")
+    s.add_argument("--token-file",
+                   help="file holding the job token (default: $PYCOLL_TOKEN, else no auth)")
     s.add_argument("--max-key-size", type=int, default=DEFAULT_MAX_KEY_SIZE)
     s.add_argument("--max-value-size", type=int, default=DEFAULT_MAX_VALUE_SIZE)
     s.add_argument("--handshake-timeout", type=float, default=10.0,

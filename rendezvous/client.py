@@ -179,7 +179,8 @@ class TCPStore:
                 break
             sock = None
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 30.0))
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=min(remaining, 30.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(min(max(deadline - time.monotonic(), 0.001), 30.0))
                 self._handshake(sock)
@@ -213,7 +214,8 @@ class TCPStore:
     def _handshake(self, sock: socket.socket) -> None:
         hello = _recv_frame(sock, P.MAX_HANDSHAKE_FRAME)
         if len(hello) != P.HELLO.size:
-            raise StoreProtocolError(f"unexpected greeting from {self.address} (not a rendezvous server?)")
+            raise StoreProtocolError(f"unexpected greeting from {self.address} "
+                                     "(not a rendezvous server?)")
         magic, version, flags, max_key, max_value, snonce = P.HELLO.unpack(hello)
         if magic != P.MAGIC:
             raise StoreProtocolError(f"{self.address} is not a rendezvous server (bad magic)")
@@ -248,13 +250,15 @@ class TCPStore:
                 f"(pass token= or set PYCOLL_TOKEN to the job's token)"
             )
         if status == P.WelcomeStatus.BAD_VERSION:
-            raise AuthError(f"the rendezvous server at {self.address} speaks another protocol version")
+            raise AuthError(f"the rendezvous server at {self.address} speaks another protocol "
+                            "version")
         if status != P.WelcomeStatus.OK or len(proof) != maclen:
             raise StoreProtocolError("malformed handshake reply")
         if self._token is not None:
             expected = P.server_mac(self._token, snonce, cnonce)
             if not secrets.compare_digest(proof, expected):
-                raise AuthError(f"the rendezvous server at {self.address} could not prove it knows the token")
+                raise AuthError(f"the rendezvous server at {self.address} could not prove it "
+                                "knows the token")
         self._max_key, self._max_value = max_key, max_value
 
     def _drop(self) -> None:
@@ -289,7 +293,8 @@ class TCPStore:
                 self._connect(deadline)
             sock = self._sock
             assert sock is not None
-            backstop = max(deadline - time.monotonic(), 0.0) + (_REPLY_GRACE if wait_keys is not None else 0.0)
+            grace = _REPLY_GRACE if wait_keys is not None else 0.0
+            backstop = max(deadline - time.monotonic(), 0.0) + grace
             try:
                 sock.settimeout(None if math.isinf(backstop) else max(backstop, 0.001))
                 sock.sendall(frame)
@@ -329,11 +334,13 @@ class TCPStore:
             raise StoreTimeout(
                 f"timed out after {timeout:g}s waiting for keys {_fmt_keys(missing)} on the "
                 f"rendezvous store at {self.address}"
-                + (f" ({len(missing)} of {len(wait_keys)} requested keys missing)" if wait_keys else "")
+                + (f" ({len(missing)} of {len(wait_keys)} requested keys missing)"
+                   if wait_keys else "")
             )
         if status == Status.ERROR:
             msg = rblobs[0].decode("utf-8", "replace") if rblobs else "unknown error"
-            raise StoreError(f"rendezvous store at {self.address} rejected {Op(op).name.lower()}: {msg}")
+            raise StoreError(f"rendezvous store at {self.address} rejected "
+                             f"{Op(op).name.lower()}: {msg}")
         raise StoreProtocolError(f"unknown reply status {status} from {self.address}")
 
     @staticmethod
@@ -346,13 +353,15 @@ class TCPStore:
     def _ck(self, key: str) -> bytes:
         k = _key(key)
         if len(k) > self._max_key:
-            raise StoreLimitError(f"key of {len(k)} bytes exceeds the server's max_key_size={self._max_key}")
+            raise StoreLimitError(f"key of {len(k)} bytes exceeds the server's "
+                                  f"max_key_size={self._max_key}")
         return k
 
     def _cv(self, value: Value) -> bytes:
         v = _value(value)
         if len(v) > self._max_value:
-            raise StoreLimitError(f"value of {len(v)} bytes exceeds the server's max_value_size={self._max_value}")
+            raise StoreLimitError(f"value of {len(v)} bytes exceeds the server's "
+                                  f"max_value_size={self._max_value}")
         return v
 
     # ------------------------------------------------------------------ public API

@@ -408,7 +408,8 @@ class StoreServer:
                     # of spinning on a listener that stays readable.
                     if self._evict_unauthenticated(max(1, len(self._conns) // 4)):
                         continue
-                    log.error("rendezvous server: accept failed (%s); pausing accepts for 100 ms", e)
+                    log.error("rendezvous server: accept failed (%s); pausing accepts for "
+                              "100 ms", e)
                     try:
                         self._sel.unregister(self._lsock)
                     except (KeyError, ValueError):
@@ -427,7 +428,8 @@ class StoreServer:
                 self._evict_unauthenticated(max(1, len(self._conns) // 4))
             if len(self._conns) >= self.max_connections:
                 log.warning(
-                    "rendezvous server: refusing connection from %s: %d connections open (max_connections)",
+                    "rendezvous server: refusing connection from %s: %d connections open "
+                    "(max_connections)",
                     peer, len(self._conns),
                 )
                 sock.close()
@@ -442,7 +444,8 @@ class StoreServer:
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             flags = P.FLAG_AUTH_REQUIRED if self._token is not None else 0
-            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size, self.max_value_size, conn.nonce)
+            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size,
+                                 self.max_value_size, conn.nonce)
             self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
             self._push_timer(time.monotonic() + self.handshake_timeout, conn)
 
@@ -532,11 +535,13 @@ class StoreServer:
         if not data:
             if conn.state == _HANDSHAKE and conn.inbuf:
                 log.warning(
-                    "rendezvous server: connection from %s closed mid-handshake (truncated frame)", conn.peer
+                    "rendezvous server: connection from %s closed mid-handshake (truncated "
+                    "frame)", conn.peer
                 )
             elif conn.inbuf:
                 log.warning(
-                    "rendezvous server: connection from %s closed with a truncated frame (%d bytes pending)",
+                    "rendezvous server: connection from %s closed with a truncated frame (%d "
+                    "bytes pending)",
                     conn.peer, len(conn.inbuf),
                 )
             self._close(conn, None)
@@ -559,7 +564,8 @@ class StoreServer:
                 if n > P.MAX_HANDSHAKE_FRAME:
                     raise _Hostile(f"oversized handshake frame ({n} bytes announced)")
             elif n > self.max_frame_size:
-                raise _Hostile(f"oversized frame ({n} bytes announced, max_frame_size={self.max_frame_size})")
+                raise _Hostile(f"oversized frame ({n} bytes announced, "
+                               f"max_frame_size={self.max_frame_size})")
             if len(buf) < hdr + n:
                 return
             payload = bytes(buf[hdr:hdr + n])
@@ -637,7 +643,8 @@ class StoreServer:
 
     def _check_value(self, value: bytes) -> None:
         if len(value) > self.max_value_size:
-            raise _Reject(f"value of {len(value)} bytes exceeds max_value_size={self.max_value_size}")
+            raise _Reject(f"value of {len(value)} bytes exceeds "
+                          f"max_value_size={self.max_value_size}")
 
     @staticmethod
     def _arity(blobs: list[bytes], n: int, name: str) -> None:
