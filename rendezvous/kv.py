@@ -34,7 +34,7 @@ class Waiter(Generic[K]):
     """A parked wait for ``keys``; ``pos`` indexes the key it is currently parked on.
 
     ``active`` turns False when the wait completes or is cancelled, never back. Stores
-    subclass it to carry what completing the wait needs (a connection, an event).
+    subclass it to carry what completing the wait needs (a connection, a condition).
     """
 
     __slots__ = ("keys", "pos", "active")
