@@ -2,7 +2,7 @@
 
 import sys
 
-from pycoll.launch.launcher import main
+from pycoll.launch.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

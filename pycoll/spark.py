@@ -192,8 +192,9 @@ class _BarrierTask:
         self.fn, self.args, self.kwargs, self.timeout = fn, tuple(args), dict(kwargs), timeout
 
     def __call__(self, partition: Iterable[Any]) -> Iterator[tuple[int, Any]]:
-        import pycoll
         from pyspark import BarrierTaskContext
+
+        import pycoll
 
         for _ in partition:     # one dummy element per task
             pass

@@ -12,7 +12,7 @@ import argparse
 import logging
 import signal
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .protocol import DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE
 from .server import StoreServer
@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run a standalone rendezvous store server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=0, help="port to bind (0 = pick a free one)")
-    s.add_argument("--token-file", help="file holding the job token (default: $PYCOLL_TOKEN, else no auth)")
+    s.add_argument("--token-file",
+                   help="file holding the job token (default: $PYCOLL_TOKEN, else no auth)")
     s.add_argument("--max-key-size", type=int, default=DEFAULT_MAX_KEY_SIZE)
     s.add_argument("--max-value-size", type=int, default=DEFAULT_MAX_VALUE_SIZE)
     s.add_argument("--handshake-timeout", type=float, default=10.0,
@@ -33,14 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
-    token: Optional[str] = None
+    token: str | None = None
     if args.token_file:
         with open(args.token_file, "r", encoding="utf-8") as f:
             token = f.read().strip()

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Sequence
 
 from . import protocol as P
 from .errors import (
@@ -34,8 +34,8 @@ from .server import StoreServer, resolve_token
 
 __all__ = ["TCPStore", "Timeout", "Value"]
 
-Timeout = Union[float, int, datetime.timedelta, None]
-Value = Union[bytes, bytearray, memoryview, str]
+Timeout = float | int | datetime.timedelta | None
+Value = bytes | bytearray | memoryview | str
 
 #: extra seconds the client waits past a server-side deadline before declaring the server hung.
 _REPLY_GRACE = 5.0
@@ -116,19 +116,19 @@ class TCPStore:
         port: int,
         *,
         is_server: bool = False,
-        token: Optional[str | bytes] = None,
+        token: str | bytes | None = None,
         timeout: Timeout = 300.0,
-        server_options: Optional[dict] = None,
+        server_options: dict | None = None,
     ) -> None:
         self._timeout = _seconds(timeout, 300.0)
         self._token = resolve_token(token)
         self._lock = threading.RLock()
-        self._sock: Optional[socket.socket] = None
+        self._sock: socket.socket | None = None
         self._closed = False
         self._max_key = P.DEFAULT_MAX_KEY_SIZE
         self._max_value = P.DEFAULT_MAX_VALUE_SIZE
         self.host = host
-        self.server: Optional[StoreServer] = None
+        self.server: StoreServer | None = None
         if is_server:
             # The embedded server uses exactly the token this client resolved, so the two
             # always agree (an explicit token=None still honours $PYCOLL_TOKEN for both).
@@ -171,7 +171,7 @@ class TCPStore:
         start = time.monotonic()
         delay = _BACKOFF_START
         attempts = 0
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         while True:
             attempts += 1
             remaining = deadline - time.monotonic()
@@ -179,7 +179,8 @@ class TCPStore:
                 break
             sock = None
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 30.0))
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=min(remaining, 30.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(min(max(deadline - time.monotonic(), 0.001), 30.0))
                 self._handshake(sock)
@@ -213,7 +214,8 @@ class TCPStore:
     def _handshake(self, sock: socket.socket) -> None:
         hello = _recv_frame(sock, P.MAX_HANDSHAKE_FRAME)
         if len(hello) != P.HELLO.size:
-            raise StoreProtocolError(f"unexpected greeting from {self.address} (not a rendezvous server?)")
+            raise StoreProtocolError(f"unexpected greeting from {self.address} "
+                                     "(not a rendezvous server?)")
         magic, version, flags, max_key, max_value, snonce = P.HELLO.unpack(hello)
         if magic != P.MAGIC:
             raise StoreProtocolError(f"{self.address} is not a rendezvous server (bad magic)")
@@ -248,13 +250,15 @@ class TCPStore:
                 f"(pass token= or set PYCOLL_TOKEN to the job's token)"
             )
         if status == P.WelcomeStatus.BAD_VERSION:
-            raise AuthError(f"the rendezvous server at {self.address} speaks another protocol version")
+            raise AuthError(f"the rendezvous server at {self.address} speaks another protocol "
+                            "version")
         if status != P.WelcomeStatus.OK or len(proof) != maclen:
             raise StoreProtocolError("malformed handshake reply")
         if self._token is not None:
             expected = P.server_mac(self._token, snonce, cnonce)
             if not secrets.compare_digest(proof, expected):
-                raise AuthError(f"the rendezvous server at {self.address} could not prove it knows the token")
+                raise AuthError(f"the rendezvous server at {self.address} could not prove it "
+                                "knows the token")
         self._max_key, self._max_value = max_key, max_value
 
     def _drop(self) -> None:
@@ -273,7 +277,7 @@ class TCPStore:
         arg: int,
         blobs: Sequence[bytes],
         timeout: float,
-        wait_keys: Optional[Sequence[bytes]] = None,
+        wait_keys: Sequence[bytes] | None = None,
     ) -> tuple[int, list[bytes]]:
         """Send one request and return ``(arg, blobs)`` of its OK reply.
 
@@ -289,7 +293,8 @@ class TCPStore:
                 self._connect(deadline)
             sock = self._sock
             assert sock is not None
-            backstop = max(deadline - time.monotonic(), 0.0) + (_REPLY_GRACE if wait_keys is not None else 0.0)
+            grace = _REPLY_GRACE if wait_keys is not None else 0.0
+            backstop = max(deadline - time.monotonic(), 0.0) + grace
             try:
                 sock.settimeout(None if math.isinf(backstop) else max(backstop, 0.001))
                 sock.sendall(frame)
@@ -329,11 +334,13 @@ class TCPStore:
             raise StoreTimeout(
                 f"timed out after {timeout:g}s waiting for keys {_fmt_keys(missing)} on the "
                 f"rendezvous store at {self.address}"
-                + (f" ({len(missing)} of {len(wait_keys)} requested keys missing)" if wait_keys else "")
+                + (f" ({len(missing)} of {len(wait_keys)} requested keys missing)"
+                   if wait_keys else "")
             )
         if status == Status.ERROR:
             msg = rblobs[0].decode("utf-8", "replace") if rblobs else "unknown error"
-            raise StoreError(f"rendezvous store at {self.address} rejected {Op(op).name.lower()}: {msg}")
+            raise StoreError(f"rendezvous store at {self.address} rejected "
+                             f"{Op(op).name.lower()}: {msg}")
         raise StoreProtocolError(f"unknown reply status {status} from {self.address}")
 
     @staticmethod
@@ -346,13 +353,15 @@ class TCPStore:
     def _ck(self, key: str) -> bytes:
         k = _key(key)
         if len(k) > self._max_key:
-            raise StoreLimitError(f"key of {len(k)} bytes exceeds the server's max_key_size={self._max_key}")
+            raise StoreLimitError(f"key of {len(k)} bytes exceeds the server's "
+                                  f"max_key_size={self._max_key}")
         return k
 
     def _cv(self, value: Value) -> bytes:
         v = _value(value)
         if len(v) > self._max_value:
-            raise StoreLimitError(f"value of {len(v)} bytes exceeds the server's max_value_size={self._max_value}")
+            raise StoreLimitError(f"value of {len(v)} bytes exceeds the server's "
+                                  f"max_value_size={self._max_value}")
         return v
 
     # ------------------------------------------------------------------ public API
@@ -385,7 +394,7 @@ class TCPStore:
         )
         return blobs[0]
 
-    def wait(self, keys: Union[str, Iterable[str]], timeout: Timeout = None) -> None:
+    def wait(self, keys: str | Iterable[str], timeout: Timeout = None) -> None:
         """Block until every key exists (server-side wait) or raise :class:`StoreTimeout`."""
         if isinstance(keys, str):
             keys = [keys]
@@ -393,7 +402,7 @@ class TCPStore:
         t = _seconds(timeout, self._timeout)
         self._call(Op.WAIT, self._wait_ms(t), ks, t, wait_keys=ks)
 
-    def check(self, keys: Union[str, Iterable[str]]) -> bool:
+    def check(self, keys: str | Iterable[str]) -> bool:
         """Return whether every key exists right now (never waits)."""
         if isinstance(keys, str):
             keys = [keys]

@@ -2,17 +2,20 @@
 
 For jobs whose ranks are threads of one process (pycoll's in-process transport, used to test
 algorithms and the bootstrap at thousands of ranks): the same calls, semantics and errors as
-``TCPStore``, on a dict guarded by one condition variable. Values are stored as bytes.
+``TCPStore``, on the server's own state machine (``kv.KeyValueState``) guarded by one lock.
+A blocking call parks like a server-side wait and sleeps on a condition of its own, so a
+``set`` wakes only the threads that wait for that key. Values are stored as bytes.
 """
 from __future__ import annotations
 
+import math
 import threading
-import time
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 from .errors import StoreTimeout
+from .kv import KeyValueState, Waiter
 
-Value = Union[str, bytes, bytearray, int]
+Value = str | bytes | bytearray | int
 
 
 def _b(value: Value) -> bytes:
@@ -23,90 +26,98 @@ def _b(value: Value) -> bytes:
     return str(value).encode()
 
 
+def _key_list(keys: str | Iterable[str]) -> list[str]:
+    return [keys] if isinstance(keys, str) else list(keys)
+
+
+class _Sleeper(Waiter[str]):
+    """A thread parked in ``get``/``wait``/``multi_get``: it sleeps on a condition of the
+    store's lock, so a thread woken while a ``set`` still holds the lock queues for the lock
+    (off the GIL) instead of taking turns with the setter (a convoy of thousands of threads,
+    one of which is the setter)."""
+
+    __slots__ = ("woken",)
+
+    def __init__(self, keys: list[str], lock: threading.Lock) -> None:
+        super().__init__(keys)
+        self.woken = threading.Condition(lock)
+
+
+def _wake(waiter: Waiter[str]) -> None:
+    assert isinstance(waiter, _Sleeper)
+    waiter.woken.notify()
+
+
 class LocalStore:
     """A thread-safe key-value store living in this process."""
 
     def __init__(self, timeout: float = 300.0) -> None:
         self.timeout = float(timeout)
-        self._data: dict[str, bytes] = {}
-        self._cv = threading.Condition()
+        self._kv: KeyValueState[str] = KeyValueState(_wake)
+        self._lock = threading.Lock()
 
-    def _wait_for(self, keys: Sequence[str], timeout: float | None) -> None:
+    def _wait_for(self, keys: list[str], timeout: float | None) -> None:
         limit = self.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
-        with self._cv:
-            while True:
-                missing = [k for k in keys if k not in self._data]
-                if not missing:
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StoreTimeout(f"keys {missing[:8]} did not appear within {limit:g} s")
-                self._cv.wait(remaining)
+        with self._lock:
+            sleeper = _Sleeper(keys, self._lock)
+            if not self._kv.park(sleeper):
+                return
+            sleeper.woken.wait(None if math.isinf(limit) else max(limit, 0.0))
+            if not sleeper.active:          # woken (perhaps just as the deadline passed)
+                return
+            self._kv.cancel(sleeper)
+            missing = self._kv.missing(keys)
+        raise StoreTimeout(f"keys {missing[:8]} did not appear within {limit:g} s")
 
     def set(self, key: str, value: Value) -> None:
-        with self._cv:
-            self._data[key] = _b(value)
-            self._cv.notify_all()
+        with self._lock:
+            self._kv.set(key, _b(value))
 
     def get(self, key: str, *, timeout: float | None = None) -> bytes:
-        value = self._data.get(key)     # a dict read is atomic: no lock for present keys
+        value = self._kv.data.get(key)  # a dict read is atomic: no lock for present keys
         if value is not None:
             return value
         self._wait_for([key], timeout)
-        return self._data[key]
+        return self._kv.data[key]
 
     def add(self, key: str, amount: int = 1) -> int:
-        with self._cv:
-            value = int(self._data.get(key, b"0")) + int(amount)
-            self._data[key] = str(value).encode()
-            self._cv.notify_all()
-            return value
+        with self._lock:
+            return self._kv.add(key, int(amount))   # kv.NotAnInteger, a ValueError
 
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        with self._cv:
-            current = self._data.get(key)
-            exp = _b(expected)
-            if (current is None and exp == b"") or current == exp:
-                self._data[key] = _b(desired)
-                self._cv.notify_all()
-                return self._data[key]
-            return current if current is not None else exp
+        with self._lock:
+            return self._kv.compare_set(key, _b(expected), _b(desired))
 
-    def wait(self, keys: Union[str, Iterable[str]], timeout: float | None = None) -> None:
-        self._wait_for([keys] if isinstance(keys, str) else list(keys), timeout)
+    def wait(self, keys: str | Iterable[str], timeout: float | None = None) -> None:
+        self._wait_for(_key_list(keys), timeout)
 
-    def check(self, keys: Union[str, Iterable[str]]) -> bool:
-        data = self._data     # dict reads are atomic: thousands of pollers, no lock
-        return all(k in data for k in ([keys] if isinstance(keys, str) else list(keys)))
+    def check(self, keys: str | Iterable[str]) -> bool:
+        return self._kv.has_all(_key_list(keys))  # dict reads: thousands of pollers, no lock
 
     def delete(self, key: str) -> bool:
-        with self._cv:
-            return self._data.pop(key, None) is not None
+        with self._lock:
+            return self._kv.delete(key)
 
     def num_keys(self) -> int:
-        with self._cv:
-            return len(self._data)
+        with self._lock:
+            return len(self._kv.data)
 
     def append(self, key: str, value: Value) -> None:
-        with self._cv:
-            self._data[key] = self._data.get(key, b"") + _b(value)
-            self._cv.notify_all()
+        with self._lock:
+            self._kv.append(key, _b(value))
 
     def multi_get(self, keys: Iterable[str], *, timeout: float | None = None) -> list[bytes]:
         keys = list(keys)
         self._wait_for(keys, timeout)
-        with self._cv:
-            return [self._data[k] for k in keys]
+        with self._lock:
+            return self._kv.values(keys)
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        with self._cv:
-            for k, v in zip(keys, values):
-                self._data[k] = _b(v)
-            self._cv.notify_all()
+        with self._lock:
+            self._kv.multi_set(keys, [_b(v) for v in values])
 
     def close(self) -> None:
         """Nothing to release."""
 
     def __repr__(self) -> str:
-        return f"LocalStore({len(self._data)} keys)"
+        return f"LocalStore({len(self._kv.data)} keys)"

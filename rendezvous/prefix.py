@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence, Union
+from typing import Any, Iterable, Sequence
 
 from .client import Timeout, Value
+from .store import Store
 
 __all__ = ["PrefixStore"]
 
@@ -18,11 +19,14 @@ class PrefixStore:
     ``close()`` does not close the underlying store, which other views may still use.
     """
 
-    def __init__(self, prefix: str, store: object) -> None:
+    def __init__(self, prefix: str, store: Store) -> None:
         if not isinstance(prefix, str):
             raise TypeError("prefix must be a str")
         self.prefix = prefix
-        self.underlying_store = store
+        # Any: every call passes through, so the underlying store's own signatures apply (a
+        # TCPStore takes timedelta timeouts, and wait/num_keys/append/multi_set, which pycoll
+        # never calls and the Store protocol therefore leaves out).
+        self.underlying_store: Any = store
         self._p = prefix + "/"
 
     def _k(self, key: str) -> str:
@@ -30,50 +34,50 @@ class PrefixStore:
             raise TypeError(f"store keys must be str, got {type(key).__name__}")
         return self._p + key
 
-    def _ks(self, keys: Union[str, Iterable[str]]) -> list[str]:
+    def _ks(self, keys: str | Iterable[str]) -> list[str]:
         if isinstance(keys, str):
             keys = [keys]
         return [self._k(k) for k in keys]
 
     @property
     def timeout(self) -> float:
-        return self.underlying_store.timeout  # type: ignore[attr-defined]
+        return self.underlying_store.timeout
 
     def set(self, key: str, value: Value) -> None:
-        self.underlying_store.set(self._k(key), value)  # type: ignore[attr-defined]
+        self.underlying_store.set(self._k(key), value)
 
     def get(self, key: str, *, timeout: Timeout = None) -> bytes:
-        return self.underlying_store.get(self._k(key), timeout=timeout)  # type: ignore[attr-defined]
+        return self.underlying_store.get(self._k(key), timeout=timeout)
 
     def add(self, key: str, amount: int = 1) -> int:
-        return self.underlying_store.add(self._k(key), amount)  # type: ignore[attr-defined]
+        return self.underlying_store.add(self._k(key), amount)
 
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        return self.underlying_store.compare_set(self._k(key), expected, desired)  # type: ignore[attr-defined]
+        return self.underlying_store.compare_set(self._k(key), expected, desired)
 
-    def wait(self, keys: Union[str, Iterable[str]], timeout: Timeout = None) -> None:
-        self.underlying_store.wait(self._ks(keys), timeout=timeout)  # type: ignore[attr-defined]
+    def wait(self, keys: str | Iterable[str], timeout: Timeout = None) -> None:
+        self.underlying_store.wait(self._ks(keys), timeout=timeout)
 
-    def check(self, keys: Union[str, Iterable[str]]) -> bool:
-        return self.underlying_store.check(self._ks(keys))  # type: ignore[attr-defined]
+    def check(self, keys: str | Iterable[str]) -> bool:
+        return self.underlying_store.check(self._ks(keys))
 
     def delete(self, key: str) -> bool:
-        return self.underlying_store.delete(self._k(key))  # type: ignore[attr-defined]
+        return self.underlying_store.delete(self._k(key))
 
     delete_key = delete
 
     def num_keys(self) -> int:
         """Keys in the whole underlying store (c10d semantics), not just this namespace."""
-        return self.underlying_store.num_keys()  # type: ignore[attr-defined]
+        return self.underlying_store.num_keys()
 
     def append(self, key: str, value: Value) -> None:
-        self.underlying_store.append(self._k(key), value)  # type: ignore[attr-defined]
+        self.underlying_store.append(self._k(key), value)
 
     def multi_get(self, keys: Iterable[str], *, timeout: Timeout = None) -> list[bytes]:
-        return self.underlying_store.multi_get(self._ks(keys), timeout=timeout)  # type: ignore[attr-defined]
+        return self.underlying_store.multi_get(self._ks(keys), timeout=timeout)
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        self.underlying_store.multi_set(self._ks(keys), values)  # type: ignore[attr-defined]
+        self.underlying_store.multi_set(self._ks(keys), values)
 
     def close(self) -> None:
         """No-op: the underlying store is shared and closed by its owner."""

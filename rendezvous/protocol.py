@@ -119,7 +119,8 @@ def decode_message(payload: bytes | bytearray) -> tuple[int, int, list[bytes]]:
     """
     size = len(payload)
     if size < REQ_HEAD.size:
-        raise MalformedFrame(f"payload of {size} bytes is shorter than the {REQ_HEAD.size}-byte header")
+        raise MalformedFrame(f"payload of {size} bytes is shorter than the "
+                             f"{REQ_HEAD.size}-byte header")
     code, arg, n = REQ_HEAD.unpack_from(payload, 0)
     pos = REQ_HEAD.size
     if n > (size - pos) // 4:

@@ -7,10 +7,9 @@ of idle sockets for the price of a dict entry each (the reason c10d moved its TC
 to libuv, per PyTorch's "TCPStore libuv backend" tutorial).
 
 Why waits are server-side: a ``get`` of a missing key parks a *waiter* on that key and the
-server answers the moment some client sets it, with no polling traffic. A ``multi_get`` of N
-keys parks on the first missing key only and, when woken, scans forward for the next missing
-one, so a waiter is woken at most once per key it actually waits for and the bootstrap pattern
-(everyone sets one key, then ``multi_get``s all of them) stays O(N) per client.
+server answers the moment some client sets it, with no polling traffic. The data, the
+commands' semantics and the waits are ``kv.KeyValueState``, shared with ``LocalStore``; this
+module is the network around it: connections, authentication, limits, deadlines.
 
 Why it is paranoid: the port is reachable by anything on the network. Every connection must
 authenticate within a deadline before any command (when a token is set), frames are
@@ -32,9 +31,10 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from . import protocol as P
+from .kv import KeyValueState, NotAnInteger, Waiter
 from .protocol import Op, Status
 
 __all__ = ["StoreServer", "resolve_token"]
@@ -48,7 +48,7 @@ _RECV_SIZE = 256 * 1024
 _ACCEPTS_PER_WAKEUP = 512
 
 
-def resolve_token(token: Optional[str | bytes]) -> Optional[bytes]:
+def resolve_token(token: str | bytes | None) -> bytes | None:
     """Token precedence shared by server and client: argument, else ``$PYCOLL_TOKEN``, else none.
 
     An explicit empty string means "no authentication" even when the variable is set.
@@ -90,23 +90,21 @@ class _Conn:
         self.outbuf = bytearray()
         self.state = _HANDSHAKE
         self.nonce = secrets.token_bytes(P.NONCE_SIZE)
-        self.waiter: Optional[_Waiter] = None
+        self.waiter: _Parked | None = None
         self.closed = False
         self.writing = False
         self.close_after_flush = False
 
 
-class _Waiter:
-    """A parked GET / WAIT / MULTI_GET. ``pos`` indexes the key it is currently parked on."""
+class _Parked(Waiter[bytes]):
+    """A parked GET / WAIT / MULTI_GET: the connection to answer, and how."""
 
-    __slots__ = ("conn", "op", "keys", "pos", "active")
+    __slots__ = ("conn", "op")
 
-    def __init__(self, conn: _Conn, op: int, keys: list[bytes], pos: int) -> None:
+    def __init__(self, conn: _Conn, op: int, keys: list[bytes]) -> None:
+        super().__init__(keys)
         self.conn = conn
         self.op = op
-        self.keys = keys
-        self.pos = pos
-        self.active = True
 
 
 _LISTENER = object()
@@ -146,14 +144,14 @@ class StoreServer:
         self,
         host: str = "127.0.0.1",
         port: int = 0,
-        token: Optional[str | bytes] = None,
+        token: str | bytes | None = None,
         *,
         max_key_size: int = P.DEFAULT_MAX_KEY_SIZE,
         max_value_size: int = P.DEFAULT_MAX_VALUE_SIZE,
-        max_frame_size: Optional[int] = None,
+        max_frame_size: int | None = None,
         handshake_timeout: float = 10.0,
         max_connections: int = 65536,
-        backlog: Optional[int] = None,
+        backlog: int | None = None,
     ) -> None:
         if max_key_size <= 0 or max_value_size < 0:
             raise ValueError("max_key_size must be > 0 and max_value_size >= 0")
@@ -193,14 +191,13 @@ class StoreServer:
         self._sel.register(lsock, selectors.EVENT_READ, _LISTENER)
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
 
-        self._data: dict[bytes, bytes] = {}
-        self._watchers: dict[bytes, set[_Waiter]] = {}
+        self._kv: KeyValueState[bytes] = KeyValueState(self._on_ready)
         self._conns: dict[int, _Conn] = {}
         self._timers: list[tuple[float, int, object]] = []
         self._seq = itertools.count()
         self._resume: list[_Conn] = []
         self._stopping = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._loop_done = threading.Event()
         self._loop_started = False
         self._cleaned = False
@@ -235,6 +232,12 @@ class StoreServer:
     @property
     def auth_required(self) -> bool:
         return self._token is not None
+
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or None: for the process hosting the server (a launcher
+        reading the job's abort record), without a client connection. Safe from any thread
+        (one dict read)."""
+        return self._kv.data.get(key.encode("utf-8"))
 
     def start(self) -> "StoreServer":
         """Serve on a background daemon thread; returns ``self``."""
@@ -359,7 +362,7 @@ class StoreServer:
         now = time.monotonic()
         while timers and timers[0][0] <= now:
             _, _, obj = heapq.heappop(timers)
-            if isinstance(obj, _Waiter):
+            if isinstance(obj, _Parked):
                 if obj.active:
                     self._expire_waiter(obj)
             elif isinstance(obj, _Conn):
@@ -383,7 +386,7 @@ class StoreServer:
 
     @staticmethod
     def _timer_live(obj: object) -> bool:
-        if isinstance(obj, _Waiter):
+        if isinstance(obj, _Parked):
             return obj.active
         if isinstance(obj, _Conn):
             return not obj.closed and obj.state == _HANDSHAKE
@@ -405,7 +408,8 @@ class StoreServer:
                     # of spinning on a listener that stays readable.
                     if self._evict_unauthenticated(max(1, len(self._conns) // 4)):
                         continue
-                    log.error("rendezvous server: accept failed (%s); pausing accepts for 100 ms", e)
+                    log.error("rendezvous server: accept failed (%s); pausing accepts for "
+                              "100 ms", e)
                     try:
                         self._sel.unregister(self._lsock)
                     except (KeyError, ValueError):
@@ -424,7 +428,8 @@ class StoreServer:
                 self._evict_unauthenticated(max(1, len(self._conns) // 4))
             if len(self._conns) >= self.max_connections:
                 log.warning(
-                    "rendezvous server: refusing connection from %s: %d connections open (max_connections)",
+                    "rendezvous server: refusing connection from %s: %d connections open "
+                    "(max_connections)",
                     peer, len(self._conns),
                 )
                 sock.close()
@@ -439,7 +444,8 @@ class StoreServer:
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             flags = P.FLAG_AUTH_REQUIRED if self._token is not None else 0
-            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size, self.max_value_size, conn.nonce)
+            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size,
+                                 self.max_value_size, conn.nonce)
             self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
             self._push_timer(time.monotonic() + self.handshake_timeout, conn)
 
@@ -454,7 +460,7 @@ class StoreServer:
                         "connection(s) that had not authenticated", len(victims))
         return len(victims)
 
-    def _close(self, conn: _Conn, reason: Optional[str]) -> None:
+    def _close(self, conn: _Conn, reason: str | None) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -462,7 +468,7 @@ class StoreServer:
             log.warning("rendezvous server: closing connection from %s: %s", conn.peer, reason)
         w = conn.waiter
         if w is not None:
-            self._deactivate(w)
+            self._kv.cancel(w)
             conn.waiter = None
         try:
             fd = conn.sock.fileno()
@@ -529,11 +535,13 @@ class StoreServer:
         if not data:
             if conn.state == _HANDSHAKE and conn.inbuf:
                 log.warning(
-                    "rendezvous server: connection from %s closed mid-handshake (truncated frame)", conn.peer
+                    "rendezvous server: connection from %s closed mid-handshake (truncated "
+                    "frame)", conn.peer
                 )
             elif conn.inbuf:
                 log.warning(
-                    "rendezvous server: connection from %s closed with a truncated frame (%d bytes pending)",
+                    "rendezvous server: connection from %s closed with a truncated frame (%d "
+                    "bytes pending)",
                     conn.peer, len(conn.inbuf),
                 )
             self._close(conn, None)
@@ -556,7 +564,8 @@ class StoreServer:
                 if n > P.MAX_HANDSHAKE_FRAME:
                     raise _Hostile(f"oversized handshake frame ({n} bytes announced)")
             elif n > self.max_frame_size:
-                raise _Hostile(f"oversized frame ({n} bytes announced, max_frame_size={self.max_frame_size})")
+                raise _Hostile(f"oversized frame ({n} bytes announced, "
+                               f"max_frame_size={self.max_frame_size})")
             if len(buf) < hdr + n:
                 return
             payload = bytes(buf[hdr:hdr + n])
@@ -634,17 +643,13 @@ class StoreServer:
 
     def _check_value(self, value: bytes) -> None:
         if len(value) > self.max_value_size:
-            raise _Reject(f"value of {len(value)} bytes exceeds max_value_size={self.max_value_size}")
+            raise _Reject(f"value of {len(value)} bytes exceeds "
+                          f"max_value_size={self.max_value_size}")
 
     @staticmethod
     def _arity(blobs: list[bytes], n: int, name: str) -> None:
         if len(blobs) != n:
             raise _Hostile(f"{name} expects {n} fields, got {len(blobs)}")
-
-    def _store(self, key: bytes, value: bytes) -> None:
-        self._data[key] = value
-        if key in self._watchers:
-            self._notify(key)
 
     def _op_ping(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
         self._reply(conn, arg)
@@ -654,7 +659,7 @@ class StoreServer:
         key, value = blobs
         self._check_key(key)
         self._check_value(value)
-        self._store(key, value)
+        self._kv.set(key, value)
         self._reply(conn)
 
     def _op_compare_set(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
@@ -662,51 +667,35 @@ class StoreServer:
         key, expected, desired = blobs
         self._check_key(key)
         self._check_value(desired)
-        current = self._data.get(key)
-        # c10d semantics: a missing key is created only when ``expected`` is empty; the reply is
-        # the value now stored (``desired`` on success), or ``expected`` for a missing key.
-        if current is None:
-            if expected == b"":
-                self._store(key, desired)
-                self._reply(conn, 0, [desired])
-            else:
-                self._reply(conn, 0, [expected])
-        elif current == expected:
-            self._store(key, desired)
-            self._reply(conn, 0, [desired])
-        else:
-            self._reply(conn, 0, [current])
+        self._reply(conn, 0, [self._kv.compare_set(key, expected, desired)])
 
     def _op_add(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
         self._arity(blobs, 1, "ADD")
         (key,) = blobs
         self._check_key(key)
-        current = self._data.get(key, b"0")
         try:
-            value = int(current) + arg
-        except ValueError:
-            raise _Reject(f"add: the value of key {key[:100]!r} is not an integer") from None
-        self._store(key, str(value).encode())
+            value = self._kv.add(key, arg)
+        except NotAnInteger as e:
+            raise _Reject(str(e)) from None
         self._reply(conn, value)
 
     def _op_check(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
-        data = self._data
-        self._reply(conn, int(all(k in data for k in blobs)))
+        self._reply(conn, int(self._kv.has_all(blobs)))
 
     def _op_num_keys(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
-        self._reply(conn, len(self._data))
+        self._reply(conn, len(self._kv.data))
 
     def _op_delete(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
         self._arity(blobs, 1, "DELETE")
-        self._reply(conn, int(self._data.pop(blobs[0], None) is not None))
+        self._reply(conn, int(self._kv.delete(blobs[0])))
 
     def _op_append(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
         self._arity(blobs, 2, "APPEND")
         key, value = blobs
         self._check_key(key)
-        new = self._data.get(key, b"") + value
+        new = self._kv.appended(key, value)
         self._check_value(new)
-        self._store(key, new)
+        self._kv.set(key, new)
         self._reply(conn)
 
     def _op_multi_set(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
@@ -718,8 +707,7 @@ class StoreServer:
             self._check_key(k)
         for v in values:
             self._check_value(v)
-        for k, v in zip(keys, values):
-            self._store(k, v)
+        self._kv.multi_set(keys, values)
         self._reply(conn)
 
     # ------------------------------------------------------------------ server-side waits
@@ -729,80 +717,39 @@ class StoreServer:
             self._arity(blobs, 1, "GET")
         if blobs and max(map(len, blobs)) > self.max_key_size:
             raise _Reject(f"a key exceeds max_key_size={self.max_key_size}")
-        if all(map(self._data.__contains__, blobs)):  # fast path, C-level loop
+        if self._kv.has_all(blobs):
             self._complete(conn, op, blobs)
             return
-        pos = self._first_missing(blobs, 0)
         if arg == 0:
             self._reply_timeout(conn, blobs)
             return
-        w = _Waiter(conn, op, blobs, pos)
+        w = _Parked(conn, op, blobs)
+        self._kv.park(w)
         conn.waiter = w
-        self._watchers.setdefault(blobs[pos], set()).add(w)
         if arg > 0:  # negative: no server-side deadline
             self._push_timer(time.monotonic() + arg / 1000.0, w)
 
-    def _first_missing(self, keys: list[bytes], start: int) -> int:
-        """Index of the first key at or after ``start`` not in the store (``len(keys)`` if none)."""
-        contains = self._data.__contains__
-        n = len(keys)
-        # Chunks keep the per-key work in C without over-scanning far past the first miss
-        # (a waiter is re-scanned from its position every time its key arrives).
-        for i in range(start, n, 32):
-            present = list(map(contains, keys[i:i + 32]))
-            try:
-                return i + present.index(False)
-            except ValueError:
-                continue
-        return n
+    def _on_ready(self, w: Waiter[bytes]) -> None:
+        """A parked request's keys all exist: answer it, then serve what its client sent
+        after it (``_drain_resume``)."""
+        assert isinstance(w, _Parked)
+        conn = w.conn
+        conn.waiter = None
+        self._complete(conn, w.op, w.keys)
+        self._resume.append(conn)
 
-    def _notify(self, key: bytes) -> None:
-        waiters = self._watchers.pop(key, None)
-        if not waiters:
-            return
-        for w in waiters:
-            if not w.active:
-                continue
-            pos = self._first_missing(w.keys, w.pos)
-            if pos == len(w.keys):
-                # Keys before ``pos`` were present when passed but could have been deleted
-                # since; verify once before answering.
-                pos = self._first_missing(w.keys, 0)
-            if pos < len(w.keys):
-                w.pos = pos
-                self._watchers.setdefault(w.keys[pos], set()).add(w)
-                continue
-            w.active = False
-            conn = w.conn
-            conn.waiter = None
-            self._complete(conn, w.op, w.keys)
-            self._resume.append(conn)
-
-    def _complete(self, conn: _Conn, op: int, keys: list[bytes]) -> None:
+    def _complete(self, conn: _Conn, op: int, keys: Sequence[bytes]) -> None:
         if op == Op.WAIT:
             self._reply(conn)
         else:
-            data = self._data
-            self._reply(conn, 0, [data[k] for k in keys])
+            self._reply(conn, 0, self._kv.values(keys))
 
-    def _deactivate(self, w: _Waiter) -> None:
-        w.active = False
-        if w.pos < len(w.keys):
-            key = w.keys[w.pos]
-            ws = self._watchers.get(key)
-            if ws is not None:
-                ws.discard(w)
-                if not ws:
-                    del self._watchers[key]
-
-    def _expire_waiter(self, w: _Waiter) -> None:
-        self._deactivate(w)
+    def _expire_waiter(self, w: _Parked) -> None:
+        self._kv.cancel(w)
         conn = w.conn
         conn.waiter = None
         self._reply_timeout(conn, w.keys)
         self._resume.append(conn)
 
-    def _reply_timeout(self, conn: _Conn, keys: list[bytes]) -> None:
-        data = self._data
-        missing = [k for k in keys if k not in data]
-        self._send(conn, P.encode_message(Status.TIMEOUT, 0, missing))
+    def _reply_timeout(self, conn: _Conn, keys: Sequence[bytes]) -> None:
+        self._send(conn, P.encode_message(Status.TIMEOUT, 0, self._kv.missing(keys)))

@@ -47,11 +47,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional, Type
+from types import ModuleType
+from typing import Mapping
 
 try:  # pycoll.InvalidArgument (a ValueError); plain ValueError when loaded on its own
     from ..errors import InvalidArgument as _InvalidArgument
-    _LaunchError: Type[ValueError] = _InvalidArgument
+    _LaunchError: type[ValueError] = _InvalidArgument
 except ImportError:  # pragma: no cover - exercised by the standalone-load test
     _LaunchError = ValueError
 
@@ -85,13 +86,13 @@ class LaunchInfo:
 
     rank: int
     world_size: int
-    local_rank: Optional[int]
-    local_world_size: Optional[int]
-    master_addr: Optional[str]
-    master_port: Optional[int]
+    local_rank: int | None
+    local_world_size: int | None
+    master_addr: str | None
+    master_port: int | None
     launcher: str
     store_is_external: bool
-    token: Optional[str]
+    token: str | None
 
     @property
     def is_single_process(self) -> bool:
@@ -107,20 +108,20 @@ class LaunchInfo:
 class _Raw:
     launcher: str
     # each value is (source name, text) so errors can name the variable; None = absent
-    rank: Optional[tuple] = None
-    world_size: Optional[tuple] = None
-    local_rank: Optional[tuple] = None
-    local_world_size: Optional[tuple] = None
+    rank: tuple | None = None
+    world_size: tuple | None = None
+    local_rank: tuple | None = None
+    local_world_size: tuple | None = None
 
 
-def _get(env: Mapping[str, str], name: str) -> Optional[tuple]:
+def _get(env: Mapping[str, str], name: str) -> tuple | None:
     value = env.get(name)
     if value is None:
         return None
     return (name, value)
 
 
-def _first(env: Mapping[str, str], *names: str) -> Optional[tuple]:
+def _first(env: Mapping[str, str], *names: str) -> tuple | None:
     for name in names:
         found = _get(env, name)
         if found is not None:
@@ -128,7 +129,7 @@ def _first(env: Mapping[str, str], *names: str) -> Optional[tuple]:
     return None
 
 
-def _slurm_local_world_size(env: Mapping[str, str]) -> Optional[tuple]:
+def _slurm_local_world_size(env: Mapping[str, str]) -> tuple | None:
     """Tasks on this node: SLURM_NTASKS_PER_NODE if it is a plain number, else this node's
     entry of SLURM_TASKS_PER_NODE (format ``2(x3),1``) picked by SLURM_NODEID."""
     per_node = env.get("SLURM_NTASKS_PER_NODE")
@@ -161,12 +162,17 @@ _LAUNCHER_VARS = (
 )
 
 
+#: the variable that carries the rank / the world size, per launcher (for "is not set")
+_RANK_VARS = {name: rank for name, rank, *_ in _LAUNCHER_VARS} | {"slurm": "SLURM_PROCID"}
+_SIZE_VARS = {name: size for name, _, size, *_ in _LAUNCHER_VARS} | {"slurm": "SLURM_NTASKS"}
+
+
 #: variables of launchers pycoll does not read: a process started by one must not silently
 #: become a world of one
 _UNSUPPORTED = (("HOROVOD_RANK", "horovodrun"), ("HOROVOD_SIZE", "horovodrun"))
 
 
-def _slurm():
+def _slurm() -> ModuleType | None:
     """The Slurm helpers (``slurm.py``), or None when this file is loaded on its own."""
     try:
         from . import slurm
@@ -210,10 +216,11 @@ def _detect_raw(env: Mapping[str, str]) -> _Raw:
 
 
 def _fail(what: str, launcher: str, problem: str) -> ValueError:
-    return _LaunchError(f"pycoll launch environment (launcher detected: {launcher}): {what} {problem}")
+    return _LaunchError(f"pycoll launch environment (launcher detected: {launcher}): "
+                        f"{what} {problem}")
 
 
-def _describe(source: Optional[tuple]) -> str:
+def _describe(source: tuple | None) -> str:
     if source is None:  # pragma: no cover - callers only describe values they parsed
         return "the value"
     name, value = source
@@ -222,7 +229,7 @@ def _describe(source: Optional[tuple]) -> str:
     return f"environment variable {name}={value!r}"
 
 
-def _parse_int(source: Optional[tuple], launcher: str) -> Optional[int]:
+def _parse_int(source: tuple | None, launcher: str) -> int | None:
     if source is None:
         return None
     name, value = source
@@ -248,12 +255,12 @@ def _parse_bool(env: Mapping[str, str], name: str, launcher: str) -> bool:
     raise _fail(f"environment variable {name}={value!r}", launcher, "is not a boolean (use 1 or 0)")
 
 
-def launcher_name(env: Optional[Mapping[str, str]] = None) -> str:
+def launcher_name(env: Mapping[str, str] | None = None) -> str:
     """Which launcher started this process (one of ``LAUNCHERS``), before any validation."""
     return _detect_raw(os.environ if env is None else env).launcher
 
 
-def detect_launch(env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Describe this process's place in the job from the environment alone.
 
     Raises ``pycoll.InvalidArgument``, a ``ValueError`` (naming the variable and the launcher
@@ -264,11 +271,11 @@ def detect_launch(env: Optional[Mapping[str, str]] = None) -> LaunchInfo:
 
 
 def resolve_launch(
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
-    env: Optional[Mapping[str, str]] = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> LaunchInfo:
     """Merge explicit arguments over the detected environment and validate the result.
 
@@ -280,152 +287,18 @@ def resolve_launch(
         env = os.environ
     raw = _detect_raw(env)
     launcher = raw.launcher
-
-    rank_src = ("argument rank", rank) if rank is not None else raw.rank
-    world_src = ("argument world_size", world_size) if world_size is not None else raw.world_size
-
-    if launcher != "none" or rank_src is not None or world_src is not None:
-        if world_src is None:
-            if rank_src is not None and launcher == "none":
-                raise _LaunchError(
-                    "pycoll launch environment (launcher detected: none): argument rank was given "
-                    "but world_size was not (pass world_size, or launch with python -m pycoll.run, "
-                    "torchrun, mpirun or srun)"
-                )
-            missing = {
-                "pycoll": "PYCOLL_WORLD_SIZE",
-                "torchrun": "WORLD_SIZE",
-                "openmpi": "OMPI_COMM_WORLD_SIZE",
-                "mpich": "PMI_SIZE",
-                "slurm": "SLURM_NTASKS",
-            }.get(launcher, "world_size")
-            if launcher == "pmix":
-                raise _fail("environment variable PMIX_RANK", launcher,
-                            "is set, but PMIx puts no world size in the environment: install "
-                            "mpi4py (pycoll.init() then bootstraps over MPI.COMM_WORLD), or set "
-                            "WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
-            raise _fail(f"environment variable {missing}", launcher, "is not set (world size unknown)")
-        if rank_src is None:
-            if launcher == "none":
-                raise _LaunchError(
-                    "pycoll launch environment (launcher detected: none): argument world_size was "
-                    "given but rank was not"
-                )
-            missing = {
-                "pycoll": "PYCOLL_RANK",
-                "torchrun": "RANK",
-                "openmpi": "OMPI_COMM_WORLD_RANK",
-                "mpich": "PMI_RANK",
-                "slurm": "SLURM_PROCID",
-            }[launcher]
-            raise _fail(f"environment variable {missing}", launcher, "is not set (rank unknown)")
-
-    r = _parse_int(rank_src, launcher)
-    ws = _parse_int(world_src, launcher)
-    if ws is None:
-        r, ws = 0, 1
-    assert r is not None
-    if ws < 1:
-        raise _fail(_describe(world_src), launcher, "must be at least 1")
-    if not 0 <= r < ws:
-        raise _fail(_describe(rank_src), launcher, f"must be in [0, {ws}) (world size {ws})")
-
-    lr = _parse_int(raw.local_rank, launcher)
-    lws = _parse_int(raw.local_world_size, launcher)
-    if lws is not None and not 1 <= lws <= ws:
-        raise _fail(_describe(raw.local_world_size), launcher, f"must be in [1, {ws}] (world size {ws})")
-    if lr is not None:
-        bound = lws if lws is not None else ws
-        if not 0 <= lr < bound:
-            raise _fail(_describe(raw.local_rank), launcher, f"must be in [0, {bound})")
-    if launcher == "none" and lr is None and lws is None and ws == 1:
-        lr, lws = 0, 1
-
-    # ---- store address ----
-    if master_addr is not None:
-        addr_src: Optional[tuple] = ("argument master_addr", master_addr)
-    else:
-        addr_src = _first(env, "PYCOLL_MASTER_ADDR", "MASTER_ADDR")
-    addr = addr_src[1].strip() if addr_src is not None else None
-    if addr_src is not None and not addr:
-        raise _fail(_describe(addr_src), launcher, "is empty")
-
-    if master_port is not None:
-        port_src: Optional[tuple] = ("argument master_port", master_port)
-        port = _parse_int(port_src, launcher)
-    elif "PYCOLL_MASTER_PORT" in env:
-        port_src = _get(env, "PYCOLL_MASTER_PORT")
-        port = _parse_int(port_src, launcher)
-    elif launcher == "torchrun" and "MASTER_PORT" in env:
-        # torch's TCPStore already owns MASTER_PORT; pycoll's store takes the next one.
-        port_src = _get(env, "MASTER_PORT")
-        port = _parse_int(port_src, launcher)
-        assert port is not None
-        if not 1 <= port <= 65534:
-            raise _fail(
-                _describe(port_src), launcher,
-                "must be in [1, 65534] (pycoll's store uses MASTER_PORT+1 under torchrun; "
-                "set PYCOLL_MASTER_PORT to choose another)",
-            )
-        port += 1
-    elif "MASTER_PORT" in env:
-        port_src = _get(env, "MASTER_PORT")
-        port = _parse_int(port_src, launcher)
-    else:
-        port_src, port = None, None
-    if port is not None and not 0 <= port <= 65535:
-        raise _fail(_describe(port_src), launcher, "must be in [0, 65535]")
-
+    r, ws = _rank_and_size(raw, rank, world_size)
+    lr, lws = _local_rank(raw, ws)
+    # what the arguments and the environment say, each checked, before any default
+    given_addr = _given_address(env, launcher, master_addr)
+    port_src, port = _given_port(env, launcher, master_port)
     external = _parse_bool(env, "PYCOLL_STORE_EXTERNAL", launcher)
-
-    slurm = _slurm() if ws > 1 and launcher == "slurm" else None
-    if slurm is not None and master_addr is None and rank is None:
-        if slurm.outside_srun(env):
-            raise _fail("SLURM_NTASKS", launcher,
-                        f"is {ws} but this process is not a task of srun (a batch script or "
-                        "salloc shell run directly): it would wait for ranks that never "
-                        "start. Launch the program with srun (e.g. srun python train.py)")
-        if addr is None and (lws is None or lws != ws):
-            listed = slurm.node_list(env)
-            if listed is not None and listed[1]:
-                addr = listed[1][0]       # rank 0 runs on the step's first node
-        if port is None:
-            port = slurm.derived_port(env)
-    if ws > 1:
-        if addr is None:
-            if launcher in ("pycoll", "torchrun"):
-                var = "PYCOLL_MASTER_ADDR" if launcher == "pycoll" else "MASTER_ADDR"
-                raise _fail(f"environment variable {var}", launcher, "is not set (store address unknown)")
-            if lws is not None and lws == ws:
-                addr = "127.0.0.1"  # every rank is on this host
-            elif launcher == "none":
-                # explicit rank/world_size with no address: a single-host job, by convention
-                addr = "127.0.0.1"
-            else:
-                raise _fail(
-                    "the store address", launcher,
-                    "is not set: set MASTER_ADDR (or PYCOLL_MASTER_ADDR, or pass master_addr) to "
-                    f"the host of rank 0; {launcher} does not say where rank 0 runs",
-                )
-        if port is None:
-            if launcher == "pycoll":
-                raise _fail("environment variable PYCOLL_MASTER_PORT", launcher, "is not set (store port unknown)")
-            if launcher == "torchrun":
-                raise _fail("environment variable MASTER_PORT", launcher, "is not set (store port unknown)")
-            port = DEFAULT_MASTER_PORT
-        if port == 0:
-            raise _fail(
-                _describe(port_src) if port_src else "the store port", launcher,
-                "is 0; a multi-rank job needs a fixed store port that every rank knows",
-            )
-
-    token = env.get("PYCOLL_TOKEN") or None
-    if (ws > 1 and lws == ws and master_addr is None and not external
-            and addr is not None and not is_loopback(addr)):
-        # Every rank runs on this host: the store (hosted by rank 0) and the data ports
-        # listen on loopback only, out of reach of the network whatever MASTER_ADDR says.
-        addr = "127.0.0.1"
-
+    slurm = None
+    if ws > 1 and launcher == "slurm" and master_addr is None and rank is None:
+        slurm = _slurm_step(env, ws)
+    addr = _store_address(given_addr, env, launcher, ws, lws, slurm,
+                          pinned=master_addr is not None or external)
+    port = _store_port(port, port_src, env, launcher, ws, slurm)
     return LaunchInfo(
         rank=r,
         world_size=ws,
@@ -435,8 +308,180 @@ def resolve_launch(
         master_port=port,
         launcher=launcher,
         store_is_external=external,
-        token=token,
+        token=env.get("PYCOLL_TOKEN") or None,
     )
+
+
+def _rank_and_size(raw: _Raw, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world size): the arguments over the launcher's variables; (0, 1) when nothing
+    says otherwise."""
+    launcher = raw.launcher
+    rank_src = ("argument rank", rank) if rank is not None else raw.rank
+    world_src = ("argument world_size", world_size) if world_size is not None else raw.world_size
+    if launcher != "none" or rank_src is not None or world_src is not None:
+        if world_src is None:
+            if rank_src is not None and launcher == "none":
+                raise _LaunchError(
+                    "pycoll launch environment (launcher detected: none): argument rank was given "
+                    "but world_size was not (pass world_size, or launch with python -m pycoll.run, "
+                    "torchrun, mpirun or srun)"
+                )
+            if launcher == "pmix":
+                raise _fail("environment variable PMIX_RANK", launcher,
+                            "is set, but PMIx puts no world size in the environment: install "
+                            "mpi4py (pycoll.init() then bootstraps over MPI.COMM_WORLD), or set "
+                            "WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+            missing = _SIZE_VARS.get(launcher, "world_size")
+            raise _fail(f"environment variable {missing}", launcher,
+                        "is not set (world size unknown)")
+        if rank_src is None:
+            if launcher == "none":
+                raise _LaunchError(
+                    "pycoll launch environment (launcher detected: none): argument world_size was "
+                    "given but rank was not"
+                )
+            raise _fail(f"environment variable {_RANK_VARS[launcher]}", launcher,
+                        "is not set (rank unknown)")
+
+    r = _parse_int(rank_src, launcher)
+    ws = _parse_int(world_src, launcher)
+    if ws is None:
+        return 0, 1
+    assert r is not None
+    if ws < 1:
+        raise _fail(_describe(world_src), launcher, "must be at least 1")
+    if not 0 <= r < ws:
+        raise _fail(_describe(rank_src), launcher, f"must be in [0, {ws}) (world size {ws})")
+    return r, ws
+
+
+def _local_rank(raw: _Raw, ws: int) -> tuple[int | None, int | None]:
+    """(local rank, local world size) as the launcher says, each None if it does not."""
+    launcher = raw.launcher
+    lr = _parse_int(raw.local_rank, launcher)
+    lws = _parse_int(raw.local_world_size, launcher)
+    if lws is not None and not 1 <= lws <= ws:
+        raise _fail(_describe(raw.local_world_size), launcher,
+                    f"must be in [1, {ws}] (world size {ws})")
+    if lr is not None:
+        bound = lws if lws is not None else ws
+        if not 0 <= lr < bound:
+            raise _fail(_describe(raw.local_rank), launcher, f"must be in [0, {bound})")
+    if launcher == "none" and lr is None and lws is None and ws == 1:
+        return 0, 1
+    return lr, lws
+
+
+def _given_address(env: Mapping[str, str], launcher: str, master_addr: str | None) -> str | None:
+    """The store's address as the argument or the environment gives it (PYCOLL_* first)."""
+    if master_addr is not None:
+        source: tuple | None = ("argument master_addr", master_addr)
+    else:
+        source = _first(env, "PYCOLL_MASTER_ADDR", "MASTER_ADDR")
+    if source is None:
+        return None
+    addr = source[1].strip()
+    if not addr:
+        raise _fail(_describe(source), launcher, "is empty")
+    return addr
+
+
+def _given_port(env: Mapping[str, str], launcher: str,
+                master_port: int | None) -> tuple[tuple | None, int | None]:
+    """(source, port) of the store as the argument or the environment gives it."""
+    if master_port is not None:
+        source: tuple | None = ("argument master_port", master_port)
+        port = _parse_int(source, launcher)
+    elif "PYCOLL_MASTER_PORT" in env:
+        source = _get(env, "PYCOLL_MASTER_PORT")
+        port = _parse_int(source, launcher)
+    elif launcher == "torchrun" and "MASTER_PORT" in env:
+        # torch's TCPStore already owns MASTER_PORT; pycoll's store takes the next one.
+        source = _get(env, "MASTER_PORT")
+        port = _parse_int(source, launcher)
+        assert port is not None
+        if not 1 <= port <= 65534:
+            raise _fail(
+                _describe(source), launcher,
+                "must be in [1, 65534] (pycoll's store uses MASTER_PORT+1 under torchrun; "
+                "set PYCOLL_MASTER_PORT to choose another)",
+            )
+        port += 1
+    elif "MASTER_PORT" in env:
+        source = _get(env, "MASTER_PORT")
+        port = _parse_int(source, launcher)
+    else:
+        return None, None
+    if port is not None and not 0 <= port <= 65535:
+        raise _fail(_describe(source), launcher, "must be in [0, 65535]")
+    return source, port
+
+
+def _slurm_step(env: Mapping[str, str], ws: int) -> ModuleType | None:
+    """The Slurm helpers (``slurm.py``) for a job of several tasks whose store address
+    Slurm's host list names; an error at once for a batch script run without srun."""
+    slurm = _slurm()
+    if slurm is not None and slurm.outside_srun(env):
+        raise _fail("SLURM_NTASKS", "slurm",
+                    f"is {ws} but this process is not a task of srun (a batch script or "
+                    "salloc shell run directly): it would wait for ranks that never "
+                    "start. Launch the program with srun (e.g. srun python train.py)")
+    return slurm
+
+
+def _store_address(addr: str | None, env: Mapping[str, str], launcher: str, ws: int,
+                   lws: int | None, slurm: ModuleType | None, pinned: bool) -> str | None:
+    """Where rank 0's store listens: ``addr`` as given, else what the launcher implies
+    (``pinned``: given as an argument, or the store runs elsewhere; never moved to
+    loopback)."""
+    if slurm is not None and addr is None and (lws is None or lws != ws):
+        listed = slurm.node_list(env)
+        if listed is not None and listed[1]:
+            addr = listed[1][0]       # rank 0 runs on the step's first node
+    if ws == 1:
+        return addr
+    if addr is None:
+        if launcher in ("pycoll", "torchrun"):
+            var = "PYCOLL_MASTER_ADDR" if launcher == "pycoll" else "MASTER_ADDR"
+            raise _fail(f"environment variable {var}", launcher,
+                        "is not set (store address unknown)")
+        if (lws is not None and lws == ws) or launcher == "none":
+            # every rank is on this host, or explicit rank/world_size with no address: a
+            # single-host job, by convention
+            return "127.0.0.1"
+        raise _fail(
+            "the store address", launcher,
+            "is not set: set MASTER_ADDR (or PYCOLL_MASTER_ADDR, or pass master_addr) to "
+            f"the host of rank 0; {launcher} does not say where rank 0 runs",
+        )
+    if lws == ws and not pinned and not is_loopback(addr):
+        # Every rank runs on this host: the store (hosted by rank 0) and the data ports
+        # listen on loopback only, out of reach of the network whatever MASTER_ADDR says.
+        return "127.0.0.1"
+    return addr
+
+
+def _store_port(port: int | None, source: tuple | None, env: Mapping[str, str], launcher: str,
+                ws: int, slurm: ModuleType | None) -> int | None:
+    """The store's port: ``port`` as given, else what the launcher implies."""
+    if slurm is not None and port is None:
+        port = slurm.derived_port(env)
+    if ws == 1:
+        return port
+    if port is None:
+        if launcher == "pycoll":
+            raise _fail("environment variable PYCOLL_MASTER_PORT", launcher,
+                        "is not set (store port unknown)")
+        if launcher == "torchrun":
+            raise _fail("environment variable MASTER_PORT", launcher,
+                        "is not set (store port unknown)")
+        return DEFAULT_MASTER_PORT
+    if port == 0:
+        raise _fail(
+            _describe(source) if source else "the store port", launcher,
+            "is 0; a multi-rank job needs a fixed store port that every rank knows",
+        )
+    return port
 
 
 def is_loopback(host: str) -> bool:

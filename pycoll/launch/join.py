@@ -9,19 +9,21 @@ world communicator on what it returns.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PycollError
+
+if TYPE_CHECKING:
+    from rendezvous import Store
 
 
 def join(rank: int | None, world_size: int | None, master_addr: str | None,
           master_port: int | None, seconds: float,
-          comm: Any) -> tuple[Any, int, int, str | None, str | None]:
+          comm: Any) -> tuple[Store | None, int, int, str | None, str | None]:
     """(store, rank, size, job secret, store address) of this process: over MPI, over
     torchrun's agent store, or from the launcher's environment with pycoll's own store."""
     from . import mpi as mpi_boot
-    from .environment import resolve_launch
-    from .environment import launcher_name
+    from .environment import launcher_name, resolve_launch
     from .secret import agent_store, job_secret, warn_if_open
 
     if comm is None and rank is None and mpi_boot.should_bootstrap(
@@ -47,8 +49,8 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
         from .torch_store import TorchStoreAdapter
         run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", agent), seconds)
-        return store, info.rank, info.world_size, secret, info.master_addr
+        adapter = TorchStoreAdapter(dist.PrefixStore(f"pycoll/{run}/{restart}/", agent), seconds)
+        return adapter, info.rank, info.world_size, secret, info.master_addr
     if info.master_addr is None or info.master_port is None:
         raise PycollError(f"rank {info.rank}: no rendezvous address for a world of "
                           f"{info.world_size}: set MASTER_ADDR and MASTER_PORT (or pass "

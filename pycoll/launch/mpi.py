@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PycollError
+
+if TYPE_CHECKING:
+    from rendezvous import TCPStore
 
 
 def reachable_address(hostnames: list[str]) -> str:
@@ -33,7 +36,7 @@ def reachable_address(hostnames: list[str]) -> str:
     return socket.gethostbyname(me)
 
 
-def bootstrap(comm: Any, timeout: float) -> tuple[int, int, Any, str, str]:
+def bootstrap(comm: Any, timeout: float) -> tuple[int, int, TCPStore, str, str]:
     """(rank, size, store client, secret, store address) for the ranks of ``comm``."""
     from rendezvous import TCPStore
 
@@ -57,7 +60,7 @@ def bootstrap(comm: Any, timeout: float) -> tuple[int, int, Any, str, str]:
             store.close()
         raise PycollError(f"rank {rank}: bootstrap over MPI failed on rank 0: {offer[1]}")
     _, addr, port, token = offer
-    if rank != 0:
+    if store is None:                         # every rank but 0, which made it above
         store = TCPStore(addr, port, token=token, timeout=timeout)
     return rank, size, store, token, addr
 

@@ -20,7 +20,10 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rendezvous import TCPStore
 
 KEY = "pycoll-run/"
 #: a running job's store calls get this long for an answer (``JobControl.torch_port``)
@@ -36,13 +39,13 @@ class JobControl:
 
         self.node_rank = node_rank
         self.nnodes = nnodes
-        self.store: Any = TCPStore(host, port, token=token, timeout=timeout)
+        self.store: TCPStore = TCPStore(host, port, token=token, timeout=timeout)
         self._next_poll = 0.0
         #: node 0's store stopped answering (host cut off, or node 0 gone): later calls
         #: return at once, so this launcher still tears its ranks down and exits in time
         self.unreachable = False
 
-    def torch_port(self, pick: Optional[int]) -> int:
+    def torch_port(self, pick: int | None) -> int:
         """Node 0 publishes ``pick``; every node returns the published port. From here
         on, a store call that gets no answer within ``CALL_SECONDS`` marks the store out of
         reach (startup may wait long for node 0; a running job must not)."""
@@ -67,7 +70,7 @@ class JobControl:
                              "code": code, "node": self.node_rank})
         self._call(self.store.compare_set, KEY + "failed", "", record)
 
-    def failure_elsewhere(self, interval: float = 0.2) -> Optional[dict]:
+    def failure_elsewhere(self, interval: float = 0.2) -> dict | None:
         """A failure another node posted (rate-limited store round trip), or None."""
         now = time.monotonic()
         if now < self._next_poll:
@@ -80,7 +83,7 @@ class JobControl:
         record = json.loads(raw) if raw else {}
         return record if record and record.get("node") != self.node_rank else None
 
-    def abort_record(self) -> Optional[str]:
+    def abort_record(self) -> str | None:
         """The world communicator's abort record, described (the first failing collective)."""
         if not self._call(self.store.check, ["pycoll/world/abort"]):
             return None

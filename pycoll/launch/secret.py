@@ -11,8 +11,9 @@ comes from, best first:
    one and broadcasts it over ``MPI.COMM_WORLD`` (the launcher's own channels, not the
    network the store listens on);
 3. torchrun (its agent hosts a store: ``TORCHELASTIC_USE_AGENT_STORE``): rank 0 draws one
-   and shares it through that store (at MASTER_ADDR:MASTER_PORT). Anyone who can reach that store can read it, so this only keeps
-   out strangers who cannot; it is used because nothing better exists there, and init says so;
+   and shares it through that store (at MASTER_ADDR:MASTER_PORT). Anyone who can reach that
+   store can read it, so this only keeps out strangers who cannot; it is used because nothing
+   better exists there, and init says so;
 4. none. If every rank runs on this host the store and data ports listen on loopback only
    (``environment.py``); otherwise init logs a loud warning saying what an attacker could do
    and how to set ``PYCOLL_TOKEN``.

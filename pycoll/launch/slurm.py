@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from typing import Mapping
 
 #: Slurm's step id of the batch script itself (and of the "extern" step): no srun there
 _NOT_SRUN_STEPS = {"4294967294", "4294967295", "batch", "extern"}
@@ -73,7 +73,7 @@ def _expand_one(item: str) -> list[str]:
     return [head + v + rest for v in values for rest in _expand_one(tail)]
 
 
-def node_list(env: Mapping[str, str]) -> Optional[tuple[str, list[str]]]:
+def node_list(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
     """(variable, hosts) of this step's nodes, or None if Slurm does not say."""
     for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         value = env.get(name)
@@ -82,7 +82,7 @@ def node_list(env: Mapping[str, str]) -> Optional[tuple[str, list[str]]]:
     return None
 
 
-def derived_port(env: Mapping[str, str]) -> Optional[int]:
+def derived_port(env: Mapping[str, str]) -> int | None:
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if job and job.strip().isdigit():
         return 15000 + int(job) % 10000

@@ -11,18 +11,18 @@ timedelta)`` first, which is exactly a bounded "block until these keys exist".
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Sequence
 
 from ..errors import CollectiveTimeout, PycollError
 
-Value = Union[str, bytes]
+Value = str | bytes
 
 
 def _as_bytes(value: Value) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-def _keys(keys: Union[str, Iterable[str]]) -> list[str]:
+def _keys(keys: str | Iterable[str]) -> list[str]:
     return [keys] if isinstance(keys, str) else list(keys)
 
 
@@ -82,10 +82,10 @@ class TorchStoreAdapter:
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         return bytes(self.store.compare_set(key, _as_bytes(expected), _as_bytes(desired)))
 
-    def wait(self, keys: Union[str, Iterable[str]], timeout: float | None = None) -> None:
+    def wait(self, keys: str | Iterable[str], timeout: float | None = None) -> None:
         self._wait(_keys(keys), timeout)
 
-    def check(self, keys: Union[str, Iterable[str]]) -> bool:
+    def check(self, keys: str | Iterable[str]) -> bool:
         return bool(self.store.check(_keys(keys)))
 
     def delete(self, key: str) -> bool:

@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover
     HAVE_STORE = False
 
-from pycoll.launch.launcher import _parse_args, _UsageError
+from pycoll.launch.cli import _parse_args, _UsageError
 
 pytestmark = pytest.mark.timeout(120)
 needs_store = pytest.mark.skipif(not HAVE_STORE, reason="rendezvous.StoreServer not available yet")

@@ -150,7 +150,7 @@ def test_api_across_processes(server: StoreServer) -> None:
 
 def _parked_on(server: StoreServer, key: str) -> bool:
     # Test-side observation of server state: a waiter is parked on ``key``.
-    return key.encode() in dict(server._watchers)
+    return key.encode() in dict(server._kv.watchers)
 
 
 def test_blocking_calls_released_by_another_process(server: StoreServer) -> None:

@@ -140,7 +140,7 @@ def test_connection_lost_when_server_closes_mid_call() -> None:
     t = threading.Thread(target=blocked, daemon=True)
     t.start()
     try:
-        assert wait_until(lambda: b"a" in dict(srv._watchers), 10)
+        assert wait_until(lambda: b"a" in dict(srv._kv.watchers), 10)
         srv.close()
         t.join(20)
         assert not t.is_alive()

@@ -1,0 +1,353 @@
+"""One host's ranks of a ``pycoll.run`` job: spawning, watching, signals, tear-down.
+
+Each rank is ``sys.executable <command>`` in its own session and process group. The
+supervisor watches them:
+
+* all ranks exit 0 -> exit code 0;
+* a rank exits non-zero or is killed by a signal -> every other rank's process group gets
+  SIGTERM, then SIGKILL after a grace period; the launcher prints which rank failed first and
+  exits with that rank's code (128 + signal number if it was killed by a signal);
+* SIGINT / SIGTERM / SIGHUP to the launcher -> forwarded to every rank, then the same
+  tear-down; exit code 128 + signal number. A second signal skips the grace period;
+* ``timeout`` seconds elapse -> tear-down, exit code 124;
+* a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code.
+
+Ranks also die with the launcher if it is killed with SIGKILL (``PR_SET_PDEATHSIG`` on Linux).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from rendezvous import StoreServer
+
+    from .nodes import JobControl
+
+__all__ = ["Supervisor", "notice", "EXIT_TIMEOUT", "GRACE_PERIOD"]
+
+#: Exit code when ``timeout`` expires (as coreutils' ``timeout``).
+EXIT_TIMEOUT = 124
+#: Seconds between SIGTERM and SIGKILL during tear-down.
+GRACE_PERIOD = 5.0
+_POLL_INTERVAL = 0.02
+
+_PREFIX = "pycoll.run"
+#: the world communicator's abort record (``runtime.abort``): the first failing collective
+_ABORT_KEY = "pycoll/world/abort"
+
+
+def notice(msg: str) -> None:
+    """One line on the launcher's stderr, as ``pycoll.run: msg``."""
+    try:
+        sys.stderr.write(f"{_PREFIX}: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# child process setup
+
+
+def _make_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that asks Linux to SIGKILL the child when the launcher (the forking
+    thread) dies. Everything is resolved before fork; the child only makes two calls."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    PR_SET_PDEATHSIG = 1
+    sigkill = int(signal.SIGKILL)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        # the launcher may have died between fork and prctl: then nobody would kill us
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {-code} ({_signal_name(-code)})"
+    return f"exited with code {code}"
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --------------------------------------------------------------------------------------------
+# output prefixing
+
+
+class _Output:
+    """Writes whole lines to one of our streams under a lock (one per stream)."""
+
+    def __init__(self, stream: IO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def write_line(self, data: bytes) -> None:
+        with self.lock:
+            try:
+                buf = getattr(self.stream, "buffer", None)
+                if buf is not None:
+                    self.stream.flush()
+                    buf.write(data)
+                    buf.flush()
+                else:
+                    self.stream.write(data.decode("utf-8", "replace"))
+                    self.stream.flush()
+            except (OSError, ValueError):
+                pass  # our stream is gone (closed pipe): drop the output, keep the job running
+
+
+def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
+    try:
+        for line in iter(pipe.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            out.write_line(prefix + line)
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# the supervisor
+
+
+class Supervisor:
+    """This host's ranks: ``start`` spawns them, ``watch`` waits for the job's end, ``close``
+    reaps them whatever happened (call it in a ``finally``).
+
+    ``server`` is the job's store when this host runs it, ``control`` the link to the other
+    hosts' launchers (several hosts); either names the first failure (the abort record).
+    """
+
+    def __init__(self, nprocs: int, grace: float, *, first_rank: int = 0,
+                 server: StoreServer | None = None) -> None:
+        self.nprocs = nprocs
+        self.grace = grace
+        self.first_rank = first_rank         # global rank of this host's first rank
+        self.server = server
+        self.control: JobControl | None = None
+        self.procs: list[subprocess.Popen] = []
+        self.pumps: list[threading.Thread] = []
+        self.signals: list[int] = []  # received by the launcher, in order
+        self._old_handlers: dict[int, Any] = {}
+
+    # -- signals ---------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: object) -> None:  # noqa: ARG002
+        self.signals.append(signum)         # only records; ``watch`` acts
+
+    def _install_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return                          # only the main thread may; the job still runs
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._old_handlers.items():
+            try:
+                signal.signal(signum, handler)
+            except (ValueError, OSError, TypeError):  # pragma: no cover
+                pass
+        self._old_handlers.clear()
+
+    # -- the ranks -------------------------------------------------------------------------
+    def start(self, command: Sequence[str], envs: Sequence[Mapping[str, str]],
+              prefix_output: bool) -> None:
+        """Spawn ``sys.executable *command`` once per environment (local rank order). The
+        signal handlers go in first, so that a signal during startup is not lost."""
+        self._install_handlers()
+        preexec = _make_preexec()
+        outs = (_Output(sys.stdout), _Output(sys.stderr)) if prefix_output else None
+        pipe = subprocess.PIPE if prefix_output else None
+        for local, env in enumerate(envs):
+            if self.signals:
+                break
+            rank = self.first_rank + local
+            proc = subprocess.Popen(
+                [sys.executable, *command],
+                env=dict(env),
+                stdin=None if rank == 0 else subprocess.DEVNULL,
+                stdout=pipe,
+                stderr=pipe,
+                start_new_session=True,
+                preexec_fn=preexec,
+                close_fds=True,
+            )
+            self.procs.append(proc)
+            if outs is not None:
+                for stream, out in ((proc.stdout, outs[0]), (proc.stderr, outs[1])):
+                    t = threading.Thread(
+                        target=_pump,
+                        args=(stream, f"[rank {rank}] ".encode(), out),
+                        name=f"pycoll.run-output-{rank}",
+                        daemon=True,
+                    )
+                    t.start()
+                    self.pumps.append(t)
+
+    def running(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def _killpg(self, p: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            # group gone; the leader itself may still be unreaped (zombie): fine
+            pass
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                self._killpg(p, sig)
+
+    def teardown(self, first_signal: int = signal.SIGTERM) -> None:
+        """Signal every live rank's group, wait up to the grace period, then SIGKILL."""
+        self.signal_all(first_signal)
+        n_signals = len(self.signals)
+        deadline = time.monotonic() + self.grace
+        while self.running() and time.monotonic() < deadline:
+            if len(self.signals) > n_signals:  # impatient user: a second signal
+                break
+            time.sleep(_POLL_INTERVAL)
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every rank's process group (grandchildren included) and reap every rank."""
+        for p in self.procs:
+            self._killpg(p, signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait()
+            except Exception:  # pragma: no cover - wait() on a SIGKILLed child cannot hang
+                pass
+        for t in self.pumps:
+            t.join(timeout=2.0)
+
+    def close(self) -> None:
+        """Reap every rank (tearing down live ones), remove the shared-memory segments a
+        rank killed mid-setup left behind, tell the other hosts this one is done, and give
+        back the signal handlers. Every path (success, failure, exception,
+        KeyboardInterrupt) ends here."""
+        try:
+            if any(p.returncode is None for p in self.procs):
+                self.teardown()
+            else:
+                self.kill_all()
+            from ..transports.shm.segment import sweep
+            sweep(p.pid for p in self.procs)
+            if self.control is not None:
+                self.control.finish(wait=self.grace + 30.0, beat_timeout=self.grace + 3.0)
+        finally:
+            self._restore_handlers()
+
+    # -- watching --------------------------------------------------------------------------
+    def _abort_record(self) -> str | None:
+        """The world communicator's abort record (the first rank whose collective failed)."""
+        if self.server is None:
+            # another host runs the store
+            return self.control.abort_record() if self.control is not None else None
+        raw = self.server.peek(_ABORT_KEY)
+        if raw is None:
+            return None
+        try:
+            from ..runtime.abort import _parse, describe_record
+
+            return describe_record(_parse(raw))
+        except Exception:  # noqa: BLE001 - a report must never break the launcher
+            return None
+
+    def _report_first_failure(self) -> None:
+        first = self._abort_record()
+        if first:
+            # Ranks aborted by another rank's failure may exit before it: name the cause.
+            notice(f"first failure (pycoll abort record): {first}")
+
+    def _local_failure(self) -> int | None:
+        """The exit code for a rank of this host that failed (the lowest), or None."""
+        failed = next((i for i, p in enumerate(self.procs)
+                       if p.poll() is not None and p.returncode != 0), None)
+        if failed is None:
+            return None
+        rc = self.procs[failed].returncode
+        live = len(self.running())
+        where = f" on {socket.gethostname()}" if self.control is not None else ""
+        notice(f"rank {self.first_rank + failed}{where} (pid {self.procs[failed].pid}) "
+               f"{_describe_exit(rc)}; terminating the other {live} running rank(s)")
+        if self.control is not None:
+            self.control.report_failure(self.first_rank + failed, _describe_exit(rc),
+                                        _exit_code(rc) or 1)
+        self._report_first_failure()
+        self.teardown()
+        return _exit_code(rc) or 1
+
+    def _remote_failure(self) -> int | None:
+        """The exit code for a rank another host's launcher reported failed, or None."""
+        remote = self.control.failure_elsewhere() if self.control is not None else None
+        if remote is None:
+            return None
+        notice(f"rank {remote.get('rank')} on host {remote.get('host')} {remote.get('exit')}; "
+               f"terminating the {len(self.running())} rank(s) of this host")
+        self._report_first_failure()
+        self.teardown()
+        return int(remote.get("code") or 1)
+
+    def watch(self, timeout: float | None) -> int:
+        """Poll until the job ends; its exit code (the module docstring lists them)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.signals:
+                sig = self.signals[0]
+                notice(f"received {_signal_name(sig)}; forwarding it to "
+                       f"{len(self.running())} running rank(s) and shutting down")
+                self.teardown(first_signal=sig)
+                return 128 + int(sig)
+            code = self._local_failure()
+            if code is not None:
+                return code
+            if len(self.procs) == self.nprocs and all(p.returncode is not None
+                                                      for p in self.procs):
+                return 0
+            code = self._remote_failure()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                notice(f"timed out after {timeout:g} s; terminating {len(self.running())} "
+                       "running rank(s)")
+                self.teardown()
+                return EXIT_TIMEOUT
+            time.sleep(_POLL_INTERVAL)
