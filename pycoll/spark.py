@@ -29,8 +29,9 @@ import re
 import socket
 import threading
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from .comm.communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import Aborted, InvalidArgument, PeerLost, PycollError

@@ -12,7 +12,7 @@ import argparse
 import logging
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .protocol import DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE
 from .server import StoreServer
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     token: str | None = None
     if args.token_file:
-        with open(args.token_file, "r", encoding="utf-8") as f:
+        with open(args.token_file, encoding="utf-8") as f:
             token = f.read().strip()
         if not token:
             print(f"error: token file {args.token_file} is empty", file=sys.stderr)

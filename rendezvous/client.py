@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from . import protocol as P
 from .errors import (
@@ -302,7 +302,7 @@ class TCPStore:
                 if n > self._max_value + (1 << 30):
                     raise StoreProtocolError(f"server sent an oversized frame ({n} bytes)")
                 payload = _recv_exact(sock, n)
-            except socket.timeout:
+            except TimeoutError:
                 # The server did not answer in time: the connection state is unknown (a reply
                 # may still arrive), so drop it; the next call reconnects.
                 self._drop()
@@ -455,7 +455,7 @@ class TCPStore:
         if self.server is not None:
             self.server.close()
 
-    def __enter__(self) -> "TCPStore":
+    def __enter__(self) -> TCPStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

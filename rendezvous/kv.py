@@ -16,7 +16,8 @@ lock); reading ``data`` for a present key needs no lock in CPython.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
 __all__ = ["KeyValueState", "NotAnInteger", "Waiter"]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .client import Timeout, Value
 from .store import Store
@@ -82,7 +83,7 @@ class PrefixStore:
     def close(self) -> None:
         """No-op: the underlying store is shared and closed by its owner."""
 
-    def __enter__(self) -> "PrefixStore":
+    def __enter__(self) -> PrefixStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -34,7 +34,7 @@ import hashlib
 import hmac
 import itertools
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 MAGIC = 0x52445A56  # "RDZV"
 VERSION = 1

@@ -31,7 +31,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from . import protocol as P
 from .kv import KeyValueState, NotAnInteger, Waiter
@@ -239,7 +239,7 @@ class StoreServer:
         (one dict read)."""
         return self._kv.data.get(key.encode("utf-8"))
 
-    def start(self) -> "StoreServer":
+    def start(self) -> StoreServer:
         """Serve on a background daemon thread; returns ``self``."""
         if self._thread is not None or self._loop_started:
             raise RuntimeError("server already started")
@@ -281,7 +281,7 @@ class StoreServer:
         else:
             self._cleanup()
 
-    def __enter__(self) -> "StoreServer":
+    def __enter__(self) -> StoreServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -337,13 +337,13 @@ class StoreServer:
                 continue
             self._guarded(conn, self._process, conn)
 
-    def _on_events(self, conn: "_Conn", mask: int) -> None:
+    def _on_events(self, conn: _Conn, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
             self._on_writable(conn)
         if mask & selectors.EVENT_READ and not conn.closed:
             self._on_readable(conn)
 
-    def _guarded(self, conn: "_Conn", fn: Callable[..., None], *args: object) -> None:
+    def _guarded(self, conn: _Conn, fn: Callable[..., None], *args: object) -> None:
         """Run ``fn``; a hostile frame or any error closes only this connection, logged."""
         try:
             fn(*args)

@@ -14,7 +14,8 @@ checks that the methods exist (not their signatures; mypy checks those).
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["Store"]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from rendezvous import Store
+
 from ..envvars import env_bool, env_float
 from ..errors import PycollError
 from ..tags import collective_tag, tag_low_bits
@@ -97,7 +99,7 @@ def _measure(peers: Any, peer: int, leader: bool, tag: int) -> Measured | None:
     return Measured(alpha, beta)
 
 
-def probe_links(peers: Any, store: Any, rank: int, layout: list[tuple[int, int]],
+def probe_links(peers: Any, store: Store, rank: int, layout: list[tuple[int, int]],
                 comm_id: int, timeout: float) -> dict[str, Measured]:
     """Measure (rank 0) or wait for (everyone else) the intra- and inter-node links of a
     layout of several equal nodes; every rank returns the same numbers. ``store``: this

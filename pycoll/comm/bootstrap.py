@@ -20,7 +20,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from rendezvous import Store
 
 from .. import debug, fastpath
 from ..errors import InvalidArgument
@@ -67,7 +68,7 @@ def _encode_table(records: list[dict], size: int) -> str:
                        "machines": list(machines), "probes": list(probes), "rows": rows})
 
 
-def _decode_table(raw: str, rank: int, size: int) -> RankTable:
+def _decode_table(raw: str | bytes, rank: int, size: int) -> RankTable:
     t = json.loads(raw)
     if t["size"] != size or t["bad_sizes"]:
         sizes = {int(r): s for r, s in t["bad_sizes"].items()}
@@ -102,7 +103,7 @@ class Connections:
     """Lazily opened channels to every peer of a root communicator (shared by its groups)."""
 
     def __init__(self, rank: int, table: RankTable, order: Sequence[str],
-                 transports: dict[str, Transport], missing: dict[str, str], store: Any,
+                 transports: dict[str, Transport], missing: dict[str, str], store: Store,
                  timeout: float) -> None:
         self.rank = rank
         self.size = table.size
@@ -118,11 +119,11 @@ class Connections:
         self.channels = ChannelMap(self._open)
         self._choice: dict[int, str] = {}
         self._addresses: dict[int, dict] = {}
-        self._address_store: Any = None
+        self._address_store: Store | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def bootstrap(cls, store: Any, rank: int, size: int, *, timeout: float,
+    def bootstrap(cls, store: Store, rank: int, size: int, *, timeout: float,
                   token: str | None, master_addr: str | None,
                   host: str | None = None) -> Connections:
         deadline = time.monotonic() + timeout

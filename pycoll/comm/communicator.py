@@ -26,9 +26,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 import numpy as np
+
+from rendezvous import Store
 
 from .. import debug, fastpath
 from ..algorithms import ALGORITHMS, link_probe
@@ -71,7 +72,7 @@ class Communicator(Collectives, FusedCollectives):
     the communicator must call it in the same order.
     """
 
-    def __init__(self, rank: int, size: int, *, store: Any = None, name: str = "world",
+    def __init__(self, rank: int, size: int, *, store: Store | None = None, name: str = "world",
                  connections: Connections | None = None, members: Sequence[int] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, owns_store: bool = False,
                  token: str | None = None, master_addr: str | None = None,
@@ -155,7 +156,7 @@ class Communicator(Collectives, FusedCollectives):
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def create(cls, store: Any, rank: int, size: int, *, name: str = "world",
+    def create(cls, store: Store | None, rank: int, size: int, *, name: str = "world",
                timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
                master_addr: str | None = None, owns_store: bool = False,
                host: str | None = None) -> Communicator:
@@ -172,6 +173,10 @@ class Communicator(Collectives, FusedCollectives):
         if size == 1:
             return cls(rank, 1, store=store, name=name, timeout=limit, owns_store=owns_store,
                        token=token, master_addr=master_addr)
+        if store is None:
+            raise InvalidArgument(f"rank {rank}: a communicator of {size} ranks needs a store "
+                                  "every rank shares (rendezvous.TCPStore, LocalStore, or "
+                                  "torch's through pycoll.launch.torch_store)")
         from rendezvous import PrefixStore
 
         scoped = PrefixStore(f"pycoll/{name}/", store)
@@ -214,11 +219,12 @@ class Communicator(Collectives, FusedCollectives):
                                   f"made a group named {name!r}; group names must be unique")
         self._group_names.add(name)
         scoped = None
-        if self.size == 1 or self._store is None:
+        store = self._store
+        if self.size == 1 or store is None:
             records = [{"color": color, "key": key}]
         else:
             from rendezvous import PrefixStore
-            scoped = PrefixStore(f"pycoll/{self.name}/", self._store)
+            scoped = PrefixStore(f"pycoll/{self.name}/", store)
             scoped.set(f"group/{n}/{self.rank}",
                        json.dumps({"color": None if color is None else int(color),
                                    "key": int(key)}))
@@ -229,12 +235,12 @@ class Communicator(Collectives, FusedCollectives):
             return None
         members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
                          key=lambda r: (records[r]["key"], r))
-        if scoped is None:
+        if scoped is None or store is None:
             comm_id = _wrap_id(n)
         else:                                # the group's first member draws a fresh id
             id_key = f"group/{n}/{int(color)}/id"
             if self.rank == members[0]:
-                drawn = int(self._store.add(f"pycoll/{self._root_name}/group_ids", 1))
+                drawn = int(store.add(f"pycoll/{self._root_name}/group_ids", 1))
                 scoped.set(id_key, str(_wrap_id(drawn)))
             comm_id = int(scoped.get(id_key, timeout=limit))
         child = Communicator(members.index(self.rank), len(members), store=self._store,
@@ -327,7 +333,7 @@ class Communicator(Collectives, FusedCollectives):
                          LinkModel.from_capabilities([caps(intra).capabilities]),
                          LinkModel.from_capabilities([caps(inter).capabilities]))
 
-    def _measure_links(self, store: Any, limit: float) -> None:
+    def _measure_links(self, store: Store, limit: float) -> None:
         """On several equal nodes, feed the cost model measured (or declared) intra- and
         inter-node links (``link_probe``): what decides flat against hierarchical."""
         model = self._plan.selector.hierarchy

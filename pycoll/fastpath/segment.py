@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Any
 
 import numpy as np
+
+from rendezvous import Store
 
 from .. import debug
 from ..errors import PycollError, TransportError
@@ -56,7 +57,7 @@ class SharedSlots:
         self.words[PID_BASE + rank] = os.getpid()
 
     @classmethod
-    def setup(cls, store: Any, rank: int, size: int, limit: int,
+    def setup(cls, store: Store, rank: int, size: int, limit: int,
               timeout: float) -> SharedSlots | None:
         """Rank 0 creates and names the segment, the others map it (collective: every
         member calls this while the communicator is made). None on every rank when rank 0

@@ -12,7 +12,8 @@ import argparse
 import os
 import signal
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .launcher import launch
 from .supervisor import notice

@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Mapping
 
 try:  # pycoll.InvalidArgument (a ValueError); plain ValueError when loaded on its own
     from ..errors import InvalidArgument as _InvalidArgument

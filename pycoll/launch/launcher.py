@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .supervisor import EXIT_TIMEOUT, GRACE_PERIOD, Supervisor
 

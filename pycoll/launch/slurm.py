@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 #: Slurm's step id of the batch script itself (and of the "extern" step): no srun there
 _NOT_SRUN_STEPS = {"4294967294", "4294967295", "batch", "extern"}

@@ -10,8 +10,9 @@ timedelta)`` first, which is exactly a bounded "block until these keys exist".
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..errors import CollectiveTimeout, PycollError
 

@@ -34,6 +34,8 @@ import socket
 import time
 from typing import Any
 
+from rendezvous import Store
+
 from .. import debug
 from ..envvars import env_float
 from ..errors import InvalidArgument
@@ -77,7 +79,7 @@ def abort_key(name: str) -> str:
     return f"pycoll/{name}/abort"
 
 
-def clone_client(store: Any, timeout: float) -> Any:
+def clone_client(store: Store, timeout: float) -> Store:
     """A second connection to the same store server, or the store itself if it cannot clone."""
     try:
         from rendezvous import PrefixStore, TCPStore
@@ -103,7 +105,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
 class AbortWatch:
     """Posts and polls one communicator's abort record."""
 
-    def __init__(self, store: Any, name: str, rank: int,
+    def __init__(self, store: Store, name: str, rank: int,
                  timeout: float = ABORT_CLIENT_TIMEOUT) -> None:
         self.store = store
         self.name = name

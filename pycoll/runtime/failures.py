@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rendezvous import Store
+
 from .. import debug
 from ..errors import (
     Aborted,
@@ -42,7 +44,8 @@ class Failures:
     recorder (None: recording is off).
     """
 
-    def __init__(self, rank: int, size: int, name: str, store: Any, token: str | None,
+    def __init__(self, rank: int, size: int, name: str, store: Store | None,
+                 token: str | None,
                  timeout: float, transports: Callable[[], str],
                  recorder: FlightRecorder | None) -> None:
         self.rank = rank
@@ -52,14 +55,13 @@ class Failures:
         self._store = store
         self._token = token
         self._transports = transports
-        multi = store is not None and size > 1
-        self.abort = AbortWatch(store, name, rank) if multi else None
+        self.abort = AbortWatch(store, name, rank) if store is not None and size > 1 else None
         if self.abort is not None:
             self.abort.connect(timeout)
         #: what the wait loops call while idle: raises ``AbortSignal`` on an abort record
         self.check = self.abort.poll if self.abort is not None else None
         #: ``PYCOLL_DEBUG=DETAIL``: every collective's fingerprint is compared first
-        self.detail = multi and debug.detail_enabled()
+        self.detail = self.abort is not None and debug.detail_enabled()
         self._fingerprints = 0
         self._job: str | None = None
 
