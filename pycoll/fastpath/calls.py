@@ -63,12 +63,14 @@ class FastCall:
 
     __slots__ = ("collective", "nbytes", "op_code", "code", "seq_bits", "spec",
                  "reduce_here", "finish", "prepare", "rop", "dtype", "info", "kind",
-                 "stages", "root", "count", "run")
+                 "stages", "root", "count", "run", "constants")
 
     #: ``run(arr, timeout, async_op, output)``: the call on a 1-D C-contiguous aligned
     #: writable ``numpy.ndarray`` of ``dtype`` (``FastPath.bind``; ``FastPath.run`` checks
     #: an array that might not be one)
     run: Callable[[np.ndarray, Any, bool, Any], Work | None]
+    #: the single-slot kernel's constants, which ``run`` passes by address
+    constants: np.ndarray
 
     def __init__(self, collective: str, dtype: str, count: int, itemsize: int,
                  rop: ReduceOp | None, root: int | None, spec: ReduceSpec | None,

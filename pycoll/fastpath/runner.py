@@ -191,7 +191,7 @@ class FastPath:
         begin, finish, fail = (execution.begin_inline, execution.finish_inline,
                                execution.fail_inline)
         run_generic = self._run_generic
-        info, stages, seq_bits = call.info, call.stages, call.seq_bits
+        info, later_stages, seq_bits = call.info, call.stages - 1, call.seq_bits
         limit = execution.timeout
         liveness = self.liveness
         # the bytes go through as bytes: exchange-only calls (Python reduces) and barriers
@@ -205,9 +205,12 @@ class FastPath:
         if call.kind is SMALL and self.slots is not None:
             single = self._entry(np.dtype("uint8" if raw else call.dtype))
             seg = self.slots.bytes
-            constants = np.array([seg.ctypes.data, seg.size, self.rank, self.size,
-                                  self.slots.stride, call.code, call.op_code, self.spin,
-                                  self.slice_ns], dtype=np.int64)
+            # the call's constants (``kernels.allreduce_bound``), passed by address: the
+            # entry point unboxes an integer instead of an array. The call keeps them alive
+            call.constants = np.array([seg.ctypes.data, seg.size, self.rank, self.size,
+                                       self.slots.stride, call.code, call.op_code, self.spin,
+                                       self.slice_ns], dtype=np.int64)
+            constants = call.constants.ctypes.data
 
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
             slots = self.slots
@@ -218,7 +221,7 @@ class FastPath:
                 return run_generic(call, arr, timeout, async_op, output)
             try:
                 k = self.k + 1
-                self.k = k + stages - 1
+                self.k = k + later_stages
                 data = arr.view(np.uint8) if raw else arr
                 if single is not None:
                     # the kernel gets only the segment's address (``constants``): its array
@@ -256,8 +259,7 @@ class FastPath:
 
         from .kernels import allreduce_bound
         data = types.Array(from_dtype(dtype), 1, "C")
-        constants = types.Array(types.int64, 1, "C")
-        return allreduce_bound.compile((data, constants, types.int64, types.int64))
+        return allreduce_bound.compile((data, types.int64, types.int64, types.int64))
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:

@@ -31,6 +31,7 @@ from .flight_recorder import COMPLETED, T_ENDED, T_SCHEDULED, T_STARTED, FlightR
 from .work import Executor, Work
 
 Body = Callable[[Peers], None]
+_monotonic = time.monotonic
 
 
 class Execution:
@@ -56,9 +57,9 @@ class Execution:
         #: collectives started so far (the last one's number) and point-to-point calls
         self.seq = 0
         self.p2p_seq = 0
-        #: why this communicator failed (None while it works): every later call is refused
-        self.failed: BaseException | None = None
-        self.closed = False
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._refusing = False           # failed or closed: what begin_inline checks
         #: a call sent messages through the channels since the fast path last looked for
         #: messages nobody received (``fastpath.liveness.refuse_leftovers``)
         self.generic_ran = False
@@ -72,6 +73,26 @@ class Execution:
         #: completed when it began (a fast call takes µs: no second clock read); a dump
         #: taken while it runs shows it running (``running_inline``)
         self.finish_inline: Callable[[], None] = self._idle.release
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why this communicator failed (None while it works): every later call is refused."""
+        return self._failed
+
+    @failed.setter
+    def failed(self, err: BaseException | None) -> None:
+        self._failed = err
+        self._refusing = err is not None or self._closed
+
+    @property
+    def closed(self) -> bool:
+        """Finalized: every later call is refused."""
+        return self._closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self._closed = value
+        self._refusing = value or self._failed is not None
 
     def deadline_of(self, timeout: Any) -> float:
         """Seconds a call may take: ``timeout`` (seconds or a timedelta) or the default."""
@@ -186,13 +207,13 @@ class Execution:
         another thread, or the communicator cannot take calls, which ``execute`` says).
         Returns the call's word (``tags.call_word`` of its sequence number and ``bits``);
         ``finish_inline`` or ``fail_inline`` must follow."""
-        if self.failed is not None or self.closed or not self._idle.acquire(False):
+        if self._refusing or not self._idle.acquire(False):
             return 0
         if self._queued:                 # an asynchronous call goes first
             self._idle.release()
             return 0
         seq = self.seq = self.seq + 1
-        self.started = start = time.monotonic()
+        self.started = start = _monotonic()
         fr = self.recorder
         if fr is not None:      # FlightRecorder.open, written out (a call costs ~4% here)
             rec = self.current = [seq, info, COMPLETED, 0.0, start, 0.0, None]
