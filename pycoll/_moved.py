@@ -11,8 +11,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 #: old module path -> the module that holds its code now
 MOVED = {
@@ -65,6 +66,18 @@ class MovedFinder(importlib.abc.MetaPathFinder):
         if new is None:
             return None
         return importlib.util.spec_from_loader(fullname, _Alias(new))
+
+
+def lazy_names(package: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` (PEP 562) serving ``names`` (name -> the submodule that
+    defines it) on first use: a package that replaced a module keeps that module's names
+    importable from its path without importing every submodule with the package."""
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+    return __getattr__
 
 
 def install() -> None:

@@ -9,21 +9,16 @@ Importing this package is cheap: standard library only; ``rendezvous`` is import
 :func:`launch` runs.
 """
 
+from .._moved import lazy_names
 from .environment import DEFAULT_MASTER_PORT, LAUNCHERS, LaunchInfo, detect_launch, resolve_launch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from .launcher import EXIT_TIMEOUT, launch
 
-
-def __getattr__(name: str):
-    # The launcher (subprocess, signals, threads) loads on first use, so that pycoll.init(),
-    # which only needs detect_launch, does not pay for it.
-    if name in ("launch", "EXIT_TIMEOUT"):
-        from . import launcher
-
-        return getattr(launcher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The launcher (subprocess, signals, threads) loads on first use, so that pycoll.init(),
+# which only needs detect_launch, does not pay for it.
+__getattr__ = lazy_names(__name__, {"launch": "launcher", "EXIT_TIMEOUT": "launcher"})
 
 __all__ = [
     "launch",

@@ -6,18 +6,8 @@ cross-memory attach for large messages.
 * ``segment``: the inbox layout, settings, and the files in /dev/shm;
 * ``cma``: cross-memory attach and whether a peer process has exited.
 """
-from __future__ import annotations
+from ..._moved import lazy_names
 
-from typing import Any
-
-
-def __getattr__(name: str) -> Any:
-    """``from pycoll.transports.shm import ShmTransport``, the path of the module this package
-    replaced, still works (loaded on first use: importing the package stays free)."""
-    if name == "ShmTransport":
-        from .transport import ShmTransport
-        return ShmTransport
-    if name == "ShmChannel":
-        from .channel import ShmChannel
-        return ShmChannel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``from pycoll.transports.shm import ShmTransport``, the path of the module this package
+# replaced, still works (loaded on first use: importing the package stays free)
+__getattr__ = lazy_names(__name__, {"ShmTransport": "transport", "ShmChannel": "channel"})

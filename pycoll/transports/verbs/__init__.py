@@ -7,18 +7,8 @@ zero-copy rendezvous.
 * ``wire``: message header and kinds, the address exchange, work-request ids, constants;
 * ``device``: the device and port choice, queue-pair helpers, the registration cache.
 """
-from __future__ import annotations
+from ..._moved import lazy_names
 
-from typing import Any
-
-
-def __getattr__(name: str) -> Any:
-    """``from pycoll.transports.verbs import VerbsTransport``, the path of the module this package
-    replaced, still works (loaded on first use: importing the package stays free)."""
-    if name == "VerbsTransport":
-        from .transport import VerbsTransport
-        return VerbsTransport
-    if name == "VerbsChannel":
-        from .channel import VerbsChannel
-        return VerbsChannel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``from pycoll.transports.verbs import VerbsTransport``, the path of the module this package
+# replaced, still works (loaded on first use: importing the package stays free)
+__getattr__ = lazy_names(__name__, {"VerbsTransport": "transport", "VerbsChannel": "channel"})
