@@ -23,13 +23,16 @@ _world: Communicator | None = None
 
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
-         timeout: float | timedelta = DEFAULT_TIMEOUT, comm: Any = None) -> Communicator:
+         timeout: float | timedelta = DEFAULT_TIMEOUT, comm: Any = None,
+         deterministic: bool | None = None, accumulate: str | None = None) -> Communicator:
     """Join the job and return the world communicator (also kept as the default).
 
     With no arguments everything comes from the launcher's environment; a process started
     without any launcher is a world of one. ``comm``: an mpi4py communicator to bootstrap
     from (its ranks become pycoll's; rank 0's store address and the job secret travel over
     MPI), which plain ``init()`` also uses under mpiexec on several hosts without MASTER_ADDR.
+    ``deterministic``, ``accumulate``: the defaults of every reducing call
+    (docs/numerics.md; default ``PYCOLL_DETERMINISTIC``, ``PYCOLL_ACCUMULATE``).
     """
     global _world
     seconds = as_seconds(timeout) or DEFAULT_TIMEOUT
@@ -39,7 +42,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     store, r, n, secret, addr = join(rank, world_size, master_addr, master_port, seconds, comm)
     try:
         _world = Communicator.create(store, r, n, timeout=seconds, token=secret,
-                                     master_addr=addr, owns_store=store is not None)
+                                     master_addr=addr, owns_store=store is not None,
+                                     deterministic=deterministic, accumulate=accumulate)
     except BaseException:
         if store is not None:
             store.close()
@@ -92,16 +96,20 @@ def get_world_size() -> int:
 
 
 def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-              timeout: float | None = None, async_op: bool = False) -> Work | None:
+              timeout: float | None = None, async_op: bool = False,
+              deterministic: bool | None = None, accumulate: str | None = None) -> Work | None:
     """Allreduce ``tensor`` in place on the default communicator."""
-    return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op)
+    return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op,
+                             deterministic=deterministic, accumulate=accumulate)
 
 
 def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                   timeout: float | None = None) -> Any:
+                   timeout: float | None = None, deterministic: bool | None = None,
+                   accumulate: str | None = None) -> Any:
     """A persistent allreduce of ``tensor`` on the default communicator
     (``Communicator.allreduce_init``)."""
-    return world().allreduce_init(tensor, op, algo=algo, timeout=timeout)
+    return world().allreduce_init(tensor, op, algo=algo, timeout=timeout,
+                                  deterministic=deterministic, accumulate=accumulate)
 
 
 def barrier(*, algo: str | None = None, timeout: float | None = None,

@@ -27,6 +27,7 @@ from .halving_doubling import (
 )
 from .hierarchical import allreduce_hierarchical, broadcast_hierarchical
 from .linear import gather_linear, scatter_linear
+from .ordered import allreduce_ordered, reduce_ordered, reduce_scatter_ordered_owned
 from .pairwise import (
     allgather_bruck,
     alltoall_bruck,
@@ -57,6 +58,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
         "hierarchical": allreduce_hierarchical,   # flat ring unless the layout is multi-node
+        "ordered": allreduce_ordered,             # rank-order fold: deterministic=True
     },
     "broadcast": {
         "binomial": broadcast_binomial,
@@ -64,7 +66,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "scatter_allgather": broadcast_scatter_allgather,
         "hierarchical": broadcast_hierarchical,   # flat binomial unless multi-node
     },
-    "reduce": {"binomial": reduce_binomial, "ring": reduce_ring},
+    "reduce": {"binomial": reduce_binomial, "ring": reduce_ring, "ordered": reduce_ordered},
     "allgather": {
         "ring": _allgather_ring,
         "recursive_doubling": allgather_recursive_doubling,  # Bruck when p is not a power of 2
@@ -73,6 +75,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "reduce_scatter": {
         "ring": reduce_scatter_ring_owned,
         "recursive_halving": reduce_scatter_recursive_halving,
+        "ordered": reduce_scatter_ordered_owned,
     },
     # bruck needs equal blocks on every rank: only on request (algo= / PYCOLL_ALGO)
     "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered,

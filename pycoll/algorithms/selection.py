@@ -16,6 +16,11 @@ from dataclasses import dataclass, replace
 from ..errors import InvalidArgument
 from ..transports.base import Capabilities
 
+#: the algorithm that folds in rank order (``ordered.py``): what deterministic calls run
+ORDERED = "ordered"
+#: the reducing collectives with an ordered algorithm
+ORDERED_COLLECTIVES = frozenset({"allreduce", "reduce", "reduce_scatter"})
+
 # Calibrated with benchmarks/algorithms_sweep.py (2 ranks, 2-core VM, medians; see
 # docs/algorithms.md): one exchange step of 8 bytes costs ~12 us end to end over shm, of
 # which the transport declares 1 us; a large float32 sum streams at ~10 GB/s.
@@ -117,7 +122,20 @@ def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         fold = _fold(nbytes, p, link)
         per_rank = (q - 1) / q * nbytes * (2 * b + g)
         return _bound(2 * _lg(q) * a + per_rank + fold, q * per_rank + fold, p, link)
+    if algo == ORDERED:
+        rs = _ordered_reduce_scatter(nbytes, p, link)
+        ag = (p - 1) * a + (p - 1) / p * nbytes * b
+        return _bound(rs + ag, p * (p - 1) / p * nbytes * (2 * b + 2 * g), p, link)
     raise KeyError(algo)
+
+
+def _ordered_reduce_scatter(nbytes: int, p: int, link: LinkModel) -> float:
+    """The ordered reduce-scatter (``ordered.py``): one round in which every rank posts its
+    p - 1 pieces at once, the owner's link bringing in (p - 1) / p of the buffer, and the
+    owner's fold of p pieces (a copy into the accumulator, then p - 1 reductions)."""
+    a, b, g = _alpha(p, link, True), link.beta, _gamma()
+    return (a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * nbytes * b
+            + nbytes / p * p * g)
 
 
 def cost_broadcast(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
@@ -159,6 +177,11 @@ def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         rounds = [max(1, p >> (k + 1)) for k in range(_lg(p))]
         critical = sum(a + _crowd(t, link) * nbytes * (b + g) for t in rounds)
         return _bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
+    if algo == ORDERED:  # ordered reduce-scatter, then the root gathers p - 1 chunks at once
+        critical = (_ordered_reduce_scatter(nbytes, p, link) + _alpha(p, link, False)
+                    + (p - 1) / p * nbytes * b)
+        return _bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p,
+                      link, False)
     if algo == "ring":  # ring reduce-scatter (every rank at once), the root gathers p-1 chunks
         a = _alpha(p, link, True)
         critical = (p * a + _crowd(p, link) * (p - 1) / p * nbytes * (b + g)
@@ -186,6 +209,9 @@ def cost_reduce_scatter(algo: str, nbytes: int, p: int, link: LinkModel) -> floa
     if algo == "ring":
         per_rank = (p - 1) / p * nbytes * (b + g)
         return _bound((p - 1) * a + per_rank, p * per_rank, p, link)
+    if algo == ORDERED:
+        return _bound(_ordered_reduce_scatter(nbytes, p, link),
+                      (p - 1) * nbytes * (b + g), p, link)
     if algo == "recursive_halving":
         q = _pof2(p)
         fold = 0.0 if q == p else _fold(nbytes, p, link) / 2 + nbytes / p * b
@@ -276,16 +302,30 @@ class Selector:
             raise InvalidArgument(f"{where}: unknown {collective} algorithm {algo!r}; choose one "
                                   "of " + ", ".join(sorted(known)))
 
-    def choose(self, collective: str, nbytes: int, world_size: int, algo: str | None = None) -> str:
+    def choose(self, collective: str, nbytes: int, world_size: int, algo: str | None = None,
+               ordered: bool = False) -> str:
+        """The algorithm for a call: ``algo`` if given, else ``PYCOLL_ALGO``'s, else the
+        cheapest. ``ordered``: the call must fold in rank order (``deterministic=True``, or
+        half-precision sums accumulated in float32), which only ``ORDERED`` does; an
+        ordinary call never gets it unasked (it may be forced)."""
+        ordered = ordered and collective in ORDERED_COLLECTIVES
         if algo is not None:
             self._check(collective, algo, "algo=")
+            if ordered and algo != ORDERED:
+                raise InvalidArgument(
+                    f"algo={algo!r}: {collective} with deterministic=True (or a float16/"
+                    "bfloat16 sum accumulated in float32, accumulate='fp32') needs the "
+                    f"rank-order fold, which only {ORDERED!r} does; pass algo={ORDERED!r} "
+                    "or leave algo unset (docs/numerics.md)")
             return algo
+        if ordered:
+            return ORDERED            # (PYCOLL_ALGO's choice for the collective does not fold)
         if collective in self.overrides:
             return self.overrides[collective]
-        candidates = self.registry[collective]
+        candidates = [name for name in self.registry[collective] if name != ORDERED]
         model = COST_MODELS.get(collective)
         if model is None or len(candidates) == 1:
-            return next(iter(candidates))
+            return candidates[0]
         return min(candidates, key=lambda name: self.cost(collective, name, nbytes, world_size))
 
     def cost(self, collective: str, algo: str, nbytes: int, world_size: int) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
+from .folding import Fold
 from .memory import HOST, MemoryType, MemRef
 from .reduction import ReduceOp, finish, needs_finish, reducer
 
@@ -32,10 +33,14 @@ def _unchanged(_: Any) -> None:
 
 @dataclass
 class ReduceSpec:
-    """How to combine (``reduce(dst, src)``) and finish (``finish(chunk)``, e.g. avg's divide)."""
+    """How to combine (``reduce(dst, src)``) and finish (``finish(chunk)``, e.g. avg's
+    divide), and how to fold the ranks' inputs in rank order (``fold``: the contract of
+    ``deterministic=True``, accumulated in float32 for halves where asked; ``folding.Fold``).
+    """
 
     reduce: Reduce
     finish: Callable[[Any], None]
+    fold: Fold | None = None
 
 
 class MemoryOps:
@@ -55,8 +60,10 @@ class MemoryOps:
         """``dst[...] = src`` (same length and dtype)."""
         raise NotImplementedError
 
-    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int) -> ReduceSpec:
-        """The reduction (and its finishing step) of ``op`` on ``dtype``."""
+    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int,
+                    wide: bool = False) -> ReduceSpec:
+        """The reduction (and its finishing step) of ``op`` on ``dtype``; ``wide``: its
+        rank-order fold accumulates in float32 (float16/bfloat16 sums)."""
         raise NotImplementedError
 
 
@@ -68,7 +75,7 @@ class HostOps(MemoryOps):
     def __init__(self) -> None:
         self._buffers: dict[int, np.ndarray] = {}
         self._views: dict[tuple[int, np.dtype, int], np.ndarray] = {}
-        self._specs: dict[tuple[Any, str, int], ReduceSpec] = {}
+        self._specs: dict[tuple[Any, str, int, bool], ReduceSpec] = {}
 
     def ref(self, arr: np.ndarray) -> MemRef:
         return MemRef(arr.data.cast("B"))  # the view keeps ``arr`` alive
@@ -93,13 +100,15 @@ class HostOps(MemoryOps):
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
 
-    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int) -> ReduceSpec:
-        key = (op, dtype, world_size)
+    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int,
+                    wide: bool = False) -> ReduceSpec:
+        key = (op, dtype, world_size, wide)
         spec = self._specs.get(key)
         if spec is None:
             spec = ReduceSpec(reducer(op, dtype),
                               (lambda a: finish(op, dtype, a, world_size))
-                              if needs_finish(op, world_size) else _unchanged)
+                              if needs_finish(op, world_size) else _unchanged,
+                              Fold(op, dtype, world_size, wide))
             self._specs[key] = spec
         return spec
 

@@ -65,10 +65,17 @@ class Collectives:
         return self._plan.select(collective, nbytes, algo)
 
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                  timeout: float | None = None, async_op: bool = False) -> Work | None:
-        """Reduce ``tensor`` across all ranks, in place; every rank gets the result."""
+                  timeout: float | None = None, async_op: bool = False,
+                  deterministic: bool | None = None,
+                  accumulate: str | None = None) -> Work | None:
+        """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
+
+        ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
+        whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
+        bfloat16 sums accumulate in float32, rounded once) or "dtype". Both default to the
+        communicator's (docs/numerics.md)."""
         fast = self._fast
-        if fast is not None and algo is None:
+        if fast is not None and algo is None and deterministic is None and accumulate is None:
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:
                 # a 1-D array of a kind already validated: no classification needed. The
@@ -90,30 +97,34 @@ class Collectives:
                         fast.last_allreduce = (op, arr.dtype, arr.nbytes, call)
                 if call is not None and arr.ndim == 1 and arr.flags.carray:
                     return call.run(arr, timeout, async_op, tensor)
-        return self._allreduce(tensor, op, algo, timeout, async_op)
+        return self._allreduce(tensor, op, algo, timeout, async_op, deterministic, accumulate)
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
-                   async_op: bool) -> Work | None:
+                   async_op: bool, deterministic: bool | None = None,
+                   accumulate: str | None = None) -> Work | None:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
         and a function with cells allocates them on every entry (0.1 us here: a quarter of
         what a small fast call costs in Python)."""
         fast = self._fast
-        self._plan.begin()
-        buf = self._plan.buffer(tensor, "allreduce")
+        plan = self._plan
+        plan.begin()
+        buf = plan.buffer(tensor, "allreduce", direct=not plan.is_deterministic(deterministic))
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        if (fast is not None and algo is None and not self._plan.device_buffers
-                and fast.takes(buf.nbytes, buf.dtype, rop)):   # (host memory only)
-            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
-            fast.remember(("allreduce", op), buf.array, call)
+        fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
+        if (fast is not None and algo is None and not plan.device_buffers
+                and fast.takes(buf.nbytes, buf.dtype, rop, fold)):   # (host memory only)
+            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
+            if deterministic is None and accumulate is None:   # the communicator's defaults
+                fast.remember(("allreduce", op), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
-        name = self._plan.select("allreduce", buf.nbytes, algo)
+        name = plan.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
         algorithm = ALGORITHMS["allreduce"][name]
         arr = buf.array
-        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
-        spec = ops.reduce_spec(rop, buf.dtype, self.size)
+        ops = self._ops if buf.mem_type == HOST else plan.device_ops()
+        spec = ops.reduce_spec(rop, buf.dtype, self.size, wide=fold == "fp32")
         size = self.size
         if self._exec.detail:
             debug.logger.debug("allreduce #%d: %d bytes %s op=%s algo=%s", self._exec.seq + 1,
@@ -127,15 +138,17 @@ class Collectives:
             algorithm(peers, arr, spec)
 
         return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
-                                     algorithm=name), body, timeout, async_op, tensor)
+                                     algorithm=name, fold=fold), body, timeout, async_op, tensor)
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                       timeout: float | None = None) -> AllreducePlan:
+                       timeout: float | None = None, deterministic: bool | None = None,
+                       accumulate: str | None = None) -> AllreducePlan:
         """A persistent allreduce of ``tensor`` (``pycoll.comm.persistent``): checked and planned
         once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
         itself (no communication until a run)."""
         return AllreducePlan(self._plan, self._fast, self.allreduce, self.name, tensor, op,
-                             algo=algo, timeout=timeout)
+                             algo=algo, timeout=timeout, deterministic=deterministic,
+                             accumulate=accumulate)
 
     def barrier(self, *, algo: str | None = None, timeout: float | None = None,
                 async_op: bool = False) -> Work | None:
@@ -203,21 +216,25 @@ class Collectives:
                                      algorithm=name), body, timeout, async_op, tensor)
 
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
-               timeout: float | None = None, async_op: bool = False) -> Work | None:
+               timeout: float | None = None, async_op: bool = False,
+               deterministic: bool | None = None, accumulate: str | None = None
+               ) -> Work | None:
         """Reduce ``tensor`` into ``tensor`` on ``root``.
 
         As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
-        partial results.
+        partial results. ``deterministic``, ``accumulate``: as for ``allreduce``.
         """
-        self._plan.begin()
-        buf = self._plan.buffer(tensor, "reduce")
+        plan = self._plan
+        plan.begin()
+        buf = plan.buffer(tensor, "reduce", direct=not plan.is_deterministic(deterministic))
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        root = self._plan.check_rank(root, "root", "reduce")
-        name = self._plan.select("reduce", buf.nbytes, algo)
+        root = plan.check_rank(root, "root", "reduce")
+        fold = plan.fold_mode("reduce", rop, buf, deterministic, accumulate, algo)
+        name = plan.select("reduce", buf.nbytes, algo, ordered=fold is not None)
         fn = ALGORITHMS["reduce"][name]
-        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
-        arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size)
+        ops = self._ops if buf.mem_type == HOST else plan.device_ops()
+        arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size, wide=fold == "fp32")
 
         def body(peers: Peers) -> None:
             prepare(rop, buf.dtype, arr)
@@ -227,7 +244,7 @@ class Collectives:
                 fn(peers, arr, root, spec)
 
         return self._submit(CallInfo("reduce", buf.nbytes, buf.dtype, buf.count, rop, root,
-                                     name), body, timeout, async_op, tensor)
+                                     name, fold), body, timeout, async_op, tensor)
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -260,20 +277,25 @@ class Collectives:
 
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
-                       async_op: bool = False) -> Work | None:
+                       async_op: bool = False, deterministic: bool | None = None,
+                       accumulate: str | None = None) -> Work | None:
         """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
 
         ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
         ``world_size`` tensors shaped like ``output``); it is left unchanged.
+        ``deterministic``, ``accumulate``: as for ``allreduce``.
         """
-        self._plan.begin()
-        out = self._plan.buffer(output, "reduce_scatter", name="output", reads=False)
+        plan = self._plan
+        plan.begin()
+        out = plan.buffer(output, "reduce_scatter", name="output", reads=False)
         rop = parse_op(op)
         check_op_dtype(rop, out.dtype)
-        ins = self._plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
-        name = self._plan.select("reduce_scatter", out.nbytes * self.size, algo)
+        ins = plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
+        fold = plan.fold_mode("reduce_scatter", rop, out, deterministic, accumulate, algo)
+        name = plan.select("reduce_scatter", out.nbytes * self.size, algo,
+                           ordered=fold is not None)
         fn = ALGORITHMS["reduce_scatter"][name]
-        spec = self._ops.reduce_spec(rop, out.dtype, self.size)
+        spec = self._ops.reduce_spec(rop, out.dtype, self.size, wide=fold == "fp32")
         count = out.count
 
         def body(peers: Peers) -> None:
@@ -287,7 +309,7 @@ class Collectives:
             out.array[...] = work[self.rank * count:(self.rank + 1) * count]
 
         return self._submit(CallInfo("reduce_scatter", out.nbytes * self.size, out.dtype,
-                                     out.count, rop, algorithm=name),
+                                     out.count, rop, algorithm=name, fold=fold),
                             body, timeout, async_op, output)
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,

@@ -48,7 +48,7 @@ from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
-from .planning import Planner
+from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
 DEFAULT_TIMEOUT = 300.0
@@ -77,7 +77,8 @@ class Communicator(Collectives, FusedCollectives):
                  timeout: float = DEFAULT_TIMEOUT, owns_store: bool = False,
                  token: str | None = None, master_addr: str | None = None,
                  hosts: Sequence[str] | None = None, comm_id: int = 0,
-                 root_name: str | None = None) -> None:
+                 root_name: str | None = None, deterministic: bool | None = None,
+                 accumulate: str | None = None) -> None:
         self.rank = rank
         self.size = size
         self.name = name
@@ -106,7 +107,8 @@ class Communicator(Collectives, FusedCollectives):
         self._hier: dict[str, Peers | None] = {}
         caps = connections.capabilities_in_use(self._members) if connections else []
         self._plan = Planner(rank, size, Selector(ALGORITHMS, caps,
-                                                  hierarchy=self._hierarchy_model()), caps)
+                                                  hierarchy=self._hierarchy_model()), caps,
+                             **reduction_defaults(deterministic, accumulate))
         capacity = capacity_from_env()
         failures = Failures(rank, size, name, store, token, self.timeout,
                             self.transport_summary,
@@ -159,20 +161,24 @@ class Communicator(Collectives, FusedCollectives):
     def create(cls, store: Store | None, rank: int, size: int, *, name: str = "world",
                timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
                master_addr: str | None = None, owns_store: bool = False,
-               host: str | None = None) -> Communicator:
+               host: str | None = None, deterministic: bool | None = None,
+               accumulate: str | None = None) -> Communicator:
         """Join ``size`` ranks that share ``store``; every rank calls this collectively.
 
         One store round (see ``bootstrap``); no connection is opened until a collective
         needs it. ``host`` is this rank's node identity (default: detected).
+        ``deterministic`` and ``accumulate``: the defaults of this communicator's reducing
+        calls (default ``PYCOLL_DETERMINISTIC``, ``PYCOLL_ACCUMULATE``; docs/numerics.md).
         """
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
         if (isinstance(size, bool) or isinstance(rank, bool) or size < 1
                 or not 0 <= rank < size):
             raise InvalidArgument(f"rank {rank} is outside a world of size {size}")
         debug.configure(rank)
+        numerics = reduction_defaults(deterministic, accumulate)
         if size == 1:
             return cls(rank, 1, store=store, name=name, timeout=limit, owns_store=owns_store,
-                       token=token, master_addr=master_addr)
+                       token=token, master_addr=master_addr, **numerics)
         if store is None:
             raise InvalidArgument(f"rank {rank}: a communicator of {size} ranks needs a store "
                                   "every rank shares (rendezvous.TCPStore, LocalStore, or "
@@ -188,7 +194,7 @@ class Communicator(Collectives, FusedCollectives):
         try:
             comm = cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
-                       master_addr=master_addr)
+                       master_addr=master_addr, **numerics)
             comm._measure_links(scoped, limit)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
@@ -248,7 +254,8 @@ class Communicator(Collectives, FusedCollectives):
                              members=[self._members[m] for m in members], timeout=limit,
                              token=self._token, master_addr=self._master_addr,
                              hosts=[self._hosts[m] for m in members], comm_id=comm_id,
-                             root_name=self._root_name)
+                             root_name=self._root_name, deterministic=self.deterministic,
+                             accumulate=self.accumulate)
         self._children.append(child)
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._exec.executor.idle())
@@ -374,6 +381,17 @@ class Communicator(Collectives, FusedCollectives):
         return sub
 
     # -- state ------------------------------------------------------------------------------
+    @property
+    def deterministic(self) -> bool:
+        """Whether this communicator's reducing calls fold in rank order by default
+        (``deterministic=`` of ``init``/``create``, ``PYCOLL_DETERMINISTIC``)."""
+        return self._plan.deterministic
+
+    @property
+    def accumulate(self) -> str:
+        """How half-precision sums accumulate by default: "fp32" or "dtype"."""
+        return self._plan.accumulate
+
     @property
     def seq(self) -> int:
         """Collectives started on this communicator so far (the last one's number, as

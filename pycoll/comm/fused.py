@@ -48,14 +48,18 @@ class FusedCollectives:
 
     def allreduce_coalesced(self, tensors: Sequence[Any], op: OpLike = "sum", *,
                             algo: str | None = None, timeout: float | None = None,
-                            async_op: bool = False) -> Work | None:
+                            async_op: bool = False, deterministic: bool | None = None,
+                            accumulate: str | None = None) -> Work | None:
         """Allreduce many tensors through few transfers (Horovod's tensor fusion).
 
         Tensors are grouped by dtype, packed into one buffer per group, reduced together and
-        unpacked: one collective's latency instead of one per tensor.
+        unpacked: one collective's latency instead of one per tensor. ``deterministic``,
+        ``accumulate``: as for ``allreduce`` (each element's fold is the same as if its
+        tensor were reduced alone).
         """
-        self._plan.begin()
-        bufs = [self._plan.buffer(t, "allreduce_coalesced", name=f"tensors[{i}]")
+        plan = self._plan
+        plan.begin()
+        bufs = [plan.buffer(t, "allreduce_coalesced", name=f"tensors[{i}]")
                 for i, t in enumerate(tensors)]
         rop = parse_op(op)
         groups: dict[str, list] = {}
@@ -64,12 +68,16 @@ class FusedCollectives:
             groups.setdefault(b.dtype, []).append(b)
         plans = []
         names: list[str] = []
+        folds: list[str | None] = []
         for dtype, members in groups.items():
             total = sum(b.nbytes for b in members)
-            name = self._plan.select("allreduce", total, algo)
+            fold = plan.fold_mode("allreduce_coalesced", rop, members[0], deterministic,
+                                  accumulate, algo)
+            name = plan.select("allreduce", total, algo, ordered=fold is not None)
             plans.append((dtype, members, ALGORITHMS["allreduce"][name],
-                          self._ops.reduce_spec(rop, dtype, self.size)))
+                          self._ops.reduce_spec(rop, dtype, self.size, wide=fold == "fp32")))
             names.append(name)
+            folds.append(fold)
 
         def body(peers: Peers) -> None:
             for dtype, members, fn, spec in plans:
@@ -86,7 +94,8 @@ class FusedCollectives:
 
         total = sum(b.nbytes for b in bufs)
         info = CallInfo("allreduce_coalesced", total, ",".join(sorted(groups)),
-                        [b.count for b in bufs], rop, algorithm=",".join(names))
+                        [b.count for b in bufs], rop, algorithm=",".join(names),
+                        fold=",".join(f or "-" for f in folds) if any(folds) else None)
         return self._submit(info, body, timeout, async_op, tensors)
 
     def allgather_coalesced(self, outputs: Sequence[Sequence[Any]], inputs: Sequence[Any], *,

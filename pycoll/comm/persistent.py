@@ -32,12 +32,14 @@ class AllreducePlan:
     def __init__(self, planner: Planner, fast: FastPath | None,
                  allreduce: Callable[..., Work | None], name: str, tensor: Any,
                  op: OpLike = "sum", *, algo: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, deterministic: bool | None = None,
+                 accumulate: str | None = None) -> None:
         buf = planner.buffer(tensor, "allreduce", stage=False)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
-        if algo is not None:
-            planner.select("allreduce", buf.nbytes, algo)     # an unknown name fails here
+        fold = planner.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
+        if algo is not None:            # an unknown name (or one that cannot fold) fails here
+            planner.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
         self._planner = planner
         self._fast = fast
         self._allreduce = allreduce
@@ -46,11 +48,15 @@ class AllreducePlan:
         self.op = rop
         self.algo = algo
         self.timeout = timeout
+        self.deterministic = deterministic
+        self.accumulate = accumulate
+        self.fold = fold
         self.nbytes = buf.nbytes
         self._array = buf.array
-        self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop)
+        self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop,
+                                     fold=fold)
                            if fast is not None and algo is None and buf.mem_type == HOST
-                           and fast.takes(buf.nbytes, buf.dtype, rop)
+                           and fast.takes(buf.nbytes, buf.dtype, rop, fold)
                            else None)
 
     @property
@@ -59,7 +65,8 @@ class AllreducePlan:
         buffers), or the generic path's algorithm."""
         if self._fast_call is not None:
             return self._fast_call.kind
-        return self._planner.select("allreduce", self.nbytes, self.algo)
+        return self._planner.select("allreduce", self.nbytes, self.algo,
+                                    ordered=self.fold is not None)
 
     def run(self) -> None:
         """Run the allreduce once, synchronously (the result is in the tensor)."""
@@ -67,7 +74,8 @@ class AllreducePlan:
         if call is not None and fast is not None:
             fast.run(call, self._array, self.timeout, False, self.tensor)
         else:
-            self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout)
+            self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
+                            deterministic=self.deterministic, accumulate=self.accumulate)
 
     __call__ = run
 
@@ -78,7 +86,8 @@ class AllreducePlan:
             work = fast.run(call, self._array, self.timeout, True, self.tensor)
         else:
             work = self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
-                                   async_op=True)
+                                   async_op=True, deterministic=self.deterministic,
+                                   accumulate=self.accumulate)
         assert work is not None
         return work
 

@@ -11,23 +11,40 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.selection import Selector
+from ..algorithms.selection import ORDERED, Selector
+from ..buffers.folding import ACCUMULATE, check_accumulate, order_matters, widens
 from ..buffers.memory import CUDA, HOST
+from ..buffers.reduction import ReduceOp
 from ..buffers.tensors import Buffer, as_buffer
+from ..envvars import env_bool, env_choice
 from ..errors import InvalidArgument, InvalidDtype
 from ..transports.base import Capabilities
+
+
+def reduction_defaults(deterministic: bool | None,
+                       accumulate: str | None) -> dict[str, Any]:
+    """A communicator's defaults for reducing calls: the arguments, else
+    ``PYCOLL_DETERMINISTIC`` (default off) and ``PYCOLL_ACCUMULATE`` (default "fp32")."""
+    det = env_bool("PYCOLL_DETERMINISTIC", False) if deterministic is None else deterministic
+    acc = check_accumulate(accumulate, "accumulate") or env_choice(
+        "PYCOLL_ACCUMULATE", "fp32", ACCUMULATE)
+    return {"deterministic": bool(det), "accumulate": acc}
 
 
 class Planner:
     """Argument checks and algorithm choice for one communicator (rank ``rank`` of ``size``)."""
 
     def __init__(self, rank: int, size: int, selector: Selector,
-                 capabilities: Sequence[Capabilities]) -> None:
+                 capabilities: Sequence[Capabilities], *, deterministic: bool = False,
+                 accumulate: str = "fp32") -> None:
         self.rank = rank
         self.size = size
         self.selector = selector
         self.capabilities = list(capabilities)
-        self._choice_cache: dict[tuple[str, int], str] = {}
+        #: the communicator's defaults for reducing calls (docs/numerics.md)
+        self.deterministic = deterministic
+        self.accumulate = accumulate
+        self._choice_cache: dict[tuple[str, int, bool], str] = {}
         #: the device buffers of the call being planned (``take_device_call`` hands them to
         #: the execution); stays empty while calls pass host buffers only
         self.device_buffers: list = []
@@ -43,17 +60,20 @@ class Planner:
             self._devices().begin()
 
     def buffer(self, obj: Any, collective: str, *, name: str = "tensor",
-               writable: bool = True, reads: bool = True, stage: bool = True) -> Buffer:
+               writable: bool = True, reads: bool = True, stage: bool = True,
+               direct: bool = True) -> Buffer:
         """Classify ``obj`` and check that this communicator can move and reduce its memory.
 
         Device memory (``pycoll.cuda.staging``) is used directly where every transport
         moves it (the ``Buffer`` is then a CuPy view of it), else staged through page-locked
         host memory: the ``Buffer`` is the host twin, copied in (``reads``) before the call
-        and back (``writable``) after it. ``stage=False`` only classifies it.
+        and back (``writable``) after it. ``stage=False`` only classifies it; ``direct=False``
+        stages device memory even where it could be used directly (deterministic calls: the
+        rank-order fold runs on the host).
         """
         buf = as_buffer(obj, name=name, writable=writable)
         if buf.mem_type != HOST and stage:
-            return self._route(buf, collective, name, reads, writable)
+            return self._route(buf, collective, name, reads, writable, direct)
         return buf
 
     def _devices(self) -> Any:
@@ -74,11 +94,12 @@ class Planner:
         return self._devices().ops()
 
     def _route(self, buf: Buffer, collective: str, name: str, reads: bool,
-               writes: bool) -> Buffer:
+               writes: bool, direct: bool) -> Buffer:
         if buf.mem_type != CUDA:
             raise InvalidArgument(f"rank {self.rank}: {collective}: {name} is {buf.where} "
                                   "memory, which pycoll cannot move")
-        if collective in self.DIRECT and all(c.moves(CUDA) for c in self.capabilities):
+        if (direct and collective in self.DIRECT
+                and all(c.moves(CUDA) for c in self.capabilities)):
             return self._devices().direct(buf, collective, name)
         return self._devices().stage(buf, collective, name, reads=reads, writes=writes)
 
@@ -168,15 +189,47 @@ class Planner:
             raise InvalidDtype(f"rank {self.rank}: {collective}: output dtype {a.dtype} differs "
                                f"from input dtype {b.dtype}")
 
+    # -- the reduction order ------------------------------------------------------------------
+    def is_deterministic(self, deterministic: bool | None) -> bool:
+        """A call's ``deterministic=`` with the communicator's default filled in."""
+        return self.deterministic if deterministic is None else bool(deterministic)
+
+    def fold_mode(self, collective: str, rop: ReduceOp, buf: Buffer,
+                  deterministic: bool | None, accumulate: str | None,
+                  algo: str | None) -> str | None:
+        """How a reducing call folds: None (its algorithm's own order, in the dtype), or in
+        rank order (docs/numerics.md) accumulating in ``"dtype"`` or ``"fp32"``.
+
+        Rank order where ``deterministic`` asks for it and the order matters (floating-point
+        sums and products: integer, min, max and bitwise results are exact in any order),
+        and for float16/bfloat16 sums accumulated in float32 (``accumulate``, default the
+        communicator's: "fp32"), which only the rank-order fold does. A call that forces an
+        algorithm with ``algo=`` and leaves ``accumulate`` to the default keeps that
+        algorithm's arithmetic (the dtype); device memory used directly too.
+        """
+        check_accumulate(accumulate, f"rank {self.rank}: {collective}")
+        det = self.is_deterministic(deterministic)
+        wanted = accumulate or self.accumulate
+        if accumulate is None and algo not in (None, ORDERED):
+            wanted = "dtype"
+        wide = buf.mem_type == HOST and widens(rop, buf.dtype, wanted)
+        if wide:
+            return "fp32"
+        if det and order_matters(rop, buf.dtype):
+            return "dtype"
+        return None
+
     # -- algorithms --------------------------------------------------------------------------
-    def select(self, collective: str, nbytes: int, algo: str | None = None) -> str:
-        """The algorithm for ``collective`` on ``nbytes`` (cached: every call asks)."""
+    def select(self, collective: str, nbytes: int, algo: str | None = None,
+               ordered: bool = False) -> str:
+        """The algorithm for ``collective`` on ``nbytes`` (cached: every call asks);
+        ``ordered``: one that folds in rank order."""
         if algo is None:
-            key = (collective, nbytes)
+            key = (collective, nbytes, ordered)
             found = self._choice_cache.get(key)
             if found is None:
-                found = self.selector.choose(collective, nbytes, self.size)
+                found = self.selector.choose(collective, nbytes, self.size, ordered=ordered)
                 if len(self._choice_cache) < 4096:
                     self._choice_cache[key] = found
             return found
-        return self.selector.choose(collective, nbytes, self.size, algo)
+        return self.selector.choose(collective, nbytes, self.size, algo, ordered=ordered)

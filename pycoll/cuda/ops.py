@@ -47,7 +47,10 @@ class CudaOps(MemoryOps):
     def copy(self, dst: Any, src: Any) -> None:
         dst[...] = src
 
-    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int) -> ReduceSpec:
+    def reduce_spec(self, op: ReduceOp, dtype: str, world_size: int,
+                    wide: bool = False) -> ReduceSpec:
+        # no rank-order fold on the device (``fold`` None): ordered calls stage device
+        # buffers through host memory (``comm.planning``)
         key = (op, dtype, world_size)
         spec = self._specs.get(key)
         if spec is None:

@@ -63,7 +63,7 @@ class FastCall:
 
     __slots__ = ("collective", "nbytes", "op_code", "code", "seq_bits", "spec",
                  "reduce_here", "finish", "prepare", "rop", "dtype", "info", "kind",
-                 "stages", "root", "count", "run", "constants")
+                 "stages", "root", "count", "run", "constants", "fold")
 
     #: ``run(arr, timeout, async_op, output)``: the call on a 1-D C-contiguous aligned
     #: writable ``numpy.ndarray`` of ``dtype`` (``FastPath.bind``; ``FastPath.run`` checks
@@ -74,7 +74,7 @@ class FastCall:
 
     def __init__(self, collective: str, dtype: str, count: int, itemsize: int,
                  rop: ReduceOp | None, root: int | None, spec: ReduceSpec | None,
-                 comm_id: int, kind: str, chunk: int) -> None:
+                 comm_id: int, kind: str, chunk: int, fold: str | None = None) -> None:
         self.collective = collective
         self.dtype = dtype
         self.rop = rop
@@ -95,13 +95,17 @@ class FastCall:
             self.stages = 1
         #: the call as the rest of the communicator sees it (signature, flight recorder,
         #: errors); a barrier agrees on nothing but being a barrier
+        self.fold = fold
         self.info = (CallInfo(collective, 0, algorithm=kind) if collective == "barrier"
-                     else CallInfo(collective, self.nbytes, dtype, count, rop, root, kind))
+                     else CallInfo(collective, self.nbytes, dtype, count, rop, root, kind,
+                                   fold))
         name = rop.name if rop is not None else "sum"
         self.reduce_here = rop is not None and (dtype not in NATIVE_DTYPES
                                                 or name == "premul_sum")
         self.op_code = -1 if rop is None or self.reduce_here else OP_CODES[name]  # -1: none
-        self.finish = rop is not None and spec is not None and needs_finish(rop, 2)
+        # avg's scale: after the kernels' sum; the Python fold of the others finishes itself
+        self.finish = (rop is not None and spec is not None and needs_finish(rop, 2)
+                       and not self.reduce_here)
         self.prepare = rop is not None and rop.name == "premul_sum"
         # what the slots say about the call (compared by every reader), and the sequence
         # word's constant bits: the same bits the generic path puts in its message tags.

@@ -105,11 +105,15 @@ class FastPath:
         self.barrier_call: FastCall | None = None     # made by the first barrier
 
     # -- what takes the path -----------------------------------------------------------------
-    def takes(self, nbytes: int, dtype: str, rop: ReduceOp) -> bool:
+    def takes(self, nbytes: int, dtype: str, rop: ReduceOp, fold: str | None = None) -> bool:
         """Whether an allreduce of ``nbytes`` of ``dtype`` with ``rop`` runs here (decided
-        alike on every rank that agrees about the call)."""
-        return nbytes <= self.limit or (nbytes <= self.chunked_limit and dtype in NATIVE_DTYPES
-                                        and rop.name != "premul_sum")
+        alike on every rank that agrees about the call). ``fold``: the call folds in rank
+        order (``CallInfo.fold``), which the one-slot kernel does (it reduces the slots in
+        rank order) and so do the Python reductions of the other dtypes."""
+        if nbytes <= self.limit:
+            return True
+        return (fold is None and nbytes <= self.chunked_limit and dtype in NATIVE_DTYPES
+                and rop.name != "premul_sum")
 
     def remember(self, key: tuple, tensor: np.ndarray, call: FastCall) -> None:
         """Let later calls of ``key`` (collective, op or root as passed) on 1-D numpy arrays
@@ -146,8 +150,9 @@ class FastPath:
         return BROADCAST if nbytes <= self.broadcast_limit else None
 
     def call(self, collective: str, dtype: str, count: int, itemsize: int,
-             rop: ReduceOp | None, root: int | None = None) -> FastCall:
-        key = (collective, dtype, count, rop, root)
+             rop: ReduceOp | None, root: int | None = None,
+             fold: str | None = None) -> FastCall:
+        key = (collective, dtype, count, rop, root, fold)
         found = self._calls.get(key)
         if found is None:
             if self._kernels is None:
@@ -156,11 +161,12 @@ class FastPath:
                                  BROADCAST: kernels.broadcast,
                                  SINGLE_COPY: kernels.broadcast_cma,
                                  DIRECT: kernels.allreduce_cma}
-            spec = self.ops.reduce_spec(rop, dtype, self.size) if rop is not None else None
+            spec = (self.ops.reduce_spec(rop, dtype, self.size, wide=fold == "fp32")
+                    if rop is not None else None)
             kind = self.kind_of(collective, count * itemsize)
             assert kind is not None, (collective, count * itemsize)   # callers checked
             found = FastCall(collective, dtype, count, itemsize, rop, root, spec,
-                             self.execution.comm_id, kind, self.chunk)
+                             self.execution.comm_id, kind, self.chunk, fold)
             self.bind(found)
             if len(self._calls) < 1024:
                 self._calls[key] = found
@@ -353,19 +359,20 @@ class FastPath:
                             call.rop, call.root if call.root >= 0 else None, call.spec,
                             self.execution.comm_id,
                             BROADCAST if call.collective == "broadcast" else CHUNKED,
-                            self.chunk)
+                            self.chunk, call.fold)
         k = self.k + 1
         self.k += fallback.stages
         return fallback, k
 
     def _reduce_here(self, call: FastCall, arr: np.ndarray, k: int) -> None:
-        """The reduction for dtypes the kernels do not know, over the slots, in rank order."""
+        """The reduction for dtypes the kernels do not know: the rank-order fold of the
+        slots (``folding.Fold``; accumulated in float32 where the call says so), finished."""
         slots = self.slots
-        assert slots is not None and call.spec is not None
-        raw = arr.view(np.uint8)
-        raw[...] = slots.payload(0, k, call.nbytes)
-        for r in range(1, self.size):
-            call.spec.reduce(arr, slots.payload(r, k, call.nbytes).view(arr.dtype))
+        assert slots is not None and call.spec is not None and call.spec.fold is not None
+        fold = call.spec.fold
+        sources = [slots.payload(r, k, call.nbytes).view(arr.dtype) for r in range(self.size)]
+        acc = np.empty(arr.size, dtype=fold.acc_dtype) if fold.acc_dtype is not None else None
+        fold(arr, sources, acc)
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:

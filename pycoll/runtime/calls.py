@@ -22,7 +22,7 @@ from ..tags import signature
 #: numbers, no signature in their tags and no DETAIL fingerprint
 P2P = frozenset({"send", "recv", "batch_p2p"})
 #: what DETAIL compares across ranks, in the order messages name them
-FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op")
+FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op", "fold")
 
 
 class CallInfo:
@@ -32,15 +32,18 @@ class CallInfo:
     that every rank must agree on (a list for the coalesced calls; None where ranks may
     differ, as alltoall's splits), ``op`` a ``ReduceOp`` (None for calls without one) and
     ``root`` the root rank of rooted calls. ``algorithm`` is the name the selection chose
-    (``"ring"``, ``"fastpath"``...), or None for point-to-point calls.
+    (``"ring"``, ``"fastpath"``...), or None for point-to-point calls. ``fold`` says how a
+    reduction folds when its order is fixed (docs/numerics.md): ``"dtype"`` or ``"fp32"``
+    (rank order, accumulated in that type), None for its algorithm's own order; ranks must
+    agree on it too, since the bits depend on it.
     """
 
-    __slots__ = ("collective", "nbytes", "dtype", "count", "op", "root", "algorithm",
+    __slots__ = ("collective", "nbytes", "dtype", "count", "op", "root", "algorithm", "fold",
                  "_signature")
 
     def __init__(self, collective: str, nbytes: int, dtype: str | None = None,
                  count: Any = None, op: Any = None, root: int | None = None,
-                 algorithm: str | None = None) -> None:
+                 algorithm: str | None = None, fold: str | None = None) -> None:
         self.collective = collective
         self.nbytes = nbytes
         self.dtype = dtype
@@ -48,6 +51,7 @@ class CallInfo:
         self.op = op
         self.root = root
         self.algorithm = algorithm
+        self.fold = fold
         self._signature: int | None = None
 
     @property
@@ -56,8 +60,10 @@ class CallInfo:
 
     @property
     def agreed(self) -> tuple:
-        """(dtype, count, op, root): what every rank of a collective must agree on."""
-        return (self.dtype, self.count, self.op, self.root)
+        """(dtype, count, op, root), and the fold when the order is fixed: what every rank
+        of a collective must agree on."""
+        base = (self.dtype, self.count, self.op, self.root)
+        return base if self.fold is None else base + (self.fold,)
 
     def signature(self) -> int:
         """The 16 bits of the tag that say what this rank believes the call is (0 for
@@ -80,6 +86,8 @@ class CallInfo:
             out["root"] = int(self.root)
         if self.algorithm is not None:
             out["algorithm"] = self.algorithm
+        if self.fold is not None:
+            out["fold"] = self.fold
         return out
 
     def fingerprint(self) -> dict[str, Any]:
@@ -96,6 +104,8 @@ class CallInfo:
             fp["op"] = str(self.op)
         if self.root is not None:
             fp["root"] = int(self.root)
+        if self.fold is not None:
+            fp["fold"] = self.fold
         return fp
 
     def arguments(self) -> str:

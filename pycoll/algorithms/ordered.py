@@ -1,0 +1,98 @@
+"""Reductions in rank order: the algorithms of ``deterministic=True``.
+
+Every other reduction algorithm combines partial results in an order of its own (a ring
+starts chunk c at rank c + 1, recursive doubling pairs ranks by bits, a tree by subtrees), so
+the bits of a floating-point sum depend on which algorithm ran, on the chunking and on the
+placement. Here each chunk's owner receives every rank's piece of its chunk and folds them
+in rank order, ``((x0 op x1) op x2) op ...`` (``folding.Fold``: the contract of
+docs/numerics.md, accumulated in float32 for half-precision sums), then the owners'
+results are gathered. The bytes on the wire are a ring reduce-scatter's: every rank sends
+(p - 1) / p of its buffer and receives as much; the owner's receives arrive all at once
+instead of one neighbour at a time.
+
+Pipelining: the owner folds its chunk segment by segment (``ORDERED_SEGMENT_BYTES``, the
+same on every rank whatever the transports, so that every source cuts its piece where the
+owner folds), with the next segment's receives posted while the current one is folded.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..transports.base import Request
+from .primitives import Peers, ReduceSpec, chunk_bounds
+from .ring import allgather_ring
+
+#: elements of a fold segment, in bytes: every source's piece of it is one message
+ORDERED_SEGMENT_BYTES = 512 * 1024
+
+
+def _segment(peers: Peers, itemsize: int) -> int:
+    return max(1, (peers.segment_bytes or ORDERED_SEGMENT_BYTES) // itemsize)
+
+
+def reduce_scatter_ordered(peers: Peers, arr: np.ndarray, spec: ReduceSpec,
+                           bounds: list[tuple[int, int]] | None = None) -> None:
+    """Rank r ends with chunk r of ``arr`` (``bounds``; default nearly equal chunks) folded
+    in rank order over every rank's ``arr`` and finished (avg's scale)."""
+    fold = spec.fold
+    if fold is None:
+        raise TypeError("the ordered algorithms need a rank-order fold for this memory")
+    n, r = peers.size, peers.rank
+    bounds = bounds or chunk_bounds(arr.size, n)
+    seg = _segment(peers, arr.itemsize)
+    sends: list[Request] = []
+    for step in range(1, n):            # my pieces of every other owner's chunk
+        owner = (r + step) % n          # (each owner hears from its ranks in turn)
+        lo, hi = bounds[owner]
+        sends += [peers.isend(owner, arr[s:min(hi, s + seg)]) for s in range(lo, hi, seg)]
+    a, b = bounds[r]
+    mine = arr[a:b]
+    starts = list(range(0, b - a, seg))
+    others = [q for q in range(n) if q != r]
+    m = len(others)
+    space = peers.scratch(2 * m * seg, arr.dtype, slot=2) if starts else arr[:0]
+    acc = (peers.scratch(seg, fold.acc_dtype or arr.dtype, slot=3)
+           if starts and (fold.wide or r != 0) else None)
+
+    def pieces(k: int) -> list[np.ndarray]:
+        size = min(seg, mine.size - starts[k])
+        base = (k % 2) * m
+        return [space[(base + i) * seg:(base + i) * seg + size] for i in range(m)]
+
+    def post(k: int) -> list[Request]:
+        return [peers.irecv(q, piece) for q, piece in zip(others, pieces(k))]
+
+    pending = [post(k) for k in range(min(2, len(starts)))]
+    for k, start in enumerate(starts):
+        peers.wait(pending[k])
+        size = min(seg, mine.size - start)
+        own = mine[start:start + size]
+        received = pieces(k)
+        sources = received[:r] + [own] + received[r:]
+        fold(own, sources, acc[:size] if acc is not None else None)
+        if k + 2 < len(starts):
+            pending.append(post(k + 2))
+    peers.wait(sends)
+
+
+def allreduce_ordered(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
+    """Ordered reduce-scatter, then a ring allgather of the owners' chunks."""
+    reduce_scatter_ordered(peers, arr, spec)
+    allgather_ring(peers, arr)
+
+
+def reduce_ordered(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -> None:
+    """Ordered reduce-scatter, then every owner sends its chunk to ``root``."""
+    n, r = peers.size, peers.rank
+    bounds = chunk_bounds(arr.size, n)
+    reduce_scatter_ordered(peers, arr, spec, bounds)
+    if r != root:
+        a, b = bounds[r]
+        peers.wait([peers.isend(root, arr[a:b])])
+        return
+    peers.wait([peers.irecv(q, arr[a:b]) for q, (a, b) in enumerate(bounds) if q != root])
+
+
+def reduce_scatter_ordered_owned(peers: Peers, work: np.ndarray, spec: ReduceSpec) -> None:
+    """reduce_scatter registry entry: rank r ends with the folded (and finished) block r."""
+    reduce_scatter_ordered(peers, work, spec)
