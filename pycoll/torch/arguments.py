@@ -49,6 +49,12 @@ def reduce_op(op: Any) -> Any:
     raise InvalidArgument(f"reduce op {op!r} is not supported by the pycoll backend")
 
 
+def deterministic() -> bool | None:
+    """``deterministic=`` for a reducing call: True while
+    ``torch.use_deterministic_algorithms(True)`` is on, else the communicator's default."""
+    return True if torch.are_deterministic_algorithms_enabled() else None
+
+
 def op_timeout(opts: Any) -> float | None:
     """The options object's timeout in seconds; None for "no limit"."""
     return _seconds(getattr(opts, "timeout", None))

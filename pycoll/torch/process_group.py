@@ -25,7 +25,7 @@ from ..comm.communicator import Communicator
 from ..errors import InvalidArgument, PycollError
 from ..launch.torch_store import TorchStoreAdapter
 from . import sparse
-from .arguments import one_tensor, op_timeout, reduce_op, tensor_list
+from .arguments import deterministic, one_tensor, op_timeout, reduce_op, tensor_list
 from .contiguous import ContiguousStandIns
 from .p2p import DeferredP2P
 from .work import EVENT_NAMES, PycollWork, _disable_compile, begin_record, end_record, issue_parts
@@ -155,8 +155,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._sparse_allreduce(t, op, timeout, opts.asyncOp)
         st = ContiguousStandIns()
         h = st.io(t)
+        det = deterministic()
         return self._issue("allreduce", [
-            lambda a: self.comm.allreduce(h, op, timeout=timeout, async_op=a)],
+            lambda a: self.comm.allreduce(h, op, timeout=timeout, async_op=a,
+                                          deterministic=det)],
             tensors, st, opts.asyncOp, inputs=tensors)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any, timeout: float | None,
@@ -186,8 +188,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
         st = ContiguousStandIns()
         hs = [st.io(t) for t in tensors]
+        det = deterministic()
         return self._issue("allreduce_coalesced", [
-            lambda a: self.comm.allreduce_coalesced(hs, op, timeout=timeout, async_op=a)],
+            lambda a: self.comm.allreduce_coalesced(hs, op, timeout=timeout, async_op=a,
+                                                    deterministic=det)],
             tensors, st, opts.asyncOp, inputs=tensors)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
@@ -209,8 +213,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         st = ContiguousStandIns()
         # pycoll uses non-root buffers as workspace; torch users expect them unchanged.
         h = st.io(t) if self._rank == root else st.inp(t).clone()
+        det = deterministic()
         return self._issue("reduce", [
-            lambda a: self.comm.reduce(h, root, op, timeout=timeout, async_op=a)],
+            lambda a: self.comm.reduce(h, root, op, timeout=timeout, async_op=a,
+                                       deterministic=det)],
             tensor_list(tensors), st, opts.asyncOp, inputs=[t])
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> PycollWork:
@@ -272,8 +278,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         st = ContiguousStandIns()
         ho = st.out(out)
         his = [st.inp(i) for i in ins]
+        det = deterministic()
         return self._issue("reduce_scatter", [
-            lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a)],
+            lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a,
+                                               deterministic=det)],
             [out], st, opts.asyncOp, inputs=ins)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -282,8 +290,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
         st = ContiguousStandIns()
         ho, hi = st.out(output), st.inp(input)
+        det = deterministic()
         return self._issue("reduce_scatter_tensor", [
-            lambda a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a)],
+            lambda a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a,
+                                               deterministic=det)],
             [output], st, opts.asyncOp, inputs=[input])
 
     reduce_scatter_single = _reduce_scatter_base  # type: ignore[assignment]
@@ -293,9 +303,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                         opts: Any = None) -> PycollWork:
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         op, timeout = reduce_op(opts.reduceOp), op_timeout(opts)
+        det = deterministic()
         return self._issue_pairs(
             "reduce_scatter_tensor_coalesced", outputs, inputs, opts.asyncOp,
-            lambda ho, hi, a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a))
+            lambda ho, hi, a: self.comm.reduce_scatter(ho, hi, op, timeout=timeout, async_op=a,
+                                                       deterministic=det))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
 

@@ -84,20 +84,22 @@ def _rank_env(hosts: NamespaceHosts, rank: int, local: int, per_host: int, world
 
 
 def _run_job(hosts: NamespaceHosts, per_host: int, out: Path, master: str | None = None,
-             **extra: str) -> list[dict]:
-    """rank_job.py on every host; ``master``: the store's address (default host 0's IPv4
-    address); ``extra``: more variables for every rank."""
+             job: Path = JOB, cyclic: bool = False, **extra: str) -> list[dict]:
+    """``job`` (default rank_job.py) on every host; ``master``: the store's address (default
+    host 0's IPv4 address); ``cyclic``: ranks dealt round-robin over the hosts (Slurm's
+    cyclic distribution) instead of in blocks; ``extra``: more variables for every rank."""
     world = hosts.k * per_host
     port = free_port()
     procs: list[subprocess.Popen] = []
     try:
         for h in range(hosts.k):
             for local in range(per_host):
-                env = _rank_env(hosts, h * per_host + local, local, per_host, world, port,
+                rank = local * hosts.k + h if cyclic else h * per_host + local
+                env = _rank_env(hosts, rank, local, per_host, world, port,
                                 PYCOLL_TOKEN="namespace-test-secret", **extra)
                 if master is not None:
                     env["MASTER_ADDR"] = master
-                procs.append(_start(hosts, h, [sys.executable, str(JOB), str(out)], env))
+                procs.append(_start(hosts, h, [sys.executable, str(job), str(out)], env))
         _all_succeed(procs, 100)
     finally:
         _reap(procs)
