@@ -4,6 +4,11 @@
     git worktree add /tmp/before <commit>
     python benchmarks/before_after.py /tmp/before . --out benchmarks/results/<date>-<label>
 
+or one tree in two settings (``--env-after``: variables of the second variant, ``--labels``):
+
+    python benchmarks/before_after.py . . --env-after PYCOLL_DETERMINISTIC=1 \
+        --labels default,deterministic --out benchmarks/results/<date>-deterministic
+
 Runs ``python -m pycoll.bench`` for allreduce and broadcast at 2 and 4 ranks on each tree
 (``PYTHONPATH`` picks the tree), alternating which tree goes first every repetition so that
 the machine's noise hits both alike, and writes a markdown table of the median average
@@ -21,9 +26,11 @@ import sys
 import time
 
 
-def run(tree: str, coll: str, ranks: int, sizes: str, budget: float, path: str) -> list[dict]:
+def run(tree: str, coll: str, ranks: int, sizes: str, budget: float, path: str,
+        extra: dict[str, str]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
     env["PYTHONPATH"] = os.path.abspath(tree)
+    env.update(extra)
     cmd = [sys.executable, "-m", "pycoll.bench", coll, "-n", str(ranks), "-m", sizes, "-q",
            "--time-budget", str(budget), "--json", path]
     subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=1800)
@@ -31,9 +38,10 @@ def run(tree: str, coll: str, ranks: int, sizes: str, budget: float, path: str) 
         return json.load(f)["results"]
 
 
-def table(rows: dict[tuple, dict[str, list[float]]]) -> str:
-    out = ["| collective | ranks | size (B) | before: median avg us (min-max) | "
-           "after: median avg us (min-max) | after/before | spreads overlap |",
+def table(rows: dict[tuple, dict[str, list[float]]], labels: tuple[str, str]) -> str:
+    first, second = labels
+    out = [f"| collective | ranks | size (B) | {first}: median avg us (min-max) | "
+           f"{second}: median avg us (min-max) | {second}/{first} | spreads overlap |",
            "|---|---|---|---|---|---|---|"]
     for (coll, ranks, size), d in sorted(rows.items()):
         b, a = d["before"], d["after"]
@@ -55,7 +63,15 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=0.3)
     ap.add_argument("--collectives", default="allreduce,broadcast")
     ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--env-before", action="append", default=[], metavar="NAME=VALUE",
+                    help="a variable of the first variant's runs (repeatable)")
+    ap.add_argument("--env-after", action="append", default=[], metavar="NAME=VALUE",
+                    help="a variable of the second variant's runs (repeatable)")
+    ap.add_argument("--labels", default="before,after", help="the two variants' names")
     args = ap.parse_args()
+    envs = {"before": dict(v.split("=", 1) for v in args.env_before),
+            "after": dict(v.split("=", 1) for v in args.env_after)}
+    labels = tuple(args.labels.split(",", 1))
     os.makedirs(args.out, exist_ok=True)
     cases = [(c, int(n)) for c in args.collectives.split(",") for n in args.ranks.split(",")]
     rows: dict[tuple, dict[str, list[float]]] = {}
@@ -68,7 +84,8 @@ def main() -> None:
             for label, tree in order:
                 start = time.time()
                 path = os.path.join(args.out, f".{label}.json")
-                for row in run(tree, coll, ranks, args.sizes, args.time_budget, path):
+                for row in run(tree, coll, ranks, args.sizes, args.time_budget, path,
+                               envs[label]):
                     rows.setdefault((coll, ranks, row["size"]), {"before": [], "after": []})[
                         label].append(row["avg_us"])
                     raw.append(dict(row, tree=label, rep=rep))
@@ -78,11 +95,12 @@ def main() -> None:
     with open(os.path.join(args.out, "raw.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in raw)
     with open(os.path.join(args.out, "before-after.md"), "w") as f:
-        f.write(f"# {args.before} (before) vs {args.after} (after)\n\n"
+        f.write(f"# {labels[0]} ({args.before} {envs['before'] or ''}) vs {labels[1]} "
+                f"({args.after} {envs['after'] or ''})\n\n"
                 f"{args.reps} interleaved repetitions, `python -m pycoll.bench <collective> -n "
                 f"<ranks> -m {args.sizes} --time-budget {args.time_budget}`; average latency per "
-                "iteration (OSU timing).\n\n" + table(rows) + "\n")
-    print(table(rows))
+                "iteration (OSU timing).\n\n" + table(rows, labels) + "\n")
+    print(table(rows, labels))
 
 
 if __name__ == "__main__":
