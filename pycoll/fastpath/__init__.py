@@ -106,7 +106,9 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` now; returns
     the seconds it took. The first fast call of a dtype otherwise does it: about 0.2 s from
     the cache, a few seconds the very first time on a machine (while the peers wait).
-    Processes forked after this call inherit the compiled kernels."""
+    Processes forked after this call inherit the compiled kernels. The larger kernels take
+    ``ordered`` as an argument, not as a compile-time constant: one compilation serves calls
+    that fold in rank order and calls that do not; both are run here."""
     import time
 
     import numpy as np
@@ -120,13 +122,16 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     for k, name in enumerate(dtypes, start=1):
         data = np.zeros(64, dtype=name)
         K.allreduce(seg, data, 0, 1, stride, 2 * k, 0, 0, K.OP_SUM, False, 1, 1000)
-        K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, K.OP_SUM, False, 0,
-                            1, 1000)
+        for ordered in (False, True):
+            K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, K.OP_SUM, ordered,
+                                False, 0, 1, 1000)
     K.broadcast(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 64, 1, 0, 0, 0, False, 0, 1,
                 1000)
     K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
                     1000, np.zeros(5, dtype=np.uint64))
     for name in dtypes:
-        K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, K.OP_SUM, False,
-                        0, 1, 1000, np.zeros(5, dtype=np.uint64), np.zeros(256, dtype=np.uint8))
+        for ordered in (False, True):
+            K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, K.OP_SUM,
+                            ordered, False, 0, 1, 1000, np.zeros(5, dtype=np.uint64),
+                            np.zeros(512, dtype=np.uint8))
     return time.perf_counter() - start

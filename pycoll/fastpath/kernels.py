@@ -20,6 +20,8 @@ starts stage s+2 only after seeing every peer's stage s+1.
   share in my own buffer from every other slot and copy the result into my slot, publish
   again; copy every other rank's reduced share into my buffer. The working set is n slots,
   which stay in cache; each rank reduces only its share, and no byte is copied twice.
+  ``ordered`` (``deterministic=True``): I stage my share too and reduce it from the slots in
+  rank order, as ``allreduce`` does (``allreduce_cma`` has the same switch).
 
 Waiting polls (first with the CPU's relax hint, then with ``sched_yield`` between polls), then
 sleeps on the segment's futex word; a publisher wakes sleepers only when
@@ -255,11 +257,16 @@ def _share(count, n, r):
 
 
 @njit(nogil=True, cache=True)
-def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op, resume,
-                      position, spin, slice_ns):
+def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op, ordered,
+                      resume, position, spin, slice_ns):
     """Allreduce ``dst`` in place through the slots, one chunk of ``capacity`` bytes per
     stage (stages ``stage0`` on). After a SLEPT_AT + position status, call again with
-    ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait)."""
+    ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait).
+
+    A rank folds its share starting from its own buffer, ``(x_rank op x_0) op x_1 ...``,
+    which saves staging that share. ``ordered`` (``deterministic=True``) folds it in rank
+    order instead, ``((x_0 op x_1) op x_2) ...`` (buffers/folding.py): the rank stages its
+    whole chunk, its own share too, and reduces its share from the slots."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
@@ -277,9 +284,11 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
         a, b = _share(hi - lo, n, rank)          # my share of the chunk (elements)
         mine = slot_offset(rank, parity, stride) + DATA
         if phase == 0:
-            if not resume:   # stage what the others need: all but my share
-                _stage(seg, words, raw, lo * item, (hi - lo) * item, a * item, b * item, rank,
-                       stride, stage, seq, sig, total)
+            if not resume:   # stage what the others need: all but my share (ordered: all)
+                size = (hi - lo) * item
+                keep_lo, keep_hi = (size, size) if ordered else (a * item, b * item)
+                _stage(seg, words, raw, lo * item, size, keep_lo, keep_hi, rank, stride, stage,
+                       seq, sig, total)
             resume = False
             state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total,
                           spin, slice_ns)
@@ -287,11 +296,15 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
                 return SLEPT_AT + 2 * chunk if state == SLEPT else state
             # reduce my share in my buffer (only this rank reduces it: every rank gets the
             # same bits), then put the result where the others gather it
-            share = dst[lo + a:lo + b]
-            for r in range(n):
-                if r != rank:
-                    start = slot_offset(r, parity, stride) + DATA + a * item
-                    _combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype), op)
+            if ordered:
+                _reduce_slots(seg, dst, lo + a, lo + b, n, parity, stride, a * item, op)
+            else:
+                share = dst[lo + a:lo + b]
+                for r in range(n):
+                    if r != rank:
+                        start = slot_offset(r, parity, stride) + DATA + a * item
+                        _combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype),
+                                 op)
             copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
             _raise_flag(seg, words, slot_offset(rank, parity, stride) // 8, 2 * stage + 1)
             phase = 1
@@ -429,8 +442,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
 
 
 @njit(nogil=True, cache=True)
-def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, position, spin,
-                  slice_ns, iov, tmp):
+def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resume, position,
+                  spin, slice_ns, iov, tmp):
     """Allreduce ``dst`` in place reading the peers' buffers directly (cross-memory attach),
     as MPI's shared-memory reduce-scatter + allgather do. Four stages:
 
@@ -440,20 +453,25 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
     1. every rank publishes that outcome; if any is 0, CMA_REFUSED on every rank alike.
        Else each rank reduces its 1/n share in its own buffer, reading every peer's copy of
        that share into ``tmp`` one cache-sized piece at a time (rank order: the bits do not
-       depend on who is fast);
+       depend on who is fast). It folds its own data first, ``(x_rank op x_0) op x_1 ...``;
+       ``ordered`` (``deterministic=True``) folds in rank order, ``((x_0 op x_1) op x_2)
+       ...`` (buffers/folding.py): per piece, it keeps its own data in the second half of
+       ``tmp``, reads x_0 into its buffer (rank 0 has it there) and combines the others,
+       its own piece at its place;
     2. every rank publishes "reduced"; each reads every peer's reduced share straight into
        its own buffer;
     3. every rank publishes "done" (nobody reads my buffer any more).
 
     After SLEPT_AT + p, call again with ``resume`` and position p. CMA_BROKEN: a read
     failed once the buffers had changed (a peer gone, most likely): the call has failed.
-    ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address)."""
+    ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address); ``tmp``:
+    two pieces of scratch bytes (a peer's piece, and an ordered call's own piece)."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
     count = dst.size
     total = raw.size
-    piece = tmp.size // item
+    piece = tmp.size // 2 // item
     while position < 4:
         stage = stage0 + position
         if not resume:
@@ -473,14 +491,27 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
                 lo, hi = _share(count, n, rank)
                 for start in range(lo, hi, piece):
                     end = min(hi, start + piece)
-                    part = tmp[:(end - start) * item]
+                    nbytes = (end - start) * item
+                    part = tmp[:nbytes]
+                    acc = dst[start:end]
+                    own = tmp[piece * item:piece * item + nbytes]
+                    first = rank            # the rank whose data ``acc`` holds
+                    if ordered and rank > 0:    # keep mine aside, start from x_0
+                        copy_bytes(own, 0, raw, start * item, nbytes)
+                        if _cross_copy(raw[start * item:end * item], words[PID_BASE],
+                                       iov[4] + start * item, iov, False) < 0:
+                            return CMA_BROKEN
+                        first = 0
                     for r in range(n):
-                        if r == rank:
+                        if r == first:
+                            continue
+                        if r == rank:       # an ordered fold reaches its own piece
+                            _combine(acc, view_as(own, dst.dtype), op)
                             continue
                         if _cross_copy(part, words[PID_BASE + r], iov[4 + r] + start * item,
                                        iov, False) < 0:
                             return CMA_BROKEN
-                        _combine(dst[start:end], view_as(part, dst.dtype), op)
+                        _combine(acc, view_as(part, dst.dtype), op)
             elif position == 3:
                 for r in range(n):
                     if r != rank:
