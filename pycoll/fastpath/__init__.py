@@ -20,9 +20,10 @@ algorithm, its size). So ranks never disagree about the path of a call that they
 about; a call they disagree about (another count, dtype, op or root) is caught by the
 signature every slot carries and raised as ``CollectiveMismatch`` on every rank.
 
-Modules: ``segment`` (the shared segment), ``atomics`` (the intrinsics), ``kernels`` (the
-compiled calls), ``calls`` (what a fast call is), ``liveness`` (what a waiting rank checks),
-``runner`` (``FastPath``: a call run through the communicator's execution).
+Modules: ``segment`` (the shared segment), ``atomics`` (the intrinsics), ``combine`` (the
+element-wise reductions), ``kernels`` (the compiled calls), ``calls`` (what a fast call is),
+``liveness`` (what a waiting rank checks), ``runner`` (``FastPath``: a call run through the
+communicator's execution).
 
 This package imports numba only when a communicator first takes the path; ``probe_limit``
 (used at init) only looks for it. numba is the ``fast`` extra: ``pip install pycoll[fast]``.
@@ -114,6 +115,7 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     import numpy as np
 
     from . import kernels as K
+    from .combine import OP_SUM
     from .segment import stride_for
 
     start = time.perf_counter()
@@ -121,9 +123,9 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     seg = np.zeros(K.HEADER_BYTES + 2 * stride, dtype=np.uint8)
     for k, name in enumerate(dtypes, start=1):
         data = np.zeros(64, dtype=name)
-        K.allreduce(seg, data, 0, 1, stride, 2 * k, 0, 0, K.OP_SUM, False, 1, 1000)
+        K.allreduce(seg, data, 0, 1, stride, 2 * k, 0, 0, OP_SUM, False, 1, 1000)
         for ordered in (False, True):
-            K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, K.OP_SUM, ordered,
+            K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, OP_SUM, ordered,
                                 False, 0, 1, 1000)
     K.broadcast(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 64, 1, 0, 0, 0, False, 0, 1,
                 1000)
@@ -131,7 +133,7 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
                     1000, np.zeros(5, dtype=np.uint64))
     for name in dtypes:
         for ordered in (False, True):
-            K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, K.OP_SUM,
+            K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, OP_SUM,
                             ordered, False, 0, 1, 1000, np.zeros(5, dtype=np.uint64),
                             np.zeros(512, dtype=np.uint8))
     return time.perf_counter() - start

@@ -20,8 +20,8 @@ starts stage s+2 only after seeing every peer's stage s+1.
   share in my own buffer from every other slot and copy the result into my slot, publish
   again; copy every other rank's reduced share into my buffer. The working set is n slots,
   which stay in cache; each rank reduces only its share, and no byte is copied twice.
-  ``ordered`` (``deterministic=True``): I stage my share too and reduce it from the slots in
-  rank order, as ``allreduce`` does (``allreduce_cma`` has the same switch).
+  ``ordered`` (``deterministic=True``): I fold my share in rank order, in my slot, at the
+  same cost (``allreduce_cma`` has the same switch).
 
 Waiting polls (first with the CPU's relax hint, then with ``sched_yield`` between polls), then
 sleeps on the segment's futex word; a publisher wakes sleepers only when
@@ -54,6 +54,7 @@ from .atomics import (
     syscall7,
     view_as,
 )
+from .combine import OP_NONE, combine, combine_into, combine_left
 
 # the segment's layout (segment.py), and its slot arithmetic compiled
 HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS
@@ -71,10 +72,6 @@ SLEPT_AT = 1 << 40
 # a negative status -(r + 1): rank r published this call with another sequence number or
 # signature (the ranks disagree about the call)
 
-# op codes
-OP_NONE = -1                 # exchange only: Python reduces (dtypes numba cannot)
-OP_SUM, OP_PROD, OP_MIN, OP_MAX = 0, 1, 2, 3
-OP_BAND, OP_BOR, OP_BXOR = 4, 5, 6      # on the bytes: the same for every integer width
 
 
 @njit(nogil=True, cache=True)
@@ -166,36 +163,26 @@ def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slic
 
 
 @njit(nogil=True, cache=True)
-def _combine(acc, src, op):
-    """``acc = acc (op) src`` element-wise."""
-    if op == OP_SUM:
-        for i in range(acc.size):
-            acc[i] += src[i]
-    elif op == OP_PROD:
-        for i in range(acc.size):
-            acc[i] *= src[i]
-    elif op == OP_MIN:           # NaN wins, as in np.minimum
-        for i in range(acc.size):
-            a, b = acc[i], src[i]
-            if not (a < b or a != a):
-                acc[i] = b
-    elif op == OP_MAX:
-        for i in range(acc.size):
-            a, b = acc[i], src[i]
-            if not (a > b or a != a):
-                acc[i] = b
-    else:
-        a8 = view_as(acc, np.uint8)
-        s8 = view_as(src, np.uint8)
-        if op == OP_BAND:
-            for i in range(a8.size):
-                a8[i] &= s8[i]
-        elif op == OP_BOR:
-            for i in range(a8.size):
-                a8[i] |= s8[i]
-        elif op == OP_BXOR:
-            for i in range(a8.size):
-                a8[i] ^= s8[i]
+def _fold_share(seg, dst, lo, hi, rank, n, parity, stride, offset, op):
+    """``dst[lo:hi]`` (rank's share, at byte ``offset`` of every slot) = the rank-order fold
+    of every rank's copy, rank's own taken from ``dst``; the result is in rank's slot too,
+    where the others gather it. The fold accumulates in rank's slot, which does not hold
+    rank's share (``_stage`` leaves it out), so that ``dst`` keeps rank's input until its
+    turn: no byte more is copied than by the own-first fold. For rank > 0 (rank 0's own-first
+    fold is the rank order already)."""
+    item = dst.itemsize
+    nbytes = (hi - lo) * item
+    own = dst[lo:hi]
+    out = slot_offset(rank, parity, stride) + DATA + offset
+    acc = view_as(seg[out:out + nbytes], dst.dtype)
+    first = slot_offset(0, parity, stride) + DATA + offset
+    second = slot_offset(1, parity, stride) + DATA + offset
+    combine_into(acc, view_as(seg[first:first + nbytes], dst.dtype),
+                  own if rank == 1 else view_as(seg[second:second + nbytes], dst.dtype), op)
+    for r in range(2, n):
+        start = slot_offset(r, parity, stride) + DATA + offset
+        combine(acc, own if r == rank else view_as(seg[start:start + nbytes], dst.dtype), op)
+    copy_bytes(view_as(own, np.uint8), 0, seg, out, nbytes)
 
 
 @njit(nogil=True, cache=True)
@@ -208,14 +195,14 @@ def _reduce_slots(seg, dst, lo, hi, n, parity, stride, offset, op):
                nbytes)
     for r in range(1, n):
         start = slot_offset(r, parity, stride) + DATA + offset
-        _combine(out, view_as(seg[start:start + nbytes], dst.dtype), op)
+        combine(out, view_as(seg[start:start + nbytes], dst.dtype), op)
 
 
 @njit(nogil=True, cache=True)
 def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slice_ns):
-    """Allreduce ``dst`` (at most one slot) in place in one stage (op: see OP_*; OP_NONE
-    only exchanges). Returns DONE, SLEPT (call again with ``resume``) or -(r+1) for a
-    disagreeing rank r."""
+    """Allreduce ``dst`` (at most one slot) in place in one stage (op: see
+    ``combine.OP_*``; OP_NONE only exchanges). Returns DONE, SLEPT (call again with
+    ``resume``) or -(r+1) for a disagreeing rank r."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     if not resume:
@@ -263,10 +250,10 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
     stage (stages ``stage0`` on). After a SLEPT_AT + position status, call again with
     ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait).
 
-    A rank folds its share starting from its own buffer, ``(x_rank op x_0) op x_1 ...``,
-    which saves staging that share. ``ordered`` (``deterministic=True``) folds it in rank
-    order instead, ``((x_0 op x_1) op x_2) ...`` (buffers/folding.py): the rank stages its
-    whole chunk, its own share too, and reduces its share from the slots."""
+    A rank folds its share starting from its own buffer, ``(x_rank op x_0) op x_1 ...``.
+    ``ordered`` (``deterministic=True``) folds it in rank order instead, ``((x_0 op x_1) op
+    x_2) ...`` (buffers/folding.py), at the same cost: rank 0's own-first fold is that
+    already, the others fold in their slot (``_fold_share``)."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
@@ -284,28 +271,26 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
         a, b = _share(hi - lo, n, rank)          # my share of the chunk (elements)
         mine = slot_offset(rank, parity, stride) + DATA
         if phase == 0:
-            if not resume:   # stage what the others need: all but my share (ordered: all)
-                size = (hi - lo) * item
-                keep_lo, keep_hi = (size, size) if ordered else (a * item, b * item)
-                _stage(seg, words, raw, lo * item, size, keep_lo, keep_hi, rank, stride, stage,
-                       seq, sig, total)
+            if not resume:   # stage what the others need: all but my share
+                _stage(seg, words, raw, lo * item, (hi - lo) * item, a * item, b * item, rank,
+                       stride, stage, seq, sig, total)
             resume = False
             state = _wait(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total,
                           spin, slice_ns)
             if state != DONE:
                 return SLEPT_AT + 2 * chunk if state == SLEPT else state
-            # reduce my share in my buffer (only this rank reduces it: every rank gets the
-            # same bits), then put the result where the others gather it
-            if ordered:
-                _reduce_slots(seg, dst, lo + a, lo + b, n, parity, stride, a * item, op)
+            # reduce my share (only this rank reduces it: every rank gets the same bits) in
+            # my buffer, and put the result where the others gather it
+            if ordered and rank > 0:
+                _fold_share(seg, dst, lo + a, lo + b, rank, n, parity, stride, a * item, op)
             else:
                 share = dst[lo + a:lo + b]
                 for r in range(n):
                     if r != rank:
                         start = slot_offset(r, parity, stride) + DATA + a * item
-                        _combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype),
+                        combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype),
                                  op)
-            copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
+                copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
             _raise_flag(seg, words, slot_offset(rank, parity, stride) // 8, 2 * stage + 1)
             phase = 1
         resume = False
@@ -455,9 +440,9 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resu
        that share into ``tmp`` one cache-sized piece at a time (rank order: the bits do not
        depend on who is fast). It folds its own data first, ``(x_rank op x_0) op x_1 ...``;
        ``ordered`` (``deterministic=True``) folds in rank order, ``((x_0 op x_1) op x_2)
-       ...`` (buffers/folding.py): per piece, it keeps its own data in the second half of
-       ``tmp``, reads x_0 into its buffer (rank 0 has it there) and combines the others,
-       its own piece at its place;
+       ...`` (buffers/folding.py), at the same cost: per piece, rank r > 0 folds x_0 ..
+       x_(r-1) in the second half of ``tmp``, combines its own piece on their right, in
+       place, and the later ranks' as before;
     2. every rank publishes "reduced"; each reads every peer's reduced share straight into
        its own buffer;
     3. every rank publishes "done" (nobody reads my buffer any more).
@@ -465,7 +450,7 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resu
     After SLEPT_AT + p, call again with ``resume`` and position p. CMA_BROKEN: a read
     failed once the buffers had changed (a peer gone, most likely): the call has failed.
     ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address); ``tmp``:
-    two pieces of scratch bytes (a peer's piece, and an ordered call's own piece)."""
+    two pieces of scratch bytes (a peer's piece, and an ordered fold's first ranks')."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
@@ -494,24 +479,25 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resu
                     nbytes = (end - start) * item
                     part = tmp[:nbytes]
                     acc = dst[start:end]
-                    own = tmp[piece * item:piece * item + nbytes]
-                    first = rank            # the rank whose data ``acc`` holds
-                    if ordered and rank > 0:    # keep mine aside, start from x_0
-                        copy_bytes(own, 0, raw, start * item, nbytes)
-                        if _cross_copy(raw[start * item:end * item], words[PID_BASE],
-                                       iov[4] + start * item, iov, False) < 0:
-                            return CMA_BROKEN
-                        first = 0
-                    for r in range(n):
-                        if r == first:
-                            continue
-                        if r == rank:       # an ordered fold reaches its own piece
-                            _combine(acc, view_as(own, dst.dtype), op)
+                    after = 0               # the ranks combined into ``acc`` from here on
+                    if ordered and rank > 0:    # the ranks before mine, then mine
+                        left = tmp[piece * item:piece * item + nbytes]
+                        for r in range(rank):
+                            into = left if r == 0 else part
+                            if _cross_copy(into, words[PID_BASE + r],
+                                           iov[4 + r] + start * item, iov, False) < 0:
+                                return CMA_BROKEN
+                            if r > 0:
+                                combine(view_as(left, dst.dtype), view_as(part, dst.dtype), op)
+                        combine_left(acc, view_as(left, dst.dtype), op)
+                        after = rank + 1
+                    for r in range(after, n):
+                        if r == rank:
                             continue
                         if _cross_copy(part, words[PID_BASE + r], iov[4 + r] + start * item,
                                        iov, False) < 0:
                             return CMA_BROKEN
-                        _combine(acc, view_as(part, dst.dtype), op)
+                        combine(acc, view_as(part, dst.dtype), op)
             elif position == 3:
                 for r in range(n):
                     if r != rank:
