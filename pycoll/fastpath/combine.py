@@ -7,6 +7,10 @@
 more than they do otherwise (``kernels.allreduce_chunked``, ``kernels.allreduce_cma``).
 The order only matters for floating-point sums and products: those two get loops of their
 own, the other ops go through ``combine``.
+
+numba's on-disk cache of a kernel watches the kernel's own file only (as with
+``atomics.py``): after editing this one, touch ``kernels.py`` (or clear the cache), or the
+kernels keep the old code.
 """
 from __future__ import annotations
 

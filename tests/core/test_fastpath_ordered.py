@@ -44,7 +44,8 @@ def _cases(size: int) -> list[tuple[int, str, str]]:
         per = limit // item
         for count in (per + 1, 3 * per + 12345, ALLREDUCE_CMA_BYTES // item + 7):
             cases.append((count, dtype, "sum"))
-    cases += [(2 * limit // 8 + 3, "float64", "avg"), (5 * limit // 4 + 1, "float32", "prod")]
+    cases += [(2 * limit // 8 + 3, "float64", "avg"), (5 * limit // 4 + 1, "float32", "prod"),
+              (ALLREDUCE_CMA_BYTES // 8 + 5, "float64", "prod")]
     return cases
 
 
@@ -129,3 +130,28 @@ def test_ranks_that_disagree_about_the_order_raise_collective_mismatch():
     for kind, message, elapsed in run_ranks(_disagree_about_the_order, 2,
                                             collective_timeout=20):
         assert kind == "CollectiveMismatch" and elapsed < 5, (kind, message)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_the_out_of_place_and_left_steps_keep_the_operands_order(dtype):
+    """``combine_into`` (out = a op b) and ``combine_left`` (acc = src op acc) for every op:
+    the ones the kernels fold in order (sum, prod) in one pass, the others through
+    ``combine``; each equals ``combine`` on a copy of the left operand. NaNs in float inputs
+    show which operand ``min``/``max`` keep."""
+    from pycoll.fastpath import combine as C
+    ops = [C.OP_SUM, C.OP_PROD, C.OP_MIN, C.OP_MAX]
+    if dtype == "int32":
+        ops += [C.OP_BAND, C.OP_BOR, C.OP_BXOR]
+    a, b = (_input(r, 1001, dtype, 7) for r in (0, 1))
+    if dtype == "float32":
+        a[::7] = np.nan
+        b[::5] = np.frombuffer(np.uint32(0x7FC00001).tobytes(), dtype=np.float32)[0]
+    for op in ops:
+        want = a.copy()
+        C.combine(want, b, op)
+        out = np.empty_like(a)
+        C.combine_into(out, a, b, op)
+        assert out.tobytes() == want.tobytes(), op
+        acc, src = b.copy(), a.copy()
+        C.combine_left(acc, src, op)
+        assert acc.tobytes() == want.tobytes(), op
