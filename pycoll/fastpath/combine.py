@@ -8,9 +8,9 @@ more than they do otherwise (``kernels.allreduce_chunked``, ``kernels.allreduce_
 The order only matters for floating-point sums and products: those two get loops of their
 own, the other ops go through ``combine``.
 
-numba's on-disk cache of a kernel watches the kernel's own file only (as with
-``atomics.py``): after editing this one, touch ``kernels.py`` (or clear the cache), or the
-kernels keep the old code.
+numba's on-disk cache of a kernel checks the kernel's own file only (as with
+``atomics.py``): after editing this one, clear the cache (``__pycache__/kernels.*.nb*``), or
+the kernels keep the old code.
 """
 from __future__ import annotations
 
