@@ -20,9 +20,10 @@ algorithm, its size). So ranks never disagree about the path of a call that they
 about; a call they disagree about (another count, dtype, op or root) is caught by the
 signature every slot carries and raised as ``CollectiveMismatch`` on every rank.
 
-Modules: ``segment`` (the shared segment), ``atomics`` (the intrinsics), ``kernels`` (the
-compiled calls), ``calls`` (what a fast call is), ``liveness`` (what a waiting rank checks),
-``runner`` (``FastPath``: a call run through the communicator's execution).
+Modules: ``segment`` (the shared segment), ``atomics`` (the intrinsics), ``combine`` (the
+element-wise reductions), ``kernels`` (the compiled calls), ``calls`` (what a fast call is),
+``liveness`` (what a waiting rank checks), ``runner`` (``FastPath``: a call run through the
+communicator's execution).
 
 This package imports numba only when a communicator first takes the path; ``probe_limit``
 (used at init) only looks for it. numba is the ``fast`` extra: ``pip install pycoll[fast]``.
@@ -106,12 +107,15 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` now; returns
     the seconds it took. The first fast call of a dtype otherwise does it: about 0.2 s from
     the cache, a few seconds the very first time on a machine (while the peers wait).
-    Processes forked after this call inherit the compiled kernels."""
+    Processes forked after this call inherit the compiled kernels. The larger kernels take
+    ``ordered`` as an argument, not as a compile-time constant: one compilation serves calls
+    that fold in rank order and calls that do not; both are run here."""
     import time
 
     import numpy as np
 
     from . import kernels as K
+    from .combine import OP_SUM
     from .segment import stride_for
 
     start = time.perf_counter()
@@ -119,14 +123,17 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     seg = np.zeros(K.HEADER_BYTES + 2 * stride, dtype=np.uint8)
     for k, name in enumerate(dtypes, start=1):
         data = np.zeros(64, dtype=name)
-        K.allreduce(seg, data, 0, 1, stride, 2 * k, 0, 0, K.OP_SUM, False, 1, 1000)
-        K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, K.OP_SUM, False, 0,
-                            1, 1000)
+        K.allreduce(seg, data, 0, 1, stride, 2 * k, 0, 0, OP_SUM, False, 1, 1000)
+        for ordered in (False, True):
+            K.allreduce_chunked(seg, data, 0, 1, stride, 64, 2 * k + 1, 0, 0, OP_SUM, ordered,
+                                False, 0, 1, 1000)
     K.broadcast(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 64, 1, 0, 0, 0, False, 0, 1,
                 1000)
     K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
                     1000, np.zeros(5, dtype=np.uint64))
     for name in dtypes:
-        K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, K.OP_SUM, False,
-                        0, 1, 1000, np.zeros(5, dtype=np.uint64), np.zeros(256, dtype=np.uint8))
+        for ordered in (False, True):
+            K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, OP_SUM,
+                            ordered, False, 0, 1, 1000, np.zeros(5, dtype=np.uint64),
+                            np.zeros(512, dtype=np.uint8))
     return time.perf_counter() - start

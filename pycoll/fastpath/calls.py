@@ -33,7 +33,7 @@ ALLREDUCE_CMA_BYTES = 4 * 1024 * 1024
 SLEPT_AT = 1 << 40
 CMA_REFUSED = 2
 CMA_BROKEN = 3
-#: the kernels' op codes (``kernels.OP_*``); avg is a sum finished in Python
+#: the kernels' op codes (``combine.OP_*``); avg is a sum finished in Python
 OP_CODES = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 
 #: How a waiter polls the peers' flags before it sleeps on the futex (``kernels._wait``):

@@ -20,6 +20,8 @@ starts stage s+2 only after seeing every peer's stage s+1.
   share in my own buffer from every other slot and copy the result into my slot, publish
   again; copy every other rank's reduced share into my buffer. The working set is n slots,
   which stay in cache; each rank reduces only its share, and no byte is copied twice.
+  ``ordered`` (``deterministic=True``): I fold my share in rank order, in my slot, at the
+  same cost (``allreduce_cma`` has the same switch).
 
 Waiting polls (first with the CPU's relax hint, then with ``sched_yield`` between polls), then
 sleeps on the segment's futex word; a publisher wakes sleepers only when
@@ -52,6 +54,7 @@ from .atomics import (
     syscall7,
     view_as,
 )
+from .combine import OP_NONE, combine, combine_into, combine_left
 
 # the segment's layout (segment.py), and its slot arithmetic compiled
 HEADER_BYTES, FUTEX_WORD, SLEEPERS = layout.HEADER_BYTES, layout.FUTEX_WORD, layout.SLEEPERS
@@ -69,10 +72,6 @@ SLEPT_AT = 1 << 40
 # a negative status -(r + 1): rank r published this call with another sequence number or
 # signature (the ranks disagree about the call)
 
-# op codes
-OP_NONE = -1                 # exchange only: Python reduces (dtypes numba cannot)
-OP_SUM, OP_PROD, OP_MIN, OP_MAX = 0, 1, 2, 3
-OP_BAND, OP_BOR, OP_BXOR = 4, 5, 6      # on the bytes: the same for every integer width
 
 
 @njit(nogil=True, cache=True)
@@ -164,36 +163,26 @@ def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slic
 
 
 @njit(nogil=True, cache=True)
-def _combine(acc, src, op):
-    """``acc = acc (op) src`` element-wise."""
-    if op == OP_SUM:
-        for i in range(acc.size):
-            acc[i] += src[i]
-    elif op == OP_PROD:
-        for i in range(acc.size):
-            acc[i] *= src[i]
-    elif op == OP_MIN:           # NaN wins, as in np.minimum
-        for i in range(acc.size):
-            a, b = acc[i], src[i]
-            if not (a < b or a != a):
-                acc[i] = b
-    elif op == OP_MAX:
-        for i in range(acc.size):
-            a, b = acc[i], src[i]
-            if not (a > b or a != a):
-                acc[i] = b
-    else:
-        a8 = view_as(acc, np.uint8)
-        s8 = view_as(src, np.uint8)
-        if op == OP_BAND:
-            for i in range(a8.size):
-                a8[i] &= s8[i]
-        elif op == OP_BOR:
-            for i in range(a8.size):
-                a8[i] |= s8[i]
-        elif op == OP_BXOR:
-            for i in range(a8.size):
-                a8[i] ^= s8[i]
+def _fold_share(seg, dst, lo, hi, rank, n, parity, stride, offset, op):
+    """``dst[lo:hi]`` (rank's share, at byte ``offset`` of every slot) = the rank-order fold
+    of every rank's copy, rank's own taken from ``dst``; the result is in rank's slot too,
+    where the others gather it. The fold accumulates in rank's slot, which does not hold
+    rank's share (``_stage`` leaves it out), so that ``dst`` keeps rank's input until its
+    turn: no byte more is copied than by the own-first fold. For rank > 0 (rank 0's own-first
+    fold is the rank order already)."""
+    item = dst.itemsize
+    nbytes = (hi - lo) * item
+    own = dst[lo:hi]
+    out = slot_offset(rank, parity, stride) + DATA + offset
+    acc = view_as(seg[out:out + nbytes], dst.dtype)
+    first = slot_offset(0, parity, stride) + DATA + offset
+    second = slot_offset(1, parity, stride) + DATA + offset
+    combine_into(acc, view_as(seg[first:first + nbytes], dst.dtype),
+                  own if rank == 1 else view_as(seg[second:second + nbytes], dst.dtype), op)
+    for r in range(2, n):
+        start = slot_offset(r, parity, stride) + DATA + offset
+        combine(acc, own if r == rank else view_as(seg[start:start + nbytes], dst.dtype), op)
+    copy_bytes(view_as(own, np.uint8), 0, seg, out, nbytes)
 
 
 @njit(nogil=True, cache=True)
@@ -206,14 +195,14 @@ def _reduce_slots(seg, dst, lo, hi, n, parity, stride, offset, op):
                nbytes)
     for r in range(1, n):
         start = slot_offset(r, parity, stride) + DATA + offset
-        _combine(out, view_as(seg[start:start + nbytes], dst.dtype), op)
+        combine(out, view_as(seg[start:start + nbytes], dst.dtype), op)
 
 
 @njit(nogil=True, cache=True)
 def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slice_ns):
-    """Allreduce ``dst`` (at most one slot) in place in one stage (op: see OP_*; OP_NONE
-    only exchanges). Returns DONE, SLEPT (call again with ``resume``) or -(r+1) for a
-    disagreeing rank r."""
+    """Allreduce ``dst`` (at most one slot) in place in one stage (op: see
+    ``combine.OP_*``; OP_NONE only exchanges). Returns DONE, SLEPT (call again with
+    ``resume``) or -(r+1) for a disagreeing rank r."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     if not resume:
@@ -255,11 +244,16 @@ def _share(count, n, r):
 
 
 @njit(nogil=True, cache=True)
-def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op, resume,
-                      position, spin, slice_ns):
+def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op, ordered,
+                      resume, position, spin, slice_ns):
     """Allreduce ``dst`` in place through the slots, one chunk of ``capacity`` bytes per
     stage (stages ``stage0`` on). After a SLEPT_AT + position status, call again with
-    ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait)."""
+    ``resume`` and that position: 2 * chunk + (0: inputs wait, 1: reduced-shares wait).
+
+    A rank folds its share starting from its own buffer, ``(x_rank op x_0) op x_1 ...``.
+    ``ordered`` (``deterministic=True``) folds it in rank order instead, ``((x_0 op x_1) op
+    x_2) ...`` (buffers/folding.py), at the same cost: rank 0's own-first fold is that
+    already, the others fold in their slot (``_fold_share``)."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
@@ -285,14 +279,18 @@ def allreduce_chunked(seg, dst, rank, n, stride, capacity, stage0, seq, sig, op,
                           spin, slice_ns)
             if state != DONE:
                 return SLEPT_AT + 2 * chunk if state == SLEPT else state
-            # reduce my share in my buffer (only this rank reduces it: every rank gets the
-            # same bits), then put the result where the others gather it
-            share = dst[lo + a:lo + b]
-            for r in range(n):
-                if r != rank:
-                    start = slot_offset(r, parity, stride) + DATA + a * item
-                    _combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype), op)
-            copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
+            # reduce my share (only this rank reduces it: every rank gets the same bits) in
+            # my buffer, and put the result where the others gather it
+            if ordered and rank > 0:
+                _fold_share(seg, dst, lo + a, lo + b, rank, n, parity, stride, a * item, op)
+            else:
+                share = dst[lo + a:lo + b]
+                for r in range(n):
+                    if r != rank:
+                        start = slot_offset(r, parity, stride) + DATA + a * item
+                        combine(share, view_as(seg[start:start + (b - a) * item], dst.dtype),
+                                 op)
+                copy_bytes(seg, mine + a * item, raw, (lo + a) * item, (b - a) * item)
             _raise_flag(seg, words, slot_offset(rank, parity, stride) // 8, 2 * stage + 1)
             phase = 1
         resume = False
@@ -429,8 +427,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
 
 
 @njit(nogil=True, cache=True)
-def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, position, spin,
-                  slice_ns, iov, tmp):
+def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resume, position,
+                  spin, slice_ns, iov, tmp):
     """Allreduce ``dst`` in place reading the peers' buffers directly (cross-memory attach),
     as MPI's shared-memory reduce-scatter + allgather do. Four stages:
 
@@ -440,20 +438,25 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
     1. every rank publishes that outcome; if any is 0, CMA_REFUSED on every rank alike.
        Else each rank reduces its 1/n share in its own buffer, reading every peer's copy of
        that share into ``tmp`` one cache-sized piece at a time (rank order: the bits do not
-       depend on who is fast);
+       depend on who is fast). It folds its own data first, ``(x_rank op x_0) op x_1 ...``;
+       ``ordered`` (``deterministic=True``) folds in rank order, ``((x_0 op x_1) op x_2)
+       ...`` (buffers/folding.py), at the same cost: per piece, rank r > 0 folds x_0 ..
+       x_(r-1) in the second half of ``tmp``, combines its own piece on their right, in
+       place, and the later ranks' as before;
     2. every rank publishes "reduced"; each reads every peer's reduced share straight into
        its own buffer;
     3. every rank publishes "done" (nobody reads my buffer any more).
 
     After SLEPT_AT + p, call again with ``resume`` and position p. CMA_BROKEN: a read
     failed once the buffers had changed (a peer gone, most likely): the call has failed.
-    ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address)."""
+    ``iov``: 4 + n scratch words (the iovecs, then every rank's buffer address); ``tmp``:
+    two pieces of scratch bytes (a peer's piece, and an ordered fold's first ranks')."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     item = dst.itemsize
     count = dst.size
     total = raw.size
-    piece = tmp.size // item
+    piece = tmp.size // 2 // item
     while position < 4:
         stage = stage0 + position
         if not resume:
@@ -473,14 +476,28 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, resume, posit
                 lo, hi = _share(count, n, rank)
                 for start in range(lo, hi, piece):
                     end = min(hi, start + piece)
-                    part = tmp[:(end - start) * item]
-                    for r in range(n):
+                    nbytes = (end - start) * item
+                    part = tmp[:nbytes]
+                    acc = dst[start:end]
+                    after = 0               # the ranks combined into ``acc`` from here on
+                    if ordered and rank > 0:    # the ranks before mine, then mine
+                        left = tmp[piece * item:piece * item + nbytes]
+                        for r in range(rank):
+                            into = left if r == 0 else part
+                            if _cross_copy(into, words[PID_BASE + r],
+                                           iov[4 + r] + start * item, iov, False) < 0:
+                                return CMA_BROKEN
+                            if r > 0:
+                                combine(view_as(left, dst.dtype), view_as(part, dst.dtype), op)
+                        combine_left(acc, view_as(left, dst.dtype), op)
+                        after = rank + 1
+                    for r in range(after, n):
                         if r == rank:
                             continue
                         if _cross_copy(part, words[PID_BASE + r], iov[4 + r] + start * item,
                                        iov, False) < 0:
                             return CMA_BROKEN
-                        _combine(dst[start:end], view_as(part, dst.dtype), op)
+                        combine(acc, view_as(part, dst.dtype), op)
             elif position == 3:
                 for r in range(n):
                     if r != rank:

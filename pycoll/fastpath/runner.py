@@ -83,7 +83,7 @@ class FastPath:
             cma_bytes = max(cma_bytes, self.broadcast_limit + 1)
         self.cma_bytes = cma_bytes
         self.iov = np.zeros(4 + self.size, dtype=np.uint64)    # the kernels' scratch
-        self.piece = np.empty(0, dtype=np.uint8)    # allreduce_cma's (made when needed)
+        self.piece = np.empty(0, dtype=np.uint8)    # allreduce_cma's 2 pieces (made when needed)
         self.direct_bytes = 1 << 62 if WaitPolicy.crowded else ALLREDUCE_CMA_BYTES
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: SharedSlots | None = slots
@@ -107,12 +107,13 @@ class FastPath:
     # -- what takes the path -----------------------------------------------------------------
     def takes(self, nbytes: int, dtype: str, rop: ReduceOp, fold: str | None = None) -> bool:
         """Whether an allreduce of ``nbytes`` of ``dtype`` with ``rop`` runs here (decided
-        alike on every rank that agrees about the call). ``fold``: the call folds in rank
-        order (``CallInfo.fold``), which the one-slot kernel does (it reduces the slots in
-        rank order) and so do the Python reductions of the other dtypes."""
+        alike on every rank that agrees about the call). ``fold``: how the call folds
+        (``CallInfo.fold``); every kernel folds in rank order when the call says so (the
+        one-slot kernel always does, the larger ones take ``ordered``), and so do the Python
+        reductions of the other dtypes, which take the path up to one slot."""
         if nbytes <= self.limit:
             return True
-        return (fold is None and nbytes <= self.chunked_limit and dtype in NATIVE_DTYPES
+        return (nbytes <= self.chunked_limit and dtype in NATIVE_DTYPES
                 and rop.name != "premul_sum")
 
     def remember(self, key: tuple, tensor: np.ndarray, call: FastCall) -> None:
@@ -132,7 +133,9 @@ class FastPath:
     def kind_of(self, collective: str, nbytes: int) -> str | None:
         """What runs ``collective`` of ``nbytes`` here (allreduce above one slot: of a
         native dtype, see ``takes``), or None for the generic path; the one place that
-        decides (``FastCall`` and ``Communicator.selected_algorithm`` ask it)."""
+        decides (``FastCall`` and ``Communicator.selected_algorithm`` ask it). A call that
+        folds in rank order runs the same kernel as one that does not, told to
+        (``launch``): which one is in the call's signature either way (``FastCall.code``)."""
         if collective == "barrier":
             return SMALL
         if collective == "broadcast":
@@ -313,13 +316,17 @@ class FastPath:
                           self.iov)
         if kind == DIRECT:
             if not self.piece.size:
-                self.piece = np.empty(CHUNK_BYTES, dtype=np.uint8)
+                self.piece = np.empty(2 * CHUNK_BYTES, dtype=np.uint8)
             return kernel(slots.bytes, data, rank, size, slots.stride, k, word,
-                          call.code, call.op_code, resume, position, self.spin,
-                          self.slice_ns, self.iov, self.piece)
-        last = call.root if kind == BROADCAST else call.op_code
-        return kernel(slots.bytes, data, rank, size, slots.stride, self.chunk, k,
-                      word, call.code, last, resume, position, self.spin, self.slice_ns)
+                          call.code, call.op_code, call.fold is not None, resume, position,
+                          self.spin, self.slice_ns, self.iov, self.piece)
+        if kind == BROADCAST:
+            return kernel(slots.bytes, data, rank, size, slots.stride, self.chunk, k,
+                          word, call.code, call.root, resume, position, self.spin,
+                          self.slice_ns)
+        return kernel(slots.bytes, data, rank, size, slots.stride, self.chunk, k, word,
+                      call.code, call.op_code, call.fold is not None, resume, position,
+                      self.spin, self.slice_ns)
 
     def _complete(self, state: int, call: FastCall, arr: np.ndarray, data: np.ndarray,
                   seq: int, word: int, k: int, deadline: float) -> None:
