@@ -27,7 +27,13 @@ from .halving_doubling import (
 )
 from .hierarchical import allreduce_hierarchical, broadcast_hierarchical
 from .linear import gather_linear, scatter_linear
-from .ordered import allreduce_ordered, reduce_ordered, reduce_scatter_ordered_owned
+from .ordered import (
+    allreduce_ordered,
+    allreduce_ordered_gather,
+    reduce_ordered,
+    reduce_ordered_gather,
+    reduce_scatter_ordered_owned,
+)
 from .pairwise import (
     allgather_bruck,
     alltoall_bruck,
@@ -58,7 +64,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
         "hierarchical": allreduce_hierarchical,   # flat ring unless the layout is multi-node
-        "ordered": allreduce_ordered,             # rank-order fold: deterministic=True
+        "ordered": allreduce_ordered,             # rank-order folds: deterministic=True
+        "ordered_gather": allreduce_ordered_gather,
     },
     "broadcast": {
         "binomial": broadcast_binomial,
@@ -66,7 +73,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "scatter_allgather": broadcast_scatter_allgather,
         "hierarchical": broadcast_hierarchical,   # flat binomial unless multi-node
     },
-    "reduce": {"binomial": reduce_binomial, "ring": reduce_ring, "ordered": reduce_ordered},
+    "reduce": {"binomial": reduce_binomial, "ring": reduce_ring, "ordered": reduce_ordered,
+               "ordered_gather": reduce_ordered_gather},
     "allgather": {
         "ring": _allgather_ring,
         "recursive_doubling": allgather_recursive_doubling,  # Bruck when p is not a power of 2

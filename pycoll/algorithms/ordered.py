@@ -10,6 +10,9 @@ results are gathered. The bytes on the wire are a ring reduce-scatter's: every r
 (p - 1) / p of its buffer and receives as much; the owner's receives arrive all at once
 instead of one neighbour at a time.
 
+For small messages, where rounds cost more than bytes, the ``*_ordered_gather`` variants
+send every rank's whole buffer to every rank that needs it (one round) and fold there.
+
 Pipelining: the owner folds its chunk segment by segment (``ORDERED_SEGMENT_BYTES``, the
 same on every rank whatever the transports, so that every source cuts its piece where the
 owner folds), with the next segment's receives posted while the current one is folded.
@@ -96,3 +99,40 @@ def reduce_ordered(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -
 def reduce_scatter_ordered_owned(peers: Peers, work: np.ndarray, spec: ReduceSpec) -> None:
     """reduce_scatter registry entry: rank r ends with the folded (and finished) block r."""
     reduce_scatter_ordered(peers, work, spec)
+
+
+def allreduce_ordered_gather(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
+    """Every rank sends its whole buffer to every other and folds all of them in rank order:
+    one round instead of the reduce-scatter's and the allgather's, for the small messages
+    where rounds cost more than bytes ((p - 1) buffers in and out per rank)."""
+    fold = spec.fold
+    if fold is None:
+        raise TypeError("the ordered algorithms need a rank-order fold for this memory")
+    n, r = peers.size, peers.rank
+    others = [q for q in range(n) if q != r]
+    space = peers.scratch((n - 1) * arr.size, arr.dtype, slot=2)
+    pieces = [space[i * arr.size:(i + 1) * arr.size] for i in range(n - 1)]
+    requests = [peers.irecv(q, piece) for q, piece in zip(others, pieces)]
+    requests += [peers.isend(q, arr) for q in others]
+    peers.wait(requests)
+    acc = (peers.scratch(arr.size, fold.acc_dtype or arr.dtype, slot=3)
+           if fold.wide or r >= 2 else None)
+    fold(arr, pieces[:r] + [arr] + pieces[r:], acc)
+
+
+def reduce_ordered_gather(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -> None:
+    """Every rank sends its buffer to ``root``, which folds them in rank order (one round)."""
+    fold = spec.fold
+    if fold is None:
+        raise TypeError("the ordered algorithms need a rank-order fold for this memory")
+    n, r = peers.size, peers.rank
+    if r != root:
+        peers.wait([peers.isend(root, arr)])
+        return
+    others = [q for q in range(n) if q != r]
+    space = peers.scratch((n - 1) * arr.size, arr.dtype, slot=2)
+    pieces = [space[i * arr.size:(i + 1) * arr.size] for i in range(n - 1)]
+    peers.wait([peers.irecv(q, piece) for q, piece in zip(others, pieces)])
+    acc = (peers.scratch(arr.size, fold.acc_dtype or arr.dtype, slot=3)
+           if fold.wide or r >= 2 else None)
+    fold(arr, pieces[:r] + [arr] + pieces[r:], acc)

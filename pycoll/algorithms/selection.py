@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from ..errors import InvalidArgument
 from ..transports.base import Capabilities
 
-#: the algorithm that folds in rank order (``ordered.py``): what deterministic calls run
+#: the algorithms that fold in rank order (``ordered.py``): what deterministic calls run
 ORDERED = "ordered"
-#: the reducing collectives with an ordered algorithm
+ORDERED_ALGORITHMS = frozenset({ORDERED, "ordered_gather"})
+#: the reducing collectives with ordered algorithms
 ORDERED_COLLECTIVES = frozenset({"allreduce", "reduce", "reduce_scatter"})
 
 # Calibrated with benchmarks/algorithms_sweep.py (2 ranks, 2-core VM, medians; see
@@ -126,6 +127,9 @@ def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         rs = _ordered_reduce_scatter(nbytes, p, link)
         ag = (p - 1) * a + (p - 1) / p * nbytes * b
         return _bound(rs + ag, p * (p - 1) / p * nbytes * (2 * b + 2 * g), p, link)
+    if algo == "ordered_gather":     # one round: every buffer to every rank, folded there
+        critical = a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) * nbytes * (b + g)
+        return _bound(critical, p * (p - 1) * nbytes * (b + g), p, link)
     raise KeyError(algo)
 
 
@@ -176,6 +180,10 @@ def cost_reduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         # round k has p / 2**(k+1) reductions at once
         rounds = [max(1, p >> (k + 1)) for k in range(_lg(p))]
         critical = sum(a + _crowd(t, link) * nbytes * (b + g) for t in rounds)
+        return _bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
+    if algo == "ordered_gather":     # every buffer to the root, folded there (one round)
+        critical = (_alpha(p, link, False) + (p - 2) * PER_MESSAGE_US * 1e-6
+                    + (p - 1) * nbytes * (b + g))
         return _bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
     if algo == ORDERED:  # ordered reduce-scatter, then the root gathers p - 1 chunks at once
         critical = (_ordered_reduce_scatter(nbytes, p, link) + _alpha(p, link, False)
@@ -306,23 +314,27 @@ class Selector:
                ordered: bool = False) -> str:
         """The algorithm for a call: ``algo`` if given, else ``PYCOLL_ALGO``'s, else the
         cheapest. ``ordered``: the call must fold in rank order (``deterministic=True``, or
-        half-precision sums accumulated in float32), which only ``ORDERED`` does; an
-        ordinary call never gets it unasked (it may be forced)."""
+        half-precision sums accumulated in float32), which only ``ORDERED_ALGORITHMS`` do
+        (the cheapest of them is taken); an ordinary call never gets them unasked (they may
+        be forced)."""
         ordered = ordered and collective in ORDERED_COLLECTIVES
         if algo is not None:
             self._check(collective, algo, "algo=")
-            if ordered and algo != ORDERED:
+            if ordered and algo not in ORDERED_ALGORITHMS:
+                folding = sorted(ORDERED_ALGORITHMS & set(self.registry[collective]))
                 raise InvalidArgument(
                     f"algo={algo!r}: {collective} with deterministic=True (or a float16/"
-                    "bfloat16 sum accumulated in float32, accumulate='fp32') needs the "
-                    f"rank-order fold, which only {ORDERED!r} does; pass algo={ORDERED!r} "
-                    "or leave algo unset (docs/numerics.md)")
+                    "bfloat16 sum accumulated in float32, accumulate='fp32') needs a "
+                    f"rank-order fold, which only {', '.join(map(repr, folding))} do; pass "
+                    "one of them or leave algo unset (docs/numerics.md)")
             return algo
-        if ordered:
-            return ORDERED            # (PYCOLL_ALGO's choice for the collective does not fold)
-        if collective in self.overrides:
+        names = self.registry[collective]
+        if ordered:                   # (PYCOLL_ALGO's choice for the collective does not fold)
+            candidates = [name for name in names if name in ORDERED_ALGORITHMS]
+        elif collective in self.overrides:
             return self.overrides[collective]
-        candidates = [name for name in self.registry[collective] if name != ORDERED]
+        else:
+            candidates = [name for name in names if name not in ORDERED_ALGORITHMS]
         model = COST_MODELS.get(collective)
         if model is None or len(candidates) == 1:
             return candidates[0]

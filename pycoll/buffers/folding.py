@@ -19,13 +19,13 @@ in any order, so every algorithm already meets the contract for them (``order_ma
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgument
-from .reduction import ReduceOp, _f32_to_bf16, finish, needs_finish, reducer
+from .reduction import ReduceOp, _f32_to_bf16, combiner, finish, needs_finish, reducer
 
 #: accumulate= values: in float32 for float16/bfloat16 sums, or in the buffer's dtype
 ACCUMULATE = ("fp32", "dtype")
@@ -79,6 +79,7 @@ class Fold:
         self.world_size = world_size
         self.wide = wide
         self._reduce = reducer(op, "float32" if wide else dtype)
+        self._combine = None if wide else combiner(op, dtype)
         self._finish = needs_finish(op, world_size)
         #: the element type of the accumulator (a numpy dtype)
         self.acc_dtype = np.dtype(np.float32) if wide else None
@@ -101,6 +102,40 @@ class Fold:
                 finish(self.op, "float32", acc, self.world_size)
             narrow(acc, dtype, out)
             return
+        combine = self._combine
+        if combine is None:
+            self._fold_copying(out, sources, acc)
+        else:
+            self._fold_combining(combine, out, sources, acc)
+        if self._finish:
+            finish(self.op, dtype, out, self.world_size)
+
+    def _fold_combining(self, combine: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
+                        out: np.ndarray, sources: Sequence[np.ndarray],
+                        acc: np.ndarray | None) -> None:
+        """The fold in ``len(sources) - 1`` passes and no copy: the first step out of place
+        (``out = s0 op s1``), the others in place; partial results wait in ``acc`` while
+        ``out`` is a source still to be read (the rank's own input, at its position)."""
+        if len(sources) == 1:
+            if out is not sources[0]:
+                out[...] = sources[0]
+            return
+        later = next((i for i in range(len(sources) - 1, 1, -1)
+                      if np.may_share_memory(out, sources[i])), 0)
+        if later and acc is None:
+            acc = np.empty_like(out)
+        target: np.ndarray = acc if later and acc is not None else out
+        combine(target, sources[0], sources[1])
+        for i in range(2, len(sources)):
+            if i == later:             # out's own value is read now: the rest goes to out
+                combine(out, target, sources[i])
+                target = out
+            else:
+                self._reduce(target, sources[i])
+
+    def _fold_copying(self, out: np.ndarray, sources: Sequence[np.ndarray],
+                      acc: np.ndarray | None) -> None:
+        """The fold with the in-place reduction only: a copy of the first, then the rest."""
         first = sources[0]
         if acc is None or any(np.may_share_memory(out, s) for s in sources[1:]):
             target = acc if acc is not None else np.empty_like(out)
@@ -110,8 +145,6 @@ class Fold:
             target[...] = first
         for src in sources[1:]:
             self._reduce(target, src)
-        if self._finish:
-            finish(self.op, dtype, target, self.world_size)
         if target is not out:
             out[...] = target
 

@@ -183,6 +183,33 @@ def _numpy_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.nda
     return reduce_half_numpy
 
 
+def combiner(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray],
+                                                   None] | None:
+    """``f(out, a, b)``: ``out = a op b`` element-wise, ``out`` free to be ``a`` or ``b``
+    (one pass, no copy); None where only the in-place ``reducer`` exists (half precision
+    without torch)."""
+    if dtype in ("bfloat16", "float16"):
+        try:
+            import torch
+        except ImportError:
+            return None
+        kernels: dict[str, Callable[..., Any]] = {
+            "sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
+            "min": torch.minimum, "max": torch.maximum}
+        fn = kernels[op.name]
+        tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+
+        def combine_half_torch(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            fn(torch.from_numpy(a).view(tdtype), torch.from_numpy(b).view(tdtype),
+               out=torch.from_numpy(out).view(tdtype))
+        return combine_half_torch
+    ufunc = _UFUNCS[op.name][0]
+
+    def combine_native(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        ufunc(a, b, out=out)
+    return combine_native
+
+
 def reducer(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None]:
     """Return ``f(dst, src)`` that does ``dst = dst op src`` in place for this dtype."""
     ufunc = _UFUNCS[op.name][0]

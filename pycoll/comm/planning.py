@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.selection import ORDERED, Selector
+from ..algorithms.selection import ORDERED_ALGORITHMS, Selector
 from ..buffers.folding import ACCUMULATE, check_accumulate, order_matters, widens
 from ..buffers.memory import CUDA, HOST
 from ..buffers.reduction import ReduceOp
@@ -210,7 +210,7 @@ class Planner:
         check_accumulate(accumulate, f"rank {self.rank}: {collective}")
         det = self.is_deterministic(deterministic)
         wanted = accumulate or self.accumulate
-        if accumulate is None and algo not in (None, ORDERED):
+        if accumulate is None and algo is not None and algo not in ORDERED_ALGORITHMS:
             wanted = "dtype"
         wide = buf.mem_type == HOST and widens(rop, buf.dtype, wanted)
         if wide:

@@ -28,6 +28,7 @@ import torch
 
 import pycoll
 from pycoll.algorithms import ALGORITHMS
+from pycoll.algorithms.selection import ORDERED_ALGORITHMS
 from pycoll.testing import run_ranks, run_threads
 
 pytestmark = pytest.mark.timeout(300)
@@ -137,6 +138,8 @@ def _run(comm: Any, coll: str, dtype: str, count: int, salt: int, **kw: Any) -> 
 def _sweep(comm: Any, sizes: tuple[int, ...], kw: dict[str, Any]) -> list[str]:
     wrong = []
     for coll, dtype, count, salt in _cases(comm.size, sizes):
+        if kw.get("algo") not in (None, *ALGORITHMS[coll]):
+            continue
         got, expected = _run(comm, coll, dtype, count, salt, **kw)
         if got is not None and _bits(got) != _bits(expected):
             wrong.append(f"{coll} {dtype} {count} elements, rank {comm.rank} of {comm.size}")
@@ -146,12 +149,13 @@ def _sweep(comm: Any, sizes: tuple[int, ...], kw: dict[str, Any]) -> list[str]:
 def _sweep_all_algorithms(comm: Any, sizes: tuple[int, ...]) -> dict[str, list[str]]:
     """deterministic=True with every path a caller can ask for: automatic, ``ordered``
     forced, and every other algorithm refused (an error on every rank, no byte moved)."""
-    found = {"auto": _sweep(comm, sizes, {"deterministic": True}),
-             "ordered": _sweep(comm, sizes, {"deterministic": True, "algo": "ordered"})}
+    found = {"auto": _sweep(comm, sizes, {"deterministic": True})}
+    for algo in sorted(ORDERED_ALGORITHMS):
+        found[algo] = _sweep(comm, sizes, {"deterministic": True, "algo": algo})
     refused = []
     for coll in COLLECTIVES:
         for algo in ALGORITHMS[coll]:
-            if algo == "ordered":
+            if algo in ORDERED_ALGORITHMS:
                 continue
             x = np.ones(8 * comm.size, dtype=np.float32)
             try:
@@ -188,7 +192,8 @@ def test_every_path_returns_the_rank_order_fold(transport, n):
     sizes = SIZES if n <= 4 else SIZES[:4]
     env = {"PYCOLL_TRANSPORTS": transport}
     for outcome in run_ranks(_sweep_all_algorithms, n, sizes, env=env, timeout=240):
-        assert outcome == {"auto": [], "ordered": [], "refused": []}
+        assert all(wrong == [] for wrong in outcome.values()), outcome
+        assert set(outcome) == {"auto", "refused", *ORDERED_ALGORITHMS}
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -233,8 +238,8 @@ def test_without_deterministic_the_algorithms_disagree():
     by_algo = results[0]
     values = [_inputs(q, 4097, "float32", 99).astype(np.float32) for q in range(4)]
     folded = contract(values, "float32").tobytes()
-    assert by_algo["ordered"] == folded
-    others = {name: bits for name, bits in by_algo.items() if name != "ordered"}
+    assert by_algo["ordered"] == by_algo["ordered_gather"] == folded
+    others = {name: bits for name, bits in by_algo.items() if name not in ORDERED_ALGORITHMS}
     assert any(bits != folded for bits in others.values()), "every algorithm gave the fold"
     assert len(set(others.values()) | {folded}) >= 3
 
