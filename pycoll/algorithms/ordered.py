@@ -23,6 +23,7 @@ import numpy as np
 
 from ..transports.base import Request
 from .primitives import Peers, ReduceSpec, chunk_bounds
+from .halving_doubling import allgather_recursive_doubling
 from .ring import allgather_ring
 
 #: elements of a fold segment, in bytes: every source's piece of it is one message
@@ -79,9 +80,15 @@ def reduce_scatter_ordered(peers: Peers, arr: np.ndarray, spec: ReduceSpec,
 
 
 def allreduce_ordered(peers: Peers, arr: np.ndarray, spec: ReduceSpec) -> None:
-    """Ordered reduce-scatter, then a ring allgather of the owners' chunks."""
-    reduce_scatter_ordered(peers, arr, spec)
-    allgather_ring(peers, arr)
+    """Ordered reduce-scatter, then an allgather of the owners' chunks: recursive doubling
+    where the world is a power of two (lg p rounds), a ring otherwise (the same bytes)."""
+    n = peers.size
+    bounds = chunk_bounds(arr.size, n)
+    reduce_scatter_ordered(peers, arr, spec, bounds)
+    if n > 2 and not n & (n - 1):
+        allgather_recursive_doubling(peers, arr, bounds)
+    else:
+        allgather_ring(peers, arr, bounds=bounds)
 
 
 def reduce_ordered(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -> None:

@@ -125,7 +125,8 @@ def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
         return _bound(2 * _lg(q) * a + per_rank + fold, q * per_rank + fold, p, link)
     if algo == ORDERED:
         rs = _ordered_reduce_scatter(nbytes, p, link)
-        ag = (p - 1) * a + (p - 1) / p * nbytes * b
+        rounds = _lg(p) if p > 2 and _pof2(p) == p else p - 1     # the allgather's
+        ag = rounds * a + (p - 1) / p * nbytes * b
         return _bound(rs + ag, p * (p - 1) / p * nbytes * (2 * b + 2 * g), p, link)
     if algo == "ordered_gather":     # one round: every buffer to every rank, folded there
         critical = a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) * nbytes * (b + g)
@@ -136,10 +137,10 @@ def cost_allreduce(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
 def _ordered_reduce_scatter(nbytes: int, p: int, link: LinkModel) -> float:
     """The ordered reduce-scatter (``ordered.py``): one round in which every rank posts its
     p - 1 pieces at once, the owner's link bringing in (p - 1) / p of the buffer, and the
-    owner's fold of p pieces (a copy into the accumulator, then p - 1 reductions)."""
+    owner's fold of p pieces of 1/p of it (p - 1 passes, segment by segment)."""
     a, b, g = _alpha(p, link, True), link.beta, _gamma()
     return (a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * nbytes * b
-            + nbytes / p * p * g)
+            + (p - 1) / p * nbytes * g)
 
 
 def cost_broadcast(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
