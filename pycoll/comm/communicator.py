@@ -455,10 +455,7 @@ class Communicator(Collectives, FusedCollectives):
                     # rank the job already knows is dead, which never finalizes.
                     record = failures.abort.record if failures.abort is not None else None
                     gone = 1 if record and record.get("lost") is not None else 0
-                    deadline = time.monotonic() + timeout
-                    while (scoped.add("finalized", 0) < self.size - gone
-                           and time.monotonic() < deadline):
-                        time.sleep(0.01)
+                    self._await_finalized(scoped, self.size - gone, timeout, failed)
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
         failures.close()
@@ -466,6 +463,29 @@ class Communicator(Collectives, FusedCollectives):
             store.close()
 
     close = finalize
+
+    @staticmethod
+    def _await_finalized(scoped: Store, expected: int, timeout: float, failed: bool) -> None:
+        """The store's owner waits for ``expected`` ranks to finalize, at most ``timeout``.
+
+        After a failure the job cannot know how many ranks are still out there: a pulled
+        cable cuts off every rank of a host, not only the one the abort record names, and
+        those never arrive. So a failed job waits only while ranks keep arriving: at most
+        ``FAILED_FINALIZE_SECONDS`` after the last one (ranks that reach the store read the
+        abort record and finalize within a few hundred ms of each other).
+        """
+        start = time.monotonic()
+        deadline = start + timeout
+        count, last_change = -1, start
+        while True:
+            now = time.monotonic()
+            seen = scoped.add("finalized", 0)
+            if seen != count:
+                count, last_change = seen, now
+            if (count >= expected or now >= deadline
+                    or (failed and now - last_change >= FAILED_FINALIZE_SECONDS)):
+                return
+            time.sleep(0.01)
 
     def _lost_rank(self) -> int | None:
         """The rank whose loss failed this communicator, if that was it."""

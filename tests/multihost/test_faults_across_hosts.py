@@ -104,14 +104,6 @@ def test_launcher_of_a_killed_host_is_named_by_node_0(tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pycoll/comm/communicator.py Communicator.finalize: rank 0, which hosts the store, waits the "
-    "whole 30 s finalize timeout for a 'finalized' count of size - gone, where gone counts at "
-    "most the one rank the abort record names ('lost'), though both ranks of host 1 are out "
-    "of reach: it exits ~33 s after the fault (host 1's ranks, cut off from the store, exit "
-    "~6 s after it since FAILED_FINALIZE_SECONDS; before that they blocked in "
-    "scoped.add('finalized', 1) for the whole init timeout)"),
-    raises=AssertionError)
 @pytest.mark.timeout(120)
 def test_ranks_exit_within_the_bound_after_a_pulled_cable(tmp_path):
     """After raising, a rank that exits must not hang at exit on a store it cannot reach
