@@ -142,12 +142,9 @@ def _f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
 _HALF_BLOCK = 16384   # elements per block of the numpy half-precision path (stays in L1/L2)
 
 
-def _torch_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """Half-precision kernels from torch's vectorised CPU code, when torch is installed.
-
-    numpy's float16 ufuncs convert element by element (~0.4 GB/s here) and numpy has no
-    bfloat16 at all; torch reduces both at several GB/s on the same memory, zero-copy.
-    """
+def _torch_half_op(op: ReduceOp, dtype: str) -> tuple[Any, Callable[..., Any], Any] | None:
+    """(torch, the torch function that computes ``op``, the torch dtype) for a half
+    precision ``dtype``; None without torch."""
     try:
         import torch
     except ImportError:
@@ -155,8 +152,19 @@ def _torch_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.nda
     kernels: dict[str, Callable[..., Any]] = {
         "sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
         "min": torch.minimum, "max": torch.maximum}
-    fn = kernels[op.name]
-    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+    return torch, kernels[op.name], torch.bfloat16 if dtype == "bfloat16" else torch.float16
+
+
+def _torch_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """Half-precision kernels from torch's vectorised CPU code, when torch is installed.
+
+    numpy's float16 ufuncs convert element by element (~0.4 GB/s here) and numpy has no
+    bfloat16 at all; torch reduces both at several GB/s on the same memory, zero-copy.
+    """
+    found = _torch_half_op(op, dtype)
+    if found is None:
+        return None
+    torch, fn, tdtype = found
 
     def reduce_half_torch(dst: np.ndarray, src: np.ndarray) -> None:
         d = torch.from_numpy(dst).view(tdtype)
@@ -189,15 +197,10 @@ def combiner(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray, np.n
     (one pass, no copy); None where only the in-place ``reducer`` exists (half precision
     without torch)."""
     if dtype in ("bfloat16", "float16"):
-        try:
-            import torch
-        except ImportError:
+        found = _torch_half_op(op, dtype)
+        if found is None:
             return None
-        kernels: dict[str, Callable[..., Any]] = {
-            "sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
-            "min": torch.minimum, "max": torch.maximum}
-        fn = kernels[op.name]
-        tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+        torch, fn, tdtype = found
 
         def combine_half_torch(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
             fn(torch.from_numpy(a).view(tdtype), torch.from_numpy(b).view(tdtype),
