@@ -48,6 +48,8 @@ _HANDSHAKE = 0
 _READY = 1
 #: a non-blocking socket has nothing for us now (the ssl ones for a TLS connection)
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+#: a client that left during its TLS handshake (a liveness probe): no warning
+_GONE = (errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE)
 
 _RECV_SIZE = 256 * 1024
 _ACCEPTS_PER_WAKEUP = 512
@@ -489,8 +491,11 @@ class StoreServer:
             conn.writing = True
             self._sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
             return
-        except OSError as e:   # a stranger, a client of another CA, a plain client
-            raise _Hostile(describe_tls_failure(e)) from None
+        except OSError as e:
+            if isinstance(e, ssl.SSLEOFError) or e.errno in _GONE:   # connected, left (a probe)
+                self._close(conn, None)
+                return
+            raise _Hostile(describe_tls_failure(e)) from None   # a stranger, another CA's
         if conn.writing:
             conn.writing = False
             self._sel.modify(sock, selectors.EVENT_READ, conn)
