@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from pycoll.testing.certs import make_job_certificates, openssl_available
 from rendezvous import AuthError, StoreServer, TCPStore
 from rendezvous.tls import TlsConfigError, TlsFiles, tls_from_env
-
-from pycoll.testing.certs import make_job_certificates, openssl_available
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not openssl_available(), reason="no openssl command")]
