@@ -66,7 +66,7 @@ def test_tls_between_two_hosts_and_nothing_in_the_clear(hosts, tmp_path):
             assert res["tls"] == (["TLSv1.3"] if tls else [None]), res
             assert res["store_tls"] is tls, res
     # the capture works (it sees the marker of the plain job: 1 MiB of it crossed) ...
-    assert plain["capture"]["marker_frames"] > 10, plain["capture"]
+    assert plain["capture"]["marker_frames"] > 0, plain["capture"]
     # ... and sees as many bytes of the TLS job, none of them the marker
     assert secured["capture"]["bytes"] > 1 << 20, secured["capture"]
     assert secured["capture"]["marker_frames"] == 0, secured["capture"]
