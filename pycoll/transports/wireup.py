@@ -420,7 +420,12 @@ class Acceptor:
             if len(self.handshakes) >= MAX_HANDSHAKES:
                 self._drop_oldest_handshake()
             if self.tls is not None:
-                conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True,
+                                                do_handshake_on_connect=False)
+                except OSError:     # gone already
+                    conn.close()
+                    continue
             self.handshakes[conn.fileno()] = Handshake(conn, secured=self.tls is None)
             moved = True
         return moved
