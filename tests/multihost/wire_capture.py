@@ -18,7 +18,7 @@ deadline = time.monotonic() + seconds
 while time.monotonic() < deadline and not os.path.exists(stop):
     try:
         frame = sock.recv(1 << 17)
-    except socket.timeout:
+    except TimeoutError:
         continue
     seen += len(frame)
     found += marker in frame

@@ -7,8 +7,11 @@ their wire) tests/multihost/test_tls_hosts.py.
 """
 from __future__ import annotations
 
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from pycoll.transports.wireup import HELLO, MAGIC, proof
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not openssl_available(), reason="no openssl command")]
 
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tls-test-secret"
 SIZES = (0, 1, 1000, 4097, 1 << 16, (1 << 19) + 3, 3 << 20)     # elements of float32
 
@@ -199,3 +203,41 @@ def test_a_missing_file_fails_init_naming_it(certs, tmp_path):
     outcomes = run_ranks(_nothing, 2, env=env, expect_failure=True, timeout=30)
     for rank in range(2):
         _fails_naming(outcomes, rank, "InvalidArgument", "PYCOLL_TLS_KEY", "absent.key")
+
+
+LAUNCHED = """
+import os, ssl, numpy as np, pycoll
+comm = pycoll.init(timeout=30)
+a = np.ones(1 << 18, np.float32)
+comm.allreduce(a)
+lanes = comm.channel(1 - comm.rank)._lanes
+line = (f"rank {comm.rank} {float(a[0])} {isinstance(comm._store._sock, ssl.SSLSocket)} "
+        f"{[s.version() for s in (lane.sock for lane in lanes)]}\\n")
+os.write(1, line.encode())     # one write: the two ranks share the launcher's stdout
+pycoll.finalize()
+"""
+
+
+def _launch(tmp_path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.py"
+    script.write_text(LAUNCHED)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLL_", "MASTER_"))}
+    clean.update(PYTHONPATH=str(ROOT), PYCOLL_TRANSPORTS="tcp", **env)
+    return subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "2", str(script)],
+                          cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=90,
+                          start_new_session=True)
+
+
+def test_the_launcher_hosts_a_tls_store_for_its_ranks(certs, tmp_path):
+    done = _launch(tmp_path, certs["rank0"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for rank in range(2):
+        assert f"rank {rank} 2.0 True ['TLSv1.3']" in done.stdout, done.stdout
+
+
+def test_the_launcher_refuses_some_variables_before_starting_anything(certs, tmp_path):
+    env = dict(certs["rank0"])
+    env.pop("PYCOLL_TLS_CA")
+    done = _launch(tmp_path, env)
+    assert done.returncode != 0
+    assert "PYCOLL_TLS_CA" in done.stderr and "rank 0" not in done.stdout, done.stderr[-2000:]
