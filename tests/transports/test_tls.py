@@ -241,3 +241,21 @@ def test_the_launcher_refuses_some_variables_before_starting_anything(certs, tmp
     done = _launch(tmp_path, env)
     assert done.returncode != 0
     assert "PYCOLL_TLS_CA" in done.stderr and "rank 0" not in done.stdout, done.stderr[-2000:]
+
+
+def _one_rank_dies(comm):
+    a = np.ones(1 << 18, np.float32)
+    comm.allreduce(a)                  # the TLS channel is up
+    if comm.rank == 1:
+        os._exit(3)                    # gone without a word (no TLS close_notify either)
+    got = np.empty(1 << 18, np.float32)
+    comm.recv(got, 1, tag=9)
+
+
+def test_a_peer_that_dies_on_a_tls_channel_is_lost_not_waited_for(tls_store):
+    env = _rank_env(tls_store, PYCOLL_TRANSPORTS="tcp")
+    start = time.monotonic()
+    outcomes = run_ranks(_one_rank_dies, 2, rank_env=env, expect_failure=True, timeout=60,
+                         collective_timeout=30)
+    assert time.monotonic() - start < 20, outcomes          # well before the deadline
+    _fails_naming(outcomes, 0, "PeerLost", "peer rank 1")
