@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from rendezvous.tls import TlsFiles
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -86,3 +90,13 @@ def env_list(name: str) -> list[str] | None:
     if raw is None:
         return None
     return [item.strip().lower() for item in raw.split(",") if item.strip()]
+
+
+def env_tls() -> TlsFiles | None:
+    """The job's TLS files (``PYCOLL_TLS_CERT``, ``PYCOLL_TLS_KEY``, ``PYCOLL_TLS_CA``): all
+    three or none; the store (``rendezvous.tls``) reads the same variables."""
+    from rendezvous.tls import TlsConfigError, tls_from_env
+    try:
+        return tls_from_env()
+    except TlsConfigError as e:
+        raise InvalidArgument(str(e)) from None

@@ -14,6 +14,7 @@ import math
 import random
 import secrets
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -31,6 +32,7 @@ from .errors import (
 )
 from .protocol import Op, Status
 from .server import StoreServer, resolve_token
+from .tls import TLS_VARIABLES, TlsFiles, describe_tls_failure, resolve_tls
 
 __all__ = ["TCPStore", "Timeout", "Value"]
 
@@ -104,6 +106,9 @@ class TCPStore:
             call; blocking calls also accept a per-call ``timeout=``.
         server_options: extra keyword arguments for the embedded :class:`StoreServer`
             (``max_value_size=``, ``handshake_timeout=``, ...).
+        tls: ``rendezvous.tls.TlsFiles`` (TLS 1.3, this client's certificate, the job's CA);
+            ``None`` reads ``PYCOLL_TLS_CERT/KEY/CA``; ``False``: plain sockets. A client with
+            TLS refuses a server without it, and the other way round, with an ``AuthError``.
 
     Connecting retries with exponential backoff plus jitter until the deadline, because ranks
     start in any order and the server may come up last; the jitter keeps thousands of ranks
@@ -119,9 +124,12 @@ class TCPStore:
         token: str | bytes | None = None,
         timeout: Timeout = 300.0,
         server_options: dict | None = None,
+        tls: TlsFiles | bool | None = None,
     ) -> None:
         self._timeout = _seconds(timeout, 300.0)
         self._token = resolve_token(token)
+        files = resolve_tls(tls)
+        self._tls = files.client_context() if files is not None else None
         self._lock = threading.RLock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -133,7 +141,8 @@ class TCPStore:
             # The embedded server uses exactly the token this client resolved, so the two
             # always agree (an explicit token=None still honours $PYCOLL_TOKEN for both).
             self.server = StoreServer(
-                host, port, token=self._token or b"", **(server_options or {})
+                host, port, token=self._token or b"", tls=files or False,
+                **(server_options or {})
             ).start()
             port = self.server.port
             self._finalizer = weakref.finalize(self, self.server.close)
@@ -183,7 +192,7 @@ class TCPStore:
                                                 timeout=min(remaining, 30.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(min(max(deadline - time.monotonic(), 0.001), 30.0))
-                self._handshake(sock)
+                sock = self._handshake(sock)
                 sock.settimeout(None)
                 self._sock = sock
                 return
@@ -211,7 +220,7 @@ class TCPStore:
             f"and that the timeout ({self._timeout:g}s) leaves it enough time to start."
         )
 
-    def _handshake(self, sock: socket.socket) -> None:
+    def _greeting(self, sock: socket.socket) -> tuple[int, int, int, bytes]:
         hello = _recv_frame(sock, P.MAX_HANDSHAKE_FRAME)
         if len(hello) != P.HELLO.size:
             raise StoreProtocolError(f"unexpected greeting from {self.address} "
@@ -219,6 +228,44 @@ class TCPStore:
         magic, version, flags, max_key, max_value, snonce = P.HELLO.unpack(hello)
         if magic != P.MAGIC:
             raise StoreProtocolError(f"{self.address} is not a rendezvous server (bad magic)")
+        return flags, max_key, max_value, snonce
+
+    def _start_tls(self, sock: socket.socket, flags: int) -> ssl.SSLSocket:
+        """The TLS handshake a TLS server announced (bounded by the socket's timeout); both
+        ends must agree on TLS, a mismatch is refused with what to set."""
+        if not flags & P.FLAG_TLS_REQUIRED:
+            raise AuthError(
+                f"the rendezvous store at {self.address} does not speak TLS but this client "
+                f"has certificates ({', '.join(TLS_VARIABLES)}); refusing to talk in the "
+                "clear. Give the server the same variables, or unset them here.")
+        if self._tls is None:
+            raise AuthError(
+                f"the rendezvous store at {self.address} requires TLS and this client has no "
+                f"certificates: set {', '.join(TLS_VARIABLES)} (a certificate signed by the "
+                "job's CA, and that CA) as on the server")
+        try:
+            return self._tls.wrap_socket(sock)
+        except ssl.SSLError as e:
+            raise self._tls_refused(e) from None
+
+    def _tls_refused(self, error: ssl.SSLError) -> AuthError:
+        return AuthError(f"the rendezvous store at {self.address}: "
+                         f"{describe_tls_failure(error)}")
+
+    def _handshake(self, sock: socket.socket) -> socket.socket:
+        """Greeting, TLS if the server speaks it, login; the socket to talk on."""
+        flags, max_key, max_value, snonce = self._greeting(sock)
+        if self._tls is not None or flags & P.FLAG_TLS_REQUIRED:
+            sock = self._start_tls(sock, flags)
+            try:
+                flags, max_key, max_value, snonce = self._greeting(sock)
+            except ssl.SSLError as e:     # TLS 1.3: the server checks our certificate now
+                raise self._tls_refused(e) from None
+        self._login(sock, flags, snonce)
+        self._max_key, self._max_value = max_key, max_value
+        return sock
+
+    def _login(self, sock: socket.socket, flags: int, snonce: bytes) -> None:
         auth = bool(flags & P.FLAG_AUTH_REQUIRED)
         if self._token is not None and not auth:
             raise AuthError(
@@ -259,7 +306,6 @@ class TCPStore:
             if not secrets.compare_digest(proof, expected):
                 raise AuthError(f"the rendezvous server at {self.address} could not prove it "
                                 "knows the token")
-        self._max_key, self._max_value = max_key, max_value
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

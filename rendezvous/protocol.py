@@ -11,6 +11,10 @@ Handshake (first three frames of every connection)::
     client -> LOGIN   magic u32 | version u8 | client_nonce[32] | mac_len u8 | mac[mac_len]
     server -> WELCOME status u8 | mac_len u8 | mac[mac_len]
 
+With TLS (``tls.py``) the server first sends a plain HELLO with ``FLAG_TLS_REQUIRED`` and a
+zero nonce; both sides then run a TLS 1.3 handshake on the socket, and the three frames above
+follow inside it.
+
 With a token, ``mac`` is HMAC-SHA256(token, b"rdzv-client" + nonce + client_nonce) and the
 server answers with HMAC-SHA256(token, b"rdzv-server" + nonce + client_nonce), so both sides
 prove knowledge of the token without sending it, and a recorded exchange cannot be replayed
@@ -48,6 +52,10 @@ REQ_HEAD = struct.Struct(">BqI")  # op/status, arg, blob count
 NONCE_SIZE = 32
 MAC_SIZE = 32
 FLAG_AUTH_REQUIRED = 0x01
+#: the server speaks TLS: this HELLO (plain, nonce zero) only says so; the client starts a TLS
+#: handshake on the same socket and the real HELLO follows inside it (STARTTLS-style, so that
+#: a client without certificates hears why it is refused instead of timing out)
+FLAG_TLS_REQUIRED = 0x02
 
 #: frames exchanged before authentication are tiny; anything larger is hostile.
 MAX_HANDSHAKE_FRAME = 256

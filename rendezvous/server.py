@@ -29,6 +29,7 @@ import resource
 import secrets
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,13 +37,19 @@ from collections.abc import Callable, Sequence
 from . import protocol as P
 from .kv import KeyValueState, NotAnInteger, Waiter
 from .protocol import Op, Status
+from .tls import TlsFiles, describe_tls_failure, resolve_tls
 
 __all__ = ["StoreServer", "resolve_token"]
 
 log = logging.getLogger("rendezvous.server")
 
+_TLS = -1          # accepted by a TLS server, TLS handshake under way
 _HANDSHAKE = 0
 _READY = 1
+#: a non-blocking socket has nothing for us now (the ssl ones for a TLS connection)
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+#: a client that left during its TLS handshake (a liveness probe): no warning
+_GONE = (errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE)
 
 _RECV_SIZE = 256 * 1024
 _ACCEPTS_PER_WAKEUP = 512
@@ -83,12 +90,12 @@ class _Conn:
         "closed", "writing", "close_after_flush",
     )
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, peer: str, state: int) -> None:
         self.sock = sock
         self.peer = peer
         self.inbuf = bytearray()
         self.outbuf = bytearray()
-        self.state = _HANDSHAKE
+        self.state = state
         self.nonce = secrets.token_bytes(P.NONCE_SIZE)
         self.waiter: _Parked | None = None
         self.closed = False
@@ -138,6 +145,8 @@ class StoreServer:
         max_connections: connections beyond this are accepted and closed immediately.
         backlog: listen backlog (default: the system maximum, so a connect storm of thousands
             of ranks is queued rather than reset).
+        tls: ``rendezvous.tls.TlsFiles`` to serve TLS 1.3 with client certificates; ``None``
+            reads ``PYCOLL_TLS_CERT/KEY/CA``; ``False``: plain sockets.
     """
 
     def __init__(
@@ -152,10 +161,13 @@ class StoreServer:
         handshake_timeout: float = 10.0,
         max_connections: int = 65536,
         backlog: int | None = None,
+        tls: TlsFiles | bool | None = None,
     ) -> None:
         if max_key_size <= 0 or max_value_size < 0:
             raise ValueError("max_key_size must be > 0 and max_value_size >= 0")
         self._token = resolve_token(token)
+        files = resolve_tls(tls)
+        self._tls = files.server_context() if files is not None else None
         self.max_key_size = int(max_key_size)
         self.max_value_size = int(max_value_size)
         self.max_frame_size = int(
@@ -366,7 +378,7 @@ class StoreServer:
                 if obj.active:
                     self._expire_waiter(obj)
             elif isinstance(obj, _Conn):
-                if not obj.closed and obj.state == _HANDSHAKE:
+                if not obj.closed and obj.state != _READY:
                     log.warning(
                         "rendezvous server: dropping connection from %s: no handshake within %.1fs",
                         obj.peer, self.handshake_timeout,
@@ -389,7 +401,7 @@ class StoreServer:
         if isinstance(obj, _Parked):
             return obj.active
         if isinstance(obj, _Conn):
-            return not obj.closed and obj.state == _HANDSHAKE
+            return not obj.closed and obj.state != _READY
         return True
 
     # ------------------------------------------------------------------ connections
@@ -440,19 +452,60 @@ class StoreServer:
             except OSError:
                 sock.close()
                 continue
-            conn = _Conn(sock, peer)
+            if self._tls is not None:
+                try:
+                    sock = self._start_tls(sock)
+                except OSError:
+                    sock.close()
+                    continue
+            conn = _Conn(sock, peer, _HANDSHAKE if self._tls is None else _TLS)
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            flags = P.FLAG_AUTH_REQUIRED if self._token is not None else 0
-            hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size,
-                                 self.max_value_size, conn.nonce)
-            self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
+            if self._tls is None:
+                self._hello(conn)
             self._push_timer(time.monotonic() + self.handshake_timeout, conn)
+
+    def _hello(self, conn: _Conn) -> None:
+        flags = P.FLAG_AUTH_REQUIRED if self._token is not None else 0
+        hello = P.HELLO.pack(P.MAGIC, P.VERSION, flags, self.max_key_size,
+                             self.max_value_size, conn.nonce)
+        self._send(conn, P.FRAME_HEADER.pack(len(hello)) + hello)
+
+    def _start_tls(self, sock: socket.socket) -> ssl.SSLSocket:
+        """Say in the clear that this store speaks TLS (a client without certificates then
+        knows why it is refused), and wrap the socket for a non-blocking handshake."""
+        notice = P.HELLO.pack(P.MAGIC, P.VERSION, P.FLAG_TLS_REQUIRED, 0, 0, bytes(P.NONCE_SIZE))
+        sock.send(P.FRAME_HEADER.pack(len(notice)) + notice)   # 54 bytes, an empty buffer
+        assert self._tls is not None
+        return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+
+    def _tls_handshake(self, conn: _Conn) -> None:
+        """One step of a connection's TLS handshake; once done, the HELLO goes out inside."""
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            return
+        except ssl.SSLWantWriteError:
+            conn.writing = True
+            self._sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        except OSError as e:
+            if isinstance(e, ssl.SSLEOFError) or e.errno in _GONE:   # connected, left (a probe)
+                self._close(conn, None)
+                return
+            raise _Hostile(describe_tls_failure(e)) from None   # a stranger, another CA's
+        if conn.writing:
+            conn.writing = False
+            self._sel.modify(sock, selectors.EVENT_READ, conn)
+        conn.state = _HANDSHAKE
+        self._hello(conn)
 
     def _evict_unauthenticated(self, count: int) -> int:
         """Close up to ``count`` of the oldest connections still in their handshake (never an
         authenticated client); return how many were closed."""
-        victims = [c for c in self._conns.values() if c.state == _HANDSHAKE][:count]
+        victims = [c for c in self._conns.values() if c.state != _READY][:count]
         for conn in victims:
             self._close(conn, None)
         if victims:
@@ -491,7 +544,7 @@ class StoreServer:
             return
         try:
             sent = conn.sock.send(data)
-        except (BlockingIOError, InterruptedError):
+        except _WOULD_BLOCK:
             sent = 0
         except OSError as e:
             self._close(conn, None)
@@ -506,10 +559,13 @@ class StoreServer:
             self._close(conn, None)
 
     def _on_writable(self, conn: _Conn) -> None:
+        if conn.state == _TLS:
+            self._tls_handshake(conn)
+            return
         if conn.outbuf:
             try:
                 sent = conn.sock.send(conn.outbuf)
-            except (BlockingIOError, InterruptedError):
+            except _WOULD_BLOCK:
                 return
             except OSError:
                 self._close(conn, None)
@@ -524,9 +580,15 @@ class StoreServer:
             self._process(conn)
 
     def _on_readable(self, conn: _Conn) -> None:
+        if conn.state == _TLS:
+            self._tls_handshake(conn)
+            return
         try:
             data = conn.sock.recv(_RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
+            if self._tls is not None:    # a record decrypted but not all read: epoll can't see
+                while data and conn.sock.pending():   # type: ignore[attr-defined]
+                    data += conn.sock.recv(_RECV_SIZE)
+        except _WOULD_BLOCK:
             return
         except OSError as e:
             log.debug("rendezvous server: recv from %s failed: %s", conn.peer, e)

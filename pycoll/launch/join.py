@@ -22,9 +22,12 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
           comm: Any) -> tuple[Store | None, int, int, str | None, str | None]:
     """(store, rank, size, job secret, store address) of this process: over MPI, over
     torchrun's agent store, or from the launcher's environment with pycoll's own store."""
+    from ..envvars import env_tls
     from . import mpi as mpi_boot
     from .environment import launcher_name, resolve_launch
     from .secret import agent_store, job_secret, warn_if_open
+
+    env_tls()    # TLS (PYCOLL_TLS_*): all three files or none, before any socket opens
 
     if comm is None and rank is None and mpi_boot.should_bootstrap(
             launcher_name(), os.environ, master_addr):

@@ -50,6 +50,8 @@ def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nno
         raise ValueError(f"launch: timeout must be positive, got {timeout!r}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"launch: node_rank {node_rank} is not in [0, {nnodes})")
+    from ..envvars import env_tls
+    env_tls()    # TLS: all three files or none, said before a store or a rank starts
     if nnodes > 1 and (not token or not master_port):
         raise ValueError(
             "launch: a job on several hosts needs the same secret and store port on every "

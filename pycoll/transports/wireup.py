@@ -6,6 +6,11 @@ accepts and checks it. Kept apart from ``tcp/`` so that the tcp transport reads 
 others (a channel and a transport), and because it is not tcp's alone: the verbs transport
 sets up its queue pairs over the same dial and handshake (its socket then carries no data:
 only the queue-pair addresses, and a farewell).
+
+With TLS (``Connector(tls=...)``, tcp when ``PYCOLL_TLS_*`` are set) every socket runs a
+non-blocking TLS 1.3 handshake, both sides presenting the job's certificates, right after the
+TCP connect, within the same deadlines; the ``HELLO`` and its HMAC proof then travel inside
+the TLS stream, unchanged.
 """
 from __future__ import annotations
 
@@ -16,10 +21,13 @@ import os
 import secrets
 import select
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from rendezvous.tls import TlsFiles, describe_tls_failure
 
 from ..errors import TransportError
 from .base import peer_lost
@@ -51,21 +59,26 @@ HANDSHAKE_SECONDS = 10.0
 MAX_HANDSHAKES = 256
 #: how often an idle transport looks for peers dialing in (a busy one: every pass)
 ACCEPT_INTERVAL = 0.01
+#: a non-blocking socket has nothing for us now (the ssl ones: a TLS socket's)
+WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class Dial:
-    """A non-blocking connection attempt to a lower rank: connect, prove, await the ack.
-    One per socket of the pair (``stream`` of ``streams``)."""
+    """A non-blocking connection attempt to a lower rank: connect, (TLS handshake,) prove,
+    await the ack. One per socket of the pair (``stream`` of ``streams``)."""
 
     def __init__(self, transport: Dialer, channel: Channel, addr: dict[str, Any],
-                 deadline: float, stream: int = 0, streams: int = 1) -> None:
+                 deadline: float, stream: int = 0, streams: int = 1,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.transport = transport
         self.channel = channel
         self.stream = stream
         self.addr = addr
         self.deadline = deadline
+        self.tls = tls
         self.sock: socket.socket | None = None
-        self.state = "idle"            # idle -> connecting -> ack
+        self.state = "idle"            # idle -> connecting -> (tls ->) ack
+        self.wants = select.EPOLLIN    # what the TLS handshake waits for
         self.retry_at = 0.0
         self.delay = 0.01
         self.hello = HELLO.pack(MAGIC, transport.rank, stream, streams,
@@ -92,8 +105,38 @@ class Dial:
         self.state = "idle"
         return False
 
+    def _tls_failed(self, error: BaseException) -> bool:
+        if self.sock is not None:
+            self.sock.close()
+        peer = self.channel.peer
+        self.channel._break(TransportError(
+            f"{self.transport.name}: rank {self.transport.rank} could not connect to peer rank "
+            f"{peer} at {self.addr['host']}:{self.addr['port']}: "
+            f"{describe_tls_failure(error)}", peer=peer))
+        return True
+
     def events(self) -> int:
+        if self.state == "tls":
+            return self.wants
         return select.EPOLLOUT if self.state == "connecting" else select.EPOLLIN
+
+    def _handshake_tls(self, sock: socket.socket) -> bool | None:
+        """One step of the TLS handshake: None when done, else ``progress``'s answer."""
+        try:
+            sock.do_handshake()    # type: ignore[attr-defined]
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as e:
+            self.wants = (select.EPOLLIN if isinstance(e, ssl.SSLWantReadError)
+                          else select.EPOLLOUT)
+            if time.monotonic() > self.deadline:
+                self._fail("the TLS handshake did not finish before the deadline")
+                sock.close()
+                return True
+            return False
+        except ssl.SSLError as e:
+            return self._tls_failed(e)
+        except OSError as e:
+            return self._retry(str(e))
+        return None
 
     def progress(self) -> bool:
         """Advance; True once finished (connected or failed)."""
@@ -138,6 +181,14 @@ class Dial:
                 return True
             if err:
                 return self._retry(os.strerror(err))
+            if self.tls is not None:
+                sock = self.sock = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
+                self.state = "tls"
+        if self.state == "tls":
+            step = self._handshake_tls(sock)
+            if step is not None:
+                return step
+        if self.state in ("connecting", "tls"):
             try:
                 sock.sendall(self.hello)     # 48 bytes into an empty socket buffer
             except OSError as e:
@@ -145,12 +196,14 @@ class Dial:
             self.state = "ack"
         try:
             answer = sock.recv(1)
-        except (BlockingIOError, InterruptedError):
+        except WOULD_BLOCK:
             if time.monotonic() > self.deadline:
                 self._fail("the peer accepted the connection but never answered the handshake")
                 sock.close()
                 return True
             return False
+        except ssl.SSLError as e:    # TLS 1.3: the peer checks our certificate only now
+            return self._tls_failed(e)
         except OSError as e:
             return self._retry(str(e))
         if answer == b"" and time.monotonic() < self.deadline:
@@ -169,14 +222,16 @@ class Dial:
 
 
 class Handshake:
-    """An accepted connection that has not yet proved which rank of the job it is."""
+    """An accepted connection that has not yet proved which rank of the job it is (nor,
+    with TLS, finished its TLS handshake: ``secured``)."""
 
-    __slots__ = ("sock", "buf", "since")
+    __slots__ = ("sock", "buf", "since", "secured")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, secured: bool) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.since = time.monotonic()
+        self.secured = secured
 
 
 class Connector:
@@ -187,15 +242,17 @@ class Connector:
     A pair has ``streams`` sockets: the smaller of the two ranks' counts, which each side
     computes from the other's published address (the dialer also states it in its
     ``HELLO``). A channel is made by ``make_channel(peer, streams)`` and must offer
-    ``attach(sock, stream)``, ``busy()``, ``ready``, ``streams`` and ``_broken``.
+    ``attach(sock, stream)``, ``busy()``, ``ready``, ``streams`` and ``_broken``. With
+    ``tls`` every socket is a TLS one (``ssl.SSLSocket``), in both directions.
     """
 
     def __init__(self, transport: Dialer, size: int, accepts: Callable[[str, int], bool],
                  host: str, family: int, make_channel: Callable[[int, int], Any],
-                 streams: int = 1) -> None:
+                 streams: int = 1, tls: TlsFiles | None = None) -> None:
         self.transport = transport
         self.host = host
         self.streams = streams
+        self._tls = tls.client_context() if tls is not None else None
         self._accepts = accepts
         self._make = make_channel
         self.channels: dict[int, Any] = {}
@@ -203,7 +260,8 @@ class Connector:
         self.dials: dict[tuple[int, int], Dial] = {}
         self.awaiting = False       # a channel with work waits for its peer to dial in
         self.acceptor = Acceptor(transport.rank, size, transport._token, host, family,
-                                 self._may_admit, self._attach)
+                                 self._may_admit, self._attach,
+                                 tls.server_context() if tls is not None else None)
 
     def address(self) -> dict[str, Any]:
         return dict(self.acceptor.address(self.host), streams=self.streams)
@@ -217,7 +275,7 @@ class Connector:
             if peer < self.transport.rank:
                 for stream in range(streams):
                     self.dials[(peer, stream)] = Dial(self.transport, ch, address, deadline,
-                                                      stream, streams)
+                                                      stream, streams, self._tls)
             else:
                 self.awaiting = True
         return ch
@@ -303,15 +361,19 @@ class Acceptor:
     the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack.
     Anything else (a stranger, a flood of silent sockets, a peer of another job) is dropped
     without disturbing the job; when descriptors run short the oldest unproven connection
-    goes first.
+    goes first. With ``tls`` the TLS handshake comes first, under the same deadline; a peer
+    whose certificate this side refuses is dropped like a stranger (the dialer, whose
+    handshake fails too, reports it).
     """
 
     def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,
                  may_admit: Callable[[int, int, int], bool],
-                 attach: Callable[[int, int, int, socket.socket], None]) -> None:
+                 attach: Callable[[int, int, int, socket.socket], None],
+                 tls: ssl.SSLContext | None = None) -> None:
         self.rank = rank
         self.size = size
         self.token = token
+        self.tls = tls
         self.nonce = secrets.token_hex(16)
         self._may_admit = may_admit
         self._attach = attach
@@ -357,7 +419,14 @@ class Acceptor:
             conn.setblocking(False)
             if len(self.handshakes) >= MAX_HANDSHAKES:
                 self._drop_oldest_handshake()
-            self.handshakes[conn.fileno()] = Handshake(conn)
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True,
+                                                do_handshake_on_connect=False)
+                except OSError:     # gone already
+                    conn.close()
+                    continue
+            self.handshakes[conn.fileno()] = Handshake(conn, secured=self.tls is None)
             moved = True
         return moved
 
@@ -371,13 +440,16 @@ class Acceptor:
         now = time.monotonic()
         for fd, hs in list(self.handshakes.items()):
             try:
+                if not hs.secured:
+                    hs.sock.do_handshake()     # type: ignore[attr-defined]
+                    hs.secured = True
                 chunk = hs.sock.recv(HELLO.size - len(hs.buf))
-            except (BlockingIOError, InterruptedError):
+            except WOULD_BLOCK:
                 if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
                     del self.handshakes[fd]
                     hs.sock.close()
                 continue
-            except OSError:
+            except OSError:   # ssl.SSLError too: a plain stranger, a certificate we refuse
                 chunk = b""
             moved = True
             if not chunk:

@@ -18,6 +18,8 @@ from rdzv_util import HOST, raise_nofile  # noqa: E402
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     raise_nofile(8192)
     monkeypatch.delenv("PYCOLL_TOKEN", raising=False)
+    for name in ("PYCOLL_TLS_CERT", "PYCOLL_TLS_KEY", "PYCOLL_TLS_CA"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

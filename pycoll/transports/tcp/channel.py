@@ -77,13 +77,15 @@ class TcpChannel(Channel):
     """
 
     transport: TcpOwner  # type: ignore[assignment]
+    #: the lanes' class (``tls.TlsLane`` for TLS sockets)
+    lane_class: type[Lane] = Lane
 
     def __init__(self, transport: TcpOwner, peer: int, streams: int = 1) -> None:
         self.transport = transport
         self.peer = peer
         self.streams = streams
         self._active = transport._active.channels    # join it when work arrives
-        self._lanes = [Lane() for _ in range(streams)]
+        self._lanes = [self.lane_class() for _ in range(streams)]
         self._attached = 0
         self._sends: deque[Request] = deque()    # in flight, oldest first
         self._match = TagMatcher(peer)

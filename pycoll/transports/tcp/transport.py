@@ -8,16 +8,19 @@ progress with everything else, so connections open in parallel, never rank after
 Anything else that connects to the data port (a stranger, a flood of silent sockets) is
 dropped at a short handshake deadline without disturbing the job. The dials, the handshake
 and the acceptor are ``wireup``'s (verbs uses them too), the interface choice ``netif``'s,
-the frames ``channel.py``'s.
+the frames ``channel.py``'s. With ``PYCOLL_TLS_CERT/KEY/CA`` every socket is TLS 1.3 with
+mutual authentication (``tls.py``), the HMAC proof inside it.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ...envvars import env_tls
 from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
 from ..netif import choose_bind_address, socket_streams
 from ..wireup import Connector, ConnectorTransport
 from .channel import TcpChannel
+from .tls import TlsChannel
 
 
 class TcpTransport(ConnectorTransport, Transport):
@@ -32,9 +35,11 @@ class TcpTransport(ConnectorTransport, Transport):
         self._size = ctx.size
         self._token = ctx.token
         host, family = choose_bind_address(ctx.master_addr)
+        tls = env_tls()
+        channel = TcpChannel if tls is None else TlsChannel   # chosen once: no TLS branch
         self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
-                                lambda peer, streams: TcpChannel(self, peer, streams),
-                                streams=socket_streams())
+                                lambda peer, streams: channel(self, peer, streams),
+                                streams=socket_streams(), tls=tls)
         self._channels: dict[int, TcpChannel] = self._setup.channels
         self._active = ActiveSet()
 
