@@ -122,7 +122,7 @@ def test_node_with_another_jobs_token(job):
     node1 = _node(1, port, job, token="f" * 32)
     (code0, text0), (code1, text1) = _finish([node0, node1])
     assert code1 == 1 and "token does not match" in text1, text1
-    assert code0 != 0 and "hello/1" in text0, text0
+    assert code0 != 0 and "rank(s) [1] (1 of 2) never joined" in text0, text0
     assert "authentication failed" in text0, text0
 
 

@@ -11,7 +11,6 @@ rank 0's store is turned away while the job still runs.
 from __future__ import annotations
 
 import pytest
-
 from test_spark import WORLD, sc  # noqa: F401 - the module's SparkContext fixture
 
 pytestmark = pytest.mark.timeout(180)

@@ -185,3 +185,48 @@ def test_peer_lying_about_its_queue_pairs(lie):
         return
     assert kind0 == "TransportError" and "peer rank 1 sent" in text0, text0
     assert "queue-pair addresses" in text0, text0
+
+
+def _lying_grant_job(comm, lie):
+    """Rank 1 receives a rendezvous message (1 MiB) but its clear-to-send lies: a wrong rkey,
+    an address outside the buffer it registered, or another size."""
+    a = np.full(1 << 18, -7.0, dtype=np.float32)
+    if comm.rank == 1:
+        from pycoll.transports.verbs.channel import VerbsChannel
+        honest = VerbsChannel._grant
+
+        def lying(self, req, send_id):
+            honest(self, req, send_id)
+            cts = self.pairs.outbox[-1]
+            self.pairs.outbox[-1] = cts._replace(**{
+                "rkey": dict(aux=cts.aux ^ 0x5A5A),
+                "address": dict(addr=cts.addr + (1 << 32)),
+                "size": dict(nbytes=cts.nbytes // 2)}[lie])
+
+        VerbsChannel._grant = lying
+    try:
+        if comm.rank == 0:
+            comm.send(np.full(1 << 18, 5.0, dtype=np.float32), 1, timeout=30)
+        else:
+            comm.recv(a, 0, timeout=30)
+        got = ("ok", "")
+    except Exception as e:  # noqa: BLE001
+        got = (type(e).__name__, " ".join(str(e).split()))
+    return got, bool((a == -7.0).all())
+
+
+@needs_device
+@pytest.mark.parametrize("lie", ["rkey", "address", "size"])
+def test_peer_lying_in_its_clear_to_send(lie):
+    """The sender's RDMA write is refused by the adapter (wrong rkey, address outside the
+    region) or the grant is refused by the sender (another size): the sender fails naming
+    the receiver, the receiver fails too, and nothing lands in the receiver's buffer."""
+    from pycoll.testing import run_ranks
+    out = run_ranks(_lying_grant_job, 2, lie, env=VERBS, timeout=200, collective_timeout=120)
+    (kind0, text0), _ = out[0]
+    (kind1, text1), untouched1 = out[1]
+    assert kind0 != "ok" and "peer rank 1" in text0, text0
+    if lie == "size":
+        assert "granted an unknown message" in text0, text0
+    assert kind1 != "ok", text1
+    assert untouched1
