@@ -9,9 +9,6 @@ three things a hostile input must never cost: a clear error on every rank it rea
 from __future__ import annotations
 
 import json
-import os
-import socket
-import struct
 import threading
 import time
 
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 
 from pycoll.testing import run_ranks
+from pycoll.testing.strangers import knock
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -88,45 +86,17 @@ def test_anysource_ignores_another_communicators_message(transport):
     assert untouched and later == [0.0, 1.0, 2.0, 3.0]
 
 
-HELLO = struct.Struct("<8sIHH32s")        # wireup.HELLO: magic, rank, stream, streams, proof
-
-
-def _knock(target, log):
-    """Strangers at a data port: garbage, a forged proof claiming rank 1, a replay of a
-    proof made for another listener's nonce, and a flood of silent connections (more than
-    the acceptor keeps: the oldest are dropped)."""
-    from pycoll.transports.wireup import proof
-    payloads = [os.urandom(HELLO.size),
-                HELLO.pack(b"PYCOLLv2", 1, 0, 1, os.urandom(32)),
-                HELLO.pack(b"PYCOLLv2", 1, 0, 1, proof("secret", "0" * 32, 1, 0, 1))]
-    socks = []
-    try:
-        for data in payloads + [None] * 300:
-            try:
-                s = socket.create_connection(target, timeout=5)
-            except OSError as e:
-                log.append(str(e))
-                continue
-            if data is not None:
-                s.sendall(data)
-            socks.append(s)
-        log.append(len(socks))
-        time.sleep(1.0)
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _anysource_with_strangers(comm):
     if comm.rank == 0:
         addr = json.loads(comm._store.get("pycoll/world//hello/0"))["addr"]["tcp"]
-        log: list = []
-        knocker = threading.Thread(target=_knock, args=((addr["host"], addr["port"]), log))
+        got_in: list[int] = []
+        knocker = threading.Thread(target=lambda: got_in.append(
+            knock((addr["host"], addr["port"]))))
         knocker.start()
         buf = np.full(1 << 16, UNTOUCHED, dtype=np.float32)
         src = comm.recv(buf, None, tag=5, timeout=20)
         knocker.join()
-        return src, float(buf[0]), float(buf[-1]), log
+        return src, float(buf[0]), float(buf[-1]), got_in
     time.sleep(1.0)                             # the strangers come first
     comm.send(np.full(1 << 16, 42.0, dtype=np.float32), 0, tag=5, timeout=20)
     return None
@@ -138,10 +108,10 @@ def test_anysource_receive_survives_strangers_on_the_data_port():
     real sender's message."""
     out = run_ranks(_anysource_with_strangers, 2, env={"PYCOLL_TRANSPORTS": "tcp"},
                     collective_timeout=20)
-    src, first, last, log = out[0]
+    src, first, last, got_in = out[0]
     assert (src, first, last) == (1, 42.0, 42.0), out[0]
-    # every stranger got in (a flood may find the backlog full on a loaded machine: fine)
-    assert log and isinstance(log[-1], int) and log[-1] >= 3, log
+    # the three talking strangers got in (some of the flood may find the backlog full: fine)
+    assert got_in and got_in[0] >= 3, got_in
 
 
 # -- persistent plans -------------------------------------------------------------------------
