@@ -102,7 +102,17 @@ class _BarrierComm:
                 "other tasks' executor logs; raise timeout= if they are only slow to start.")
         if "error" in box:
             raise box["error"]
-        return [json.loads(m) for m in box["messages"]]
+        return [self._parse(task, m) for task, m in enumerate(box["messages"])]
+
+    def _parse(self, task: int, message: str) -> Any:
+        try:
+            return json.loads(message)
+        except (TypeError, ValueError):
+            raise PycollError(
+                f"rank {self._rank}: pycoll's bootstrap got a message from barrier task {task} "
+                f"that is not pycoll's ({len(str(message))} characters, not JSON): does that "
+                "task call init_from_barrier_context (with the same pycoll version) where "
+                "this one does, and nothing else call allGather in between?") from None
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self.allgather(obj if self._rank == root else None)[root]

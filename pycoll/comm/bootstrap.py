@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from rendezvous import Store
+from rendezvous import Store, StoreTimeout
 
 from .. import debug, fastpath
 from ..errors import InvalidArgument
@@ -145,8 +145,7 @@ class Connections:
                      "addr": {n: t.address() for n, t in transports.items()}}
             store.set(f"hello/{rank}", json.dumps(hello))
             if rank == 0:
-                raw = store.multi_get([f"hello/{r}" for r in range(size)],
-                                      timeout=max(0.001, deadline - time.monotonic()))
+                raw = _hellos(store, size, timeout, max(0.001, deadline - time.monotonic()))
                 recs = [json.loads(v) for v in raw]
                 store.set("table", _encode_table(recs, size))
             remaining = max(0.001, deadline - time.monotonic())
@@ -284,3 +283,19 @@ class ChannelView(dict):
         ch = self._parent[self._members[peer]]
         self[peer] = ch
         return ch
+
+
+def _hellos(store: Store, size: int, timeout: float, remaining: float) -> list[bytes]:
+    """Every rank's hello (rank 0 waits for them), or a ``StoreTimeout`` naming the ranks
+    that never joined and the usual reasons: not started, another store, another secret
+    (the store's log says "authentication failed" for the last)."""
+    try:
+        return store.multi_get([f"hello/{r}" for r in range(size)], timeout=remaining)
+    except StoreTimeout as e:
+        missing = [r for r in range(size) if not store.check([f"hello/{r}"])]
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        raise StoreTimeout(
+            f"rank 0: init: rank(s) [{shown}] ({len(missing)} of {size}) never joined within "
+            f"{timeout:g} s. Were they started, pointed at this store, and given the same job "
+            f"secret (PYCOLL_TOKEN)? The store logs a client with another secret as "
+            f"'authentication failed'. ({e})") from None

@@ -6,18 +6,36 @@ a plan does the argument checks, the classification of the buffer and the choice
 path once, at ``comm.allreduce_init(tensor, op)``, so that each run costs only the
 communication: on the fast path, one compiled call. The plan is bound to the tensor's
 memory: write new values into it between runs, but do not reallocate it (``resize_``,
-``set_``), as with MPI's persistent requests.
+``set_``), as with MPI's persistent requests. Each run checks that the tensor still holds that
+memory (``_binding``) and raises before any byte moves if not: the plan would otherwise
+reduce into memory the tensor no longer shows (a silently stale result) or that was freed.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op
+from ..buffers.tensors import is_torch_tensor
+from ..errors import InvalidArgument
 from ..fastpath.runner import FastPath
 from ..runtime.work import Work
 from .planning import Planner
+
+
+def _binding(tensor: Any) -> tuple[int, ...] | None:
+    """What changes when ``tensor``'s memory is replaced: a torch tensor's data pointer and
+    size (``set_``, ``resize_``), a numpy array's element count (``ndarray.resize`` is the only
+    way to reallocate one, and it reallocates only when the count changes). None for other
+    objects, whose memory cannot be swapped under the same object."""
+    if type(tensor) is np.ndarray:
+        return (tensor.size,)
+    if is_torch_tensor(tensor):
+        return (tensor.data_ptr(), tensor.numel(), tensor.element_size())
+    return None
 
 
 class AllreducePlan:
@@ -53,6 +71,7 @@ class AllreducePlan:
         self.fold = fold
         self.nbytes = buf.nbytes
         self._array = buf.array
+        self._binding = _binding(tensor)
         self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop,
                                      fold=fold)
                            if fast is not None and algo is None and buf.mem_type == HOST
@@ -68,8 +87,17 @@ class AllreducePlan:
         return self._planner.select("allreduce", self.nbytes, self.algo,
                                     ordered=self.fold is not None)
 
+    def _check_binding(self) -> None:
+        if self._binding is not None and _binding(self.tensor) != self._binding:
+            raise InvalidArgument(
+                f"rank {self._planner.rank}: allreduce plan on {self._name}: the tensor no "
+                "longer holds the memory the plan was made for (its storage was replaced or "
+                "reallocated: resize_, set_, ndarray.resize); nothing was sent. A plan is "
+                "bound to its buffer: make a new one with allreduce_init(tensor) on every rank")
+
     def run(self) -> None:
         """Run the allreduce once, synchronously (the result is in the tensor)."""
+        self._check_binding()
         call, fast = self._fast_call, self._fast
         if call is not None and fast is not None:
             fast.run(call, self._array, self.timeout, False, self.tensor)
@@ -81,6 +109,7 @@ class AllreducePlan:
 
     def start(self) -> Work:
         """Run it asynchronously; ``wait()`` on the returned work."""
+        self._check_binding()
         call, fast = self._fast_call, self._fast
         if call is not None and fast is not None:
             work = fast.run(call, self._array, self.timeout, True, self.tensor)

@@ -134,6 +134,31 @@ def _split_attached_module(argv: list[str], parser: argparse.ArgumentParser) -> 
     return argv
 
 
+def _read_token_file(path: str) -> str:
+    """The job secret in ``path``: one line of printable ASCII, in a file only its owner can
+    read (as ssh demands of a private key: a secret others can read keeps nobody out). Any
+    other file is a usage error naming what is wrong, never a secret silently dropped or
+    replaced by a fresh one."""
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            raw = f.read(4097)
+    except OSError as e:
+        raise _UsageError(f"--token-file: {e}") from None
+    if mode & 0o077:
+        raise _UsageError(f"--token-file {path}: the secret is readable or writable by other "
+                          f"users (mode {mode & 0o777:04o}); run chmod 600 {path}")
+    text = raw.strip()
+    if not text:
+        raise _UsageError(f"--token-file {path} is empty: write the job secret into it, e.g. "
+                          "python -c 'import secrets; print(secrets.token_hex(16))' > FILE")
+    if len(text) > 4096 or not all(33 <= b < 127 for b in text):
+        raise _UsageError(f"--token-file {path} does not hold a secret: it must be one line of "
+                          "printable ASCII without spaces, at most 4096 characters (e.g. "
+                          "python -c 'import secrets; print(secrets.token_hex(16))')")
+    return text.decode("ascii")
+
+
 def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
     """``launch``'s keyword arguments from the command line; None for ``--help``."""
     parser = _parser()
@@ -156,11 +181,7 @@ def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
         raise _UsageError(f"--node-rank must be in [0, --nnodes), got {node_rank} of {nnodes}")
     token = os.environ.get("PYCOLL_TOKEN") or None
     if args.token_file is not None:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip() or None
-        except OSError as e:
-            raise _UsageError(f"--token-file: {e}") from None
+        token = _read_token_file(args.token_file)
     if nnodes > 1 and (token is None or args.master_port == 0 or args.master_addr is None):
         raise _UsageError("a job on several hosts (--nnodes > 1) needs --master-addr (node 0's "
                           "address), --master-port, and the same secret on every host: "

@@ -55,14 +55,33 @@ def bootstrap(comm: Any, timeout: float) -> tuple[int, int, TCPStore, str, str]:
         except Exception as e:  # noqa: BLE001 - tell the other ranks instead of hanging them
             offer = ("error", f"{type(e).__name__}: {e}")
     offer = comm.bcast(offer, root=0)
-    if offer[0] != "ok":
+    try:
+        addr, port, token = _accept_offer(offer, rank)
+    except PycollError:
         if store is not None:
             store.close()
-        raise PycollError(f"rank {rank}: bootstrap over MPI failed on rank 0: {offer[1]}")
-    _, addr, port, token = offer
+        raise
     if store is None:                         # every rank but 0, which made it above
         store = TCPStore(addr, port, token=token, timeout=timeout)
     return rank, size, store, token, addr
+
+
+def _accept_offer(offer: Any, rank: int) -> tuple[str, int, str]:
+    """(address, port, secret) from rank 0's broadcast, or a clear error: rank 0's own
+    failure, or a message of another shape (another pycoll version on rank 0, or something
+    else speaking on the channel). The secret is never echoed into the error."""
+    if isinstance(offer, (list, tuple)) and len(offer) == 2 and offer[0] == "error":
+        raise PycollError(f"rank {rank}: bootstrap over MPI failed on rank 0: {offer[1]}")
+    if (isinstance(offer, (list, tuple)) and len(offer) == 4 and offer[0] == "ok"
+            and isinstance(offer[1], str) and isinstance(offer[2], int)
+            and not isinstance(offer[2], bool) and 0 < offer[2] < 65536
+            and isinstance(offer[3], str) and offer[3]):
+        return offer[1], offer[2], offer[3]
+    shape = (f"{type(offer).__name__} of {len(offer)}" if isinstance(offer, (list, tuple))
+             else type(offer).__name__)
+    raise PycollError(f"rank {rank}: bootstrap: rank 0's broadcast of the store's address is "
+                      f"not one (a {shape}, expected ('ok', address, port, secret)): do all "
+                      "ranks run the same pycoll version?")
 
 
 def should_bootstrap(launcher: str, env: Any, master_addr: str | None) -> bool:

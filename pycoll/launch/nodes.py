@@ -18,9 +18,13 @@ from its own environment (or ``--token-file``) and hands it to its ranks in thei
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Any
+
+from ..errors import PycollError
 
 if TYPE_CHECKING:
     from rendezvous import TCPStore
@@ -40,10 +44,26 @@ class JobControl:
         self.node_rank = node_rank
         self.nnodes = nnodes
         self.store: TCPStore = TCPStore(host, port, token=token, timeout=timeout)
+        self._claim_node_rank()
         self._next_poll = 0.0
         #: node 0's store stopped answering (host cut off, or node 0 gone): later calls
         #: return at once, so this launcher still tears its ranks down and exits in time
         self.unreachable = False
+
+    def _claim_node_rank(self) -> None:
+        """Claim this node rank in the store (first wins): a second launcher given the same
+        ``--node-rank`` (a copy-paste slip, or an intruder holding the secret) would start
+        ranks that collide with the first one's and fail the job with confusing errors;
+        it stops here instead, before starting any rank, naming who holds the rank."""
+        me = f"{socket.gethostname()} (pid {os.getpid()}, {secrets.token_hex(4)})"
+        holder = bytes(self.store.compare_set(KEY + f"node/{self.node_rank}", "", me)).decode()
+        if holder != me:
+            self.store.close()
+            raise PycollError(
+                f"node rank {self.node_rank} of this job is already taken by the launcher on "
+                f"{holder}: two launchers were given --node-rank {self.node_rank}. Give each "
+                f"host its own --node-rank in [0, {self.nnodes}); this launcher started no "
+                "rank")
 
     def torch_port(self, pick: int | None) -> int:
         """Node 0 publishes ``pick``; every node returns the published port. From here

@@ -275,7 +275,11 @@ class VerbsChannel(Channel):
                 if nbytes:
                     np.frombuffer(req.view, dtype=np.uint8)[:] = body
                 req.complete()
-        elif kind == RTS and nbytes > 0:
+        elif kind == RTS:
+            if nbytes <= 0:
+                self._break(TransportError(f"verbs: peer rank {self.peer} announced a message "
+                                           f"of {nbytes} bytes", peer=self.peer))
+                return
             req = match.take(tag)
             if req is None:
                 match.hold(tag, nbytes, ReadyToSend(ident))

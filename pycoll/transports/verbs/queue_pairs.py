@@ -45,6 +45,7 @@ from .wire import (
     PutWrite,
     QpAddresses,
     RndvWrite,
+    peer_addresses,
     wr_id,
 )
 
@@ -188,14 +189,11 @@ class QueuePairs:
         self._info_in += chunk
         if len(self._info_in) < INFO.size:
             return True
-        theirs = QpAddresses.unpack(bytes(self._info_in))
-        if (theirs.magic != INFO_MAGIC or theirs.nqps != len(self.qps)
-                or not 0 < theirs.ring_slots < 1 << 20 or theirs.eager_max != self.eager_max):
-            fail(TransportError(
-                f"verbs: peer rank {self.peer} sent queue-pair addresses this rank cannot use "
-                f"({theirs.nqps} queue pairs and eager limit {theirs.eager_max} where this "
-                f"rank has {len(self.qps)} and {self.eager_max}): set PYCOLL_IB_QPS_PER_PEER "
-                "and PYCOLL_IB_EAGER_MAX alike on every rank", peer=self.peer))
+        try:
+            theirs = peer_addresses(bytes(self._info_in), self.peer, len(self.qps),
+                                    self.eager_max)
+        except TransportError as e:
+            fail(e)
             return True
         try:
             t = self.transport

@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from ...errors import TransportError
 from ..matching import Request
 
 #: a message between channels: kind, aux (rkey / notify), tag, nbytes, ident, address
@@ -75,6 +76,33 @@ class QpAddresses(NamedTuple):
     def unpack(cls, data: bytes) -> QpAddresses:
         fields = INFO.unpack(data)
         return cls._make(fields[:10] + (tuple(fields[10:10 + fields[5]]),))
+
+
+def peer_addresses(data: bytes, peer: int, nqps: int, eager_max: int) -> QpAddresses:
+    """The peer's queue-pair addresses from the ``INFO.size`` bytes its setup socket carried,
+    checked before anything uses them: the magic, the queue-pair count and eager limit this
+    rank was configured with, a ring size and MTU the protocol can work with, and a GID that
+    is text. The setup socket is proven to come from a rank of the job (``wireup``), but a
+    rank of another pycoll version, or configured otherwise, must fail the pair with a clear
+    error rather than connect queue pairs that disagree."""
+    theirs = QpAddresses.unpack(data)
+    if theirs.magic != INFO_MAGIC:
+        raise TransportError(f"verbs: peer rank {peer} sent no queue-pair addresses on the "
+                             "setup connection (another pycoll version?)", peer=peer)
+    if theirs.nqps != nqps or theirs.eager_max != eager_max:
+        raise TransportError(
+            f"verbs: peer rank {peer} sent queue-pair addresses this rank cannot use "
+            f"({theirs.nqps} queue pairs and eager limit {theirs.eager_max} where this rank "
+            f"has {nqps} and {eager_max}): set PYCOLL_IB_QPS_PER_PEER and PYCOLL_IB_EAGER_MAX "
+            "alike on every rank", peer=peer)
+    gid = theirs.gid.rstrip(b"\0")
+    if (not 0 < theirs.ring_slots < 1 << 20 or theirs.mtu not in (1, 2, 3, 4, 5)
+            or not gid.isascii() or not gid.decode().replace(":", "").isalnum()):
+        raise TransportError(
+            f"verbs: peer rank {peer} sent malformed queue-pair addresses (ring of "
+            f"{theirs.ring_slots} buffers, MTU code {theirs.mtu}, GID {gid[:40]!r}): is it "
+            "another pycoll version?", peer=peer)
+    return theirs
 
 
 class ControlMessage(NamedTuple):
