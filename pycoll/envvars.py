@@ -86,3 +86,24 @@ def env_list(name: str) -> list[str] | None:
     if raw is None:
         return None
     return [item.strip().lower() for item in raw.split(",") if item.strip()]
+
+
+def env_sampling(name: str) -> int:
+    """How often to do something optional: ``off`` / ``0`` / unset: 0 (never), ``on`` /
+    ``1``: 1 (always), ``sample:N``: N (every N-th time, N >= 1)."""
+    raw = _raw(name)
+    if raw is None:
+        return 0
+    low = raw.lower()
+    if low in _FALSE:
+        return 0
+    if low in _TRUE:
+        return 1
+    if low.startswith("sample:"):
+        try:
+            every = int(low[len("sample:"):])
+        except ValueError:
+            every = 0
+        if every >= 1:
+            return every
+    raise InvalidArgument(f"{name}={raw!r}: use off, on or sample:N (N >= 1: every N-th time)")
