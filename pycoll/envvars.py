@@ -25,6 +25,11 @@ def _raw(name: str) -> str | None:
     return value or None
 
 
+def env_text(name: str) -> str | None:
+    """The stripped value of a variable; None when unset or empty."""
+    return _raw(name)
+
+
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     """An integer variable (``1048576``, also ``0x100000``); ``default`` when unset or empty."""
     raw = _raw(name)
