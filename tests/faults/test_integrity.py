@@ -162,6 +162,9 @@ def _clean_calls(comm, calls: int) -> dict:
     rng = np.random.default_rng(5 + comm.rank)
     shared = np.random.default_rng(5)                 # the same sizes on every rank
     algos = {"allreduce": [None, "ring", "recursive_doubling", "rabenseifner"]}
+    big = np.full(10, 40000, np.float16)              # sums overflow to inf: not corruption
+    comm.allreduce(big, integrity=True)
+    assert np.isinf(big).all()
     done = 0
     for i in range(calls):
         n = int(shared.choice([1, 7, 1000, 4099, 70_001]))
