@@ -80,7 +80,12 @@ def as_float(arr: np.ndarray, dtype: str) -> np.ndarray:
 def chunk_sums(values: np.ndarray, chunk: int, absolute: bool = True
                ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per chunk of ``chunk`` elements (the last may be shorter): the float64 sum of the
-    values and, with ``absolute``, of their magnitudes."""
+    values and, with ``absolute``, an upper bound of the sum of their magnitudes.
+
+    The signed sums accumulate in float64 (their rounding must stay far below the
+    reduction's). The magnitudes only scale the bound: they accumulate in float32 for
+    float16/float32 data (about twice as fast here), a block of rows at a time through one
+    small buffer, and are raised by their own worst-case rounding (``chunk`` roundings)."""
     n = len(values)
     whole = n // chunk * chunk
     k = -(-n // chunk)
@@ -90,10 +95,25 @@ def chunk_sums(values: np.ndarray, chunk: int, absolute: bool = True
         body = values[:whole].reshape(-1, chunk)
         sums[:whole // chunk] = body.sum(axis=1, dtype=np.float64)
         if mags is not None:
-            mags[:whole // chunk] = np.abs(body).sum(axis=1, dtype=np.float64)
+            _magnitudes(body, mags)
     if whole < n:
         tail = values[whole:]
         sums[-1] = tail.sum(dtype=np.float64)
         if mags is not None:
             mags[-1] = np.abs(tail).sum(dtype=np.float64)
     return sums, mags
+
+
+def _magnitudes(rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` >= the sum of ``|rows[i]|`` (see ``chunk_sums``)."""
+    wide = rows.dtype == np.float64
+    acc = np.float64 if wide else np.float32
+    per_block = max(1, (1 << 18) // rows.shape[1])
+    scratch = np.empty((min(per_block, len(rows)), rows.shape[1]), dtype=rows.dtype)
+    for i in range(0, len(rows), per_block):
+        block = rows[i:i + per_block]
+        part = scratch[:len(block)]
+        np.abs(block, out=part)
+        out[i:i + len(block)] = part.sum(axis=1, dtype=acc)
+    if not wide:
+        out *= 1.0 + rows.shape[1] * 2.0 ** -23
