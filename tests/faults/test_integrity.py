@@ -93,6 +93,19 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
             o = np.zeros(777 * p, np.float32)
             i = rng.standard_normal(777).astype(np.float32)
             result = _run(comm, lambda: comm.allgather(o, i, integrity=True))
+        elif case == "allgather_async":     # the verdict comes through the work handle
+            o = np.zeros(777 * p, np.float32)
+            i = rng.standard_normal(777).astype(np.float32)
+            result = _run(comm, lambda: comm.allgather(o, i, integrity=True,
+                                                       async_op=True).wait())
+        elif case == "gather":              # the victim is the root: it receives
+            o = np.zeros(500 * p, np.float64)
+            i = rng.standard_normal(500)
+            result = _run(comm, lambda: comm.gather(o, i, victim, integrity=True))
+        elif case == "scatter":             # the peer is the root: it sends
+            o = np.zeros(500, np.int32)
+            i = rng.integers(-9, 9, 500 * p, dtype=np.int32)
+            result = _run(comm, lambda: comm.scatter(o, i, peer, integrity=True))
         elif case == "alltoall":
             o = np.zeros(300 * p, np.int16)
             i = rng.integers(-999, 999, 300 * p, dtype=np.int16)
@@ -146,6 +159,7 @@ def _check_trials(results: list, case: str) -> None:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case,size", [("allreduce_f32", 2), ("allreduce_i64", 2),
                                        ("broadcast", 2), ("allgather", 2), ("alltoall", 3),
+                                       ("allgather_async", 2), ("gather", 2), ("scatter", 2),
                                        ("send", 2)])
 def test_bit_flip_always_detected(transport, case, size):
     """A flipped bit (sums: sign, exponent, high mantissa; integers and moves: any bit) in
