@@ -68,9 +68,12 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
         victim = plan.randrange(p)
         peer = plan.choice([q for q in range(p) if q != victim])
         algo = "ring" if case.startswith("allreduce") and plan.random() < 0.5 else None
-        # the ring's 2nd message is its allgather; other algorithms may send one message
-        # only, and a flip in the checksum exchange that follows is not what this tests
-        nth = plan.choice([1, 2]) if algo == "ring" else 1
+        if case.startswith("allreduce") and p > 2:
+            algo, peer = "ring", (victim - 1) % p     # a ring receives from its left
+        # the ring's first p - 1 messages are its reduce-scatter, the next p - 1 its
+        # allgather; other algorithms may send one message only, and a flip in the checksum
+        # exchange that follows is not what this tests
+        nth = plan.randrange(1, 2 * p - 1) if algo == "ring" else 1
         if case == "alltoall":
             algo = "pairwise"
         if case in ("broadcast", "send"):
@@ -145,11 +148,15 @@ def _check_trials(results: list, case: str) -> None:
         assert len(set(outcomes)) == 1, f"ranks disagree: {where}"
         _, _, _, suspects, links = outcomes[0]
         if case.startswith("allreduce"):
-            if algo == "ring" and size == 2:
-                # 1st message: the reduce-scatter, the victim reduces a corrupted block and
-                # hands it on: every rank's result is wrong (the reduction is suspect);
-                # 2nd: the allgather, only the victim's copy is wrong
-                assert suspects == (() if nth == 1 else (victim,)), where
+            if algo == "ring" and nth < size:
+                # the reduce-scatter: the victim reduces a corrupted block and hands it on:
+                # every rank's result is wrong (the reduction is suspect)
+                assert suspects == (), where
+            elif algo == "ring" and size == 2:
+                assert suspects == (victim,), where    # the allgather: the victim's copy
+            elif algo == "ring":
+                # the allgather forwards the victim's corrupted copy to the ranks after it
+                assert victim in suspects and len(suspects) < size, where
             else:
                 assert suspects in ((), (victim,)), where
         else:
@@ -158,6 +165,7 @@ def _check_trials(results: list, case: str) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("case,size", [("allreduce_f32", 2), ("allreduce_i64", 2),
+                                       ("allreduce_f32", 4), ("allreduce_i64", 4),
                                        ("broadcast", 2), ("allgather", 2), ("alltoall", 3),
                                        ("allgather_async", 2), ("gather", 2), ("scatter", 2),
                                        ("send", 2)])
