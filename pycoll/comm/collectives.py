@@ -321,8 +321,7 @@ class Collectives:
                     o.array[...] = fused[bounds[i][0]:bounds[i][1]]
             if check is not None:
                 for i in range(self.size):
-                    check.got(i, fused[bounds[i][0]:bounds[i][1]] if out is not None
-                              else outs[i].array)
+                    check.got(i, outs[i].array if out is None else fused[slice(*bounds[i])])
                 check.finish(peers)
 
         return self._submit(CallInfo("allgather", fused.nbytes, inp.dtype, inp.count,
@@ -397,9 +396,7 @@ class Collectives:
         def body(peers: Peers) -> None:
             src = inp.array
             if check is not None:
-                flat = src.reshape(-1)
-                for dst, (a, b) in enumerate(in_bounds):
-                    check.sent(dst, flat[a:b])
+                check.sent_blocks(src, in_bounds)
             if self.size > 1 and np.may_share_memory(out.array, src):
                 src = src.copy()   # in place: blocks still to be sent would be overwritten
             if self.size == 1:
@@ -407,9 +404,7 @@ class Collectives:
             else:
                 fn(peers, out.array, src, out_bounds, in_bounds)
             if check is not None:
-                flat = out.array.reshape(-1)
-                for source, (a, b) in enumerate(out_bounds):
-                    check.got(source, flat[a:b])
+                check.got_blocks(out.array, out_bounds)
                 check.finish(peers)
 
         return self._submit(CallInfo("alltoall", inp.nbytes, inp.dtype, algorithm=name),
@@ -447,10 +442,9 @@ class Collectives:
                     o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
             if check is not None:
                 if out is not None:
-                    whole = out[0].array.reshape(-1)
                     for i in range(self.size):
-                        check.got(i, whole[i * inp.count:(i + 1) * inp.count]
-                                  if len(out) == 1 else out[i].array)
+                        check.got(i, out[i].array if len(out) > 1
+                                  else fused[i * inp.count:(i + 1) * inp.count])  # type: ignore[index]
                 check.finish(peers)
 
         return self._submit(CallInfo("gather", inp.nbytes * self.size, inp.dtype, inp.count,
@@ -478,9 +472,8 @@ class Collectives:
             if ins is not None:
                 fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
                 if check is not None:
-                    flat = fused.reshape(-1)
-                    for dst in range(self.size):
-                        check.sent(dst, flat[dst * out.count:(dst + 1) * out.count])
+                    check.sent_blocks(fused, [(d * out.count, (d + 1) * out.count)
+                                              for d in range(self.size)])
             if self.size == 1:
                 out.array[...] = fused
             else:

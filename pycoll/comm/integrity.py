@@ -117,6 +117,18 @@ class MoveCheck(Check):
             self._summary[dst] = 1
             self._summary[self.size + dst] = value
 
+    def sent_blocks(self, arr: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        """Block i (element bounds ``bounds[i]`` of ``arr`` flattened) goes to rank i."""
+        flat = arr.reshape(-1)
+        for dst, (a, b) in enumerate(bounds):
+            self.sent(dst, flat[a:b])
+
+    def got_blocks(self, arr: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        """Block i (element bounds ``bounds[i]`` of ``arr`` flattened) came from rank i."""
+        flat = arr.reshape(-1)
+        for src, (a, b) in enumerate(bounds):
+            self.got(src, flat[a:b])
+
     def got(self, src: int, block: np.ndarray) -> None:
         """This rank's copy of the block that ``src`` sent it, as it is after the call."""
         self._summary[2 * self.size + src] = 1
