@@ -14,6 +14,7 @@ from .errors import (
                      Aborted,
                      CollectiveMismatch,
                      CollectiveTimeout,
+                     DataCorruption,
                      InvalidArgument,
                      InvalidDtype,
                      MessageSizeMismatch,
@@ -58,4 +59,5 @@ __all__ = [
     "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
+    "DataCorruption",
 ]

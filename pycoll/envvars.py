@@ -29,6 +29,11 @@ def _raw(name: str) -> str | None:
     return value or None
 
 
+def env_text(name: str) -> str | None:
+    """The stripped value of a variable; None when unset or empty."""
+    return _raw(name)
+
+
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     """An integer variable (``1048576``, also ``0x100000``); ``default`` when unset or empty."""
     raw = _raw(name)
@@ -100,3 +105,24 @@ def env_tls() -> TlsFiles | None:
         return tls_from_env()
     except TlsConfigError as e:
         raise InvalidArgument(str(e)) from None
+
+
+def env_sampling(name: str) -> int:
+    """How often to do something optional: ``off`` / ``0`` / unset: 0 (never), ``on`` /
+    ``1``: 1 (always), ``sample:N``: N (every N-th time, N >= 1)."""
+    raw = _raw(name)
+    if raw is None:
+        return 0
+    low = raw.lower()
+    if low in _FALSE:
+        return 0
+    if low in _TRUE:
+        return 1
+    if low.startswith("sample:"):
+        try:
+            every = int(low[len("sample:"):])
+        except ValueError:
+            every = 0
+        if every >= 1:
+            return every
+    raise InvalidArgument(f"{name}={raw!r}: use off, on or sample:N (N >= 1: every N-th time)")

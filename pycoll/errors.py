@@ -53,6 +53,28 @@ class CollectiveMismatch(PycollError):
         self.peer = peer
 
 
+class DataCorruption(PycollError):
+    """An integrity check (``integrity=True`` or ``PYCOLL_INTEGRITY``) found that the data a
+    collective delivered is not what the ranks sent (docs/integrity.md).
+
+    Every rank of the call raises it with the same findings: ``collective`` and ``seq`` name
+    the call, ``suspects`` the ranks whose received data is wrong (the links into them or
+    their memory are suspect), ``links`` the ``(source, receiver)`` pairs whose block
+    differs (moves), ``where`` what differed and by how much. The communicator stays usable:
+    the call completed on every rank, only its result is wrong.
+    """
+
+    def __init__(self, message: str, *, collective: str = "", seq: int = 0,
+                 suspects: list[int] | None = None,
+                 links: list[tuple[int, int]] | None = None, where: str = "") -> None:
+        super().__init__(message)
+        self.collective = collective
+        self.seq = seq
+        self.suspects = suspects or []
+        self.links = links or []
+        self.where = where
+
+
 class Aborted(PycollError):
     """Another rank failed and told everyone to stop (abort through the store).
 

@@ -97,10 +97,12 @@ def get_world_size() -> int:
 
 def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
               timeout: float | None = None, async_op: bool = False,
-              deterministic: bool | None = None, accumulate: str | None = None) -> Work | None:
+              deterministic: bool | None = None, accumulate: str | None = None,
+              integrity: bool | None = None) -> Work | None:
     """Allreduce ``tensor`` in place on the default communicator."""
     return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op,
-                             deterministic=deterministic, accumulate=accumulate)
+                             deterministic=deterministic, accumulate=accumulate,
+                             integrity=integrity)
 
 
 def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,

@@ -28,6 +28,7 @@ from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
 from ..runtime.work import Outcome, Work
 from ..tags import P2P_TAG_LIMIT, p2p_tag
+from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict
 from .persistent import AllreducePlan
 from .planning import Planner
 
@@ -45,14 +46,26 @@ class Collectives:
     _exec: Execution
     _fast: FastPath | None
     _ops: HostOps
+    #: ``PYCOLL_INTEGRITY``: check every N-th collective (0: only calls given integrity=True)
+    _integrity_every: int
 
     def _submit(self, info: CallInfo, body: Body, timeout: float | None, async_op: bool,
-                output: Any = None) -> Work | None:
+                output: Any = None, check: Check | None = None) -> Work | None:
         """Run the planned call: its device buffers (if any) wrap the body, staging them
-        through host memory or ordering it after their streams (``planning``)."""
+        through host memory or ordering it after their streams (``planning``). A checked
+        call raises its integrity verdict once it completed (``integrity.Check.verdict``)."""
         if self._plan.device_buffers:
             body = self._plan.take_device_call().wrap(body)
-        return self._exec.execute(info, body, timeout, async_op, output)
+        return self._exec.execute(info, body, timeout, async_op, output,
+                                  then=check.verdict if check is not None else None)
+
+    def _checked(self, integrity: bool | None) -> bool:
+        """Whether the collective about to be numbered gets an integrity check: as asked, or
+        every N-th by its sequence number (the same calls on every rank)."""
+        if integrity is not None:
+            return bool(integrity)
+        every = self._integrity_every
+        return every > 0 and (self._exec.seq + 1) % every == 0
 
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
@@ -67,15 +80,19 @@ class Collectives:
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
                   deterministic: bool | None = None,
-                  accumulate: str | None = None) -> Work | None:
+                  accumulate: str | None = None, integrity: bool | None = None
+                  ) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
 
         ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
         whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
         bfloat16 sums accumulate in float32, rounded once) or "dtype". Both default to the
-        communicator's (docs/numerics.md)."""
+        communicator's (docs/numerics.md). ``integrity``: check the result end to end
+        (True), or not (False); None: as ``PYCOLL_INTEGRITY`` says (docs/integrity.md)."""
         fast = self._fast
-        if fast is not None and algo is None and deterministic is None and accumulate is None:
+        if (fast is not None and algo is None and deterministic is None and accumulate is None
+                and integrity is None and (not self._integrity_every
+                                           or (self._exec.seq + 1) % self._integrity_every)):
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:
                 # a 1-D array of a kind already validated: no classification needed. The
@@ -97,11 +114,13 @@ class Collectives:
                         fast.last_allreduce = (op, arr.dtype, arr.nbytes, call)
                 if call is not None and arr.ndim == 1 and arr.flags.carray:
                     return call.run(arr, timeout, async_op, tensor)
-        return self._allreduce(tensor, op, algo, timeout, async_op, deterministic, accumulate)
+        return self._allreduce(tensor, op, algo, timeout, async_op, deterministic, accumulate,
+                               integrity)
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
                    async_op: bool, deterministic: bool | None = None,
-                   accumulate: str | None = None) -> Work | None:
+                   accumulate: str | None = None, integrity: bool | None = None
+                   ) -> Work | None:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
@@ -114,7 +133,9 @@ class Collectives:
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
-        if (fast is not None and algo is None and not plan.device_buffers
+        check = (SumCheck(self.rank, self.size, "allreduce", rop, buf.dtype, buf.count)
+                 if self._checked(integrity) and buf.mem_type == HOST else None)
+        if (fast is not None and algo is None and not plan.device_buffers and check is None
                 and fast.takes(buf.nbytes, buf.dtype, rop, fold)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
             if deterministic is None and accumulate is None:   # the communicator's defaults
@@ -132,13 +153,19 @@ class Collectives:
 
         def body(peers: Peers) -> None:
             prepare(rop, buf.dtype, arr)
+            if check is not None:
+                check.before(arr)
             if size == 1 or arr.size == 0:
                 spec.finish(arr)
-                return
-            algorithm(peers, arr, spec)
+            else:
+                algorithm(peers, arr, spec)
+            if check is not None:
+                check.after(arr)
+                check.finish(peers)
 
         return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
-                                     algorithm=name, fold=fold), body, timeout, async_op, tensor)
+                                     algorithm=name, fold=fold), body, timeout, async_op, tensor,
+                            check)
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                        timeout: float | None = None, deterministic: bool | None = None,
@@ -175,10 +202,13 @@ class Collectives:
         return self._submit(CallInfo("barrier", 0, algorithm=name), body, timeout, async_op)
 
     def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
-                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+                  timeout: float | None = None, async_op: bool = False,
+                  integrity: bool | None = None) -> Work | None:
         """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
         fast = self._fast
-        if fast is not None and algo is None and type(root) is int:
+        if (fast is not None and algo is None and type(root) is int and integrity is None
+                and (not self._integrity_every
+                     or (self._exec.seq + 1) % self._integrity_every)):
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:             # as in allreduce: a kind already validated
                 last = fast.last_broadcast
@@ -190,17 +220,18 @@ class Collectives:
                         fast.last_broadcast = (root, arr.dtype, arr.nbytes, call)
                 if call is not None and arr.ndim == 1 and arr.flags.carray:
                     return call.run(arr, timeout, async_op, tensor)
-        return self._broadcast(tensor, root, algo, timeout, async_op)
+        return self._broadcast(tensor, root, algo, timeout, async_op, integrity)
 
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
-                   async_op: bool) -> Work | None:
+                   async_op: bool, integrity: bool | None = None) -> Work | None:
         """broadcast, classified (apart: see ``_allreduce``)."""
         fast = self._fast
         self._plan.begin()
         buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
+        check = self._move_check("broadcast", integrity, buf.mem_type)
         if (fast is not None and algo is None and not self._plan.device_buffers
-                and fast.broadcast_kind(buf.nbytes)):
+                and check is None and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
@@ -209,11 +240,23 @@ class Collectives:
         arr = buf.array
 
         def body(peers: Peers) -> None:
+            if check is not None and self.rank == root:
+                check.sent_to_all(arr)
             if self.size > 1 and arr.size:
                 fn(peers, arr, root)
+            if check is not None:
+                check.got(root, arr)
+                check.finish(peers)
 
         return self._submit(CallInfo("broadcast", buf.nbytes, buf.dtype, buf.count, root=root,
-                                     algorithm=name), body, timeout, async_op, tensor)
+                                     algorithm=name), body, timeout, async_op, tensor, check)
+
+    def _move_check(self, collective: str, integrity: bool | None, *mem_types: Any
+                    ) -> MoveCheck | None:
+        """The integrity check of a call that moves host buffers, if it gets one."""
+        if not self._checked(integrity) or any(m != HOST for m in mem_types):
+            return None
+        return MoveCheck(self.rank, self.size, collective)
 
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False,
@@ -247,7 +290,8 @@ class Collectives:
                                      name, fold), body, timeout, async_op, tensor)
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
-                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+                  timeout: float | None = None, async_op: bool = False,
+                  integrity: bool | None = None) -> Work | None:
         """Concatenate every rank's ``input`` into ``output`` (rank order).
 
         ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
@@ -262,18 +306,26 @@ class Collectives:
         bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
         name = self._plan.select("allgather", fused.nbytes, algo)
         fn = ALGORITHMS["allgather"][name]
+        check = self._move_check("allgather", integrity, inp.mem_type,
+                                 *(o.mem_type for o in outs))
 
         def body(peers: Peers) -> None:
             a, b = bounds[self.rank]
+            if check is not None:
+                check.sent_to_all(inp.array)
             fused[a:b] = inp.array
             if self.size > 1 and inp.count:
                 fn(peers, fused, bounds)
             if out is None:
                 for i, o in enumerate(outs):
                     o.array[...] = fused[bounds[i][0]:bounds[i][1]]
+            if check is not None:
+                for i in range(self.size):
+                    check.got(i, outs[i].array if out is None else fused[slice(*bounds[i])])
+                check.finish(peers)
 
         return self._submit(CallInfo("allgather", fused.nbytes, inp.dtype, inp.count,
-                                     algorithm=name), body, timeout, async_op, output)
+                                     algorithm=name), body, timeout, async_op, output, check)
 
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
@@ -314,7 +366,8 @@ class Collectives:
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
                  in_splits: Sequence[int] | None = None, *, algo: str | None = None,
-                 timeout: float | None = None, async_op: bool = False) -> Work | None:
+                 timeout: float | None = None, async_op: bool = False,
+                 integrity: bool | None = None) -> Work | None:
         """Send block i of ``input`` to rank i; block j of ``output`` comes from rank j.
 
         Blocks are cut along the first dimension: equal blocks by default, or
@@ -338,21 +391,28 @@ class Collectives:
                                   "blocks for every rank (in_splits and out_splits); use "
                                   "'pairwise' or 'scattered' for uneven splits")
         fn = ALGORITHMS["alltoall"][name]
+        check = self._move_check("alltoall", integrity, inp.mem_type, out.mem_type)
 
         def body(peers: Peers) -> None:
             src = inp.array
+            if check is not None:
+                check.sent_blocks(src, in_bounds)
             if self.size > 1 and np.may_share_memory(out.array, src):
                 src = src.copy()   # in place: blocks still to be sent would be overwritten
             if self.size == 1:
                 out.array[...] = src
             else:
                 fn(peers, out.array, src, out_bounds, in_bounds)
+            if check is not None:
+                check.got_blocks(out.array, out_bounds)
+                check.finish(peers)
 
         return self._submit(CallInfo("alltoall", inp.nbytes, inp.dtype, algorithm=name),
-                            body, timeout, async_op, output)
+                            body, timeout, async_op, output, check)
 
     def gather(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
-               timeout: float | None = None, async_op: bool = False) -> Work | None:
+               timeout: float | None = None, async_op: bool = False,
+               integrity: bool | None = None) -> Work | None:
         """Collect every rank's ``input`` into ``output`` on ``root`` (ignored elsewhere)."""
         self._plan.begin()
         inp = self._plan.buffer(input, "gather", name="input", writable=False)
@@ -363,8 +423,12 @@ class Collectives:
             out = outs
         name = self._plan.select("gather", inp.nbytes * self.size, algo)
         fn = ALGORITHMS["gather"][name]
+        check = self._move_check("gather", integrity, inp.mem_type,
+                                 *(o.mem_type for o in out or ()))
 
         def body(peers: Peers) -> None:
+            if check is not None:
+                check.sent(root, inp.array)
             fused = None
             if out is not None:
                 fused = (out[0].array if len(out) == 1
@@ -376,13 +440,21 @@ class Collectives:
             if out is not None and len(out) > 1:
                 for i, o in enumerate(out):
                     o.array[...] = fused[i * inp.count:(i + 1) * inp.count]  # type: ignore[index]
+            if check is not None:
+                if out is not None:
+                    for i in range(self.size):
+                        check.got(i, out[i].array if len(out) > 1
+                                  else fused[i * inp.count:(i + 1) * inp.count])  # type: ignore[index]
+                check.finish(peers)
 
         return self._submit(CallInfo("gather", inp.nbytes * self.size, inp.dtype, inp.count,
                                      root=root, algorithm=name),
-                            body, timeout, async_op, output if self.rank == root else None)
+                            body, timeout, async_op, output if self.rank == root else None,
+                            check)
 
     def scatter(self, output: Any, input: Any, root: int = 0, *, algo: str | None = None,
-                timeout: float | None = None, async_op: bool = False) -> Work | None:
+                timeout: float | None = None, async_op: bool = False,
+                integrity: bool | None = None) -> Work | None:
         """Send block i of ``input`` on ``root`` (ignored elsewhere) to rank i's ``output``."""
         self._plan.begin()
         out = self._plan.buffer(output, "scatter", name="output", reads=False)
@@ -392,49 +464,83 @@ class Collectives:
             ins = self._plan.output_list(input, out, "scatter", writable=False, name="input")
         name = self._plan.select("scatter", out.nbytes * self.size, algo)
         fn = ALGORITHMS["scatter"][name]
+        check = self._move_check("scatter", integrity, out.mem_type,
+                                 *(b.mem_type for b in ins or ()))
 
         def body(peers: Peers) -> None:
             fused = None
             if ins is not None:
                 fused = ins[0].array if len(ins) == 1 else np.concatenate([b.array for b in ins])
+                if check is not None:
+                    check.sent_blocks(fused, [(d * out.count, (d + 1) * out.count)
+                                              for d in range(self.size)])
             if self.size == 1:
                 out.array[...] = fused
             else:
                 fn(peers, fused, out.array, root)
+            if check is not None:
+                check.got(root, out.array)
+                check.finish(peers)
 
         return self._submit(CallInfo("scatter", out.nbytes * self.size, out.dtype, out.count,
-                                     root=root, algorithm=name), body, timeout, async_op, output)
+                                     root=root, algorithm=name), body, timeout, async_op, output,
+                            check)
 
     def send(self, tensor: Any, dst: int, tag: int = 0, *, timeout: float | None = None,
-             async_op: bool = False) -> Work | None:
-        """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag)."""
+             async_op: bool = False, integrity: bool = False) -> Work | None:
+        """Send ``tensor`` to rank ``dst``; it must post a matching ``recv`` (same size, tag).
+
+        ``integrity=True`` sends the data's checksum after it; the matching ``recv`` must
+        pass ``integrity=True`` too, and raises ``DataCorruption`` if what it got differs
+        (``PYCOLL_INTEGRITY`` does not apply: the two sides count their calls apart)."""
         self._plan.begin()
         buf = self._plan.buffer(tensor, "send", writable=False)
         self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
         arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        checked = bool(integrity) and buf.mem_type == HOST
 
         def body(peers: Peers) -> None:
-            peers.wait([peers.isend(dst, arr, wire)])
+            if checked:
+                peers.wait([peers.isend(dst, arr, wire), peers.isend(dst, p2p_sum(arr), wire)])
+            else:
+                peers.wait([peers.isend(dst, arr, wire)])
 
         return self._submit(CallInfo("send", buf.nbytes, buf.dtype), body, timeout, async_op)
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, *,
-             timeout: float | None = None, async_op: bool = False) -> Work | int | None:
+             timeout: float | None = None, async_op: bool = False,
+             integrity: bool = False) -> Work | int | None:
         """Receive into ``tensor`` the next message from rank ``src`` with ``tag``.
 
         ``src=None`` receives from any source (MPI_ANY_SOURCE, torch's ``recv`` without
         ``src``): the first message with ``tag`` from whichever rank, one message only;
         each source's messages still arrive in the order it sent them. The synchronous call
         returns the sender's rank; ``Work.source_rank()`` tells it for ``async_op=True``.
+        ``integrity=True``: the matching ``send`` was checked too (see ``send``).
         """
         self._plan.begin()
         buf = self._plan.buffer(tensor, "recv", reads=False)
         self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
         arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
         outcome = Outcome(tensor, None if src is None else int(src))
+        check = (Check(self.rank, self.size, "recv")
+                 if integrity and buf.mem_type == HOST else None)
+
+        def verify(peers: Peers, source: int, sent: np.ndarray | None = None) -> None:
+            """The sender's checksum (read now unless given) against this rank's copy."""
+            if sent is None:
+                sent = np.zeros(2, dtype=np.uint64)
+                peers.wait([peers.irecv(source, sent, wire)])
+            p2p_verdict(check, source, self.rank, sent, p2p_sum(arr))  # type: ignore[arg-type]
+
         if src is not None:
             def body(peers: Peers) -> None:
-                peers.wait([peers.irecv(src, arr, wire)])
+                if check is None:
+                    peers.wait([peers.irecv(src, arr, wire)])
+                    return
+                sent = np.zeros(2, dtype=np.uint64)
+                peers.wait([peers.irecv(src, arr, wire), peers.irecv(src, sent, wire)])
+                verify(peers, src, sent)
         else:
             size, rank = self.size, self.rank
             start = self._exec.p2p_seq      # rotate who is asked first: no source is starved
@@ -446,9 +552,11 @@ class Collectives:
                 won = group.matched
                 assert won is not None       # wait_any returns only once a message landed
                 outcome.source = others[reqs.index(won)]
+                if check is not None:
+                    verify(peers, outcome.source)
 
         work = self._submit(CallInfo("recv", buf.nbytes, buf.dtype), body, timeout, async_op,
-                            outcome)
+                            outcome, check)
         return work if async_op else outcome.source
 
     def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,

@@ -48,6 +48,7 @@ from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
+from .integrity import sample_every
 from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
@@ -127,6 +128,7 @@ class Communicator(Collectives, FusedCollectives):
                             check=failures.check, layout=self._layout, subgroup=self._subgroup)
         self._exec = Execution(rank, size, name, self.timeout, comm_id, self._peers, failures)
         self._fast = self._fast_path()
+        self._integrity_every = sample_every()
 
     def _fast_path(self) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and shm and can run

@@ -107,12 +107,15 @@ class Execution:
 
     # -- calls with a body ---------------------------------------------------------------
     def execute(self, info: CallInfo, body: Body, timeout: Any, async_op: bool,
-                output: Any = None, generic: bool = True) -> Work | None:
+                output: Any = None, generic: bool = True,
+                then: Callable[[int], None] | None = None) -> Work | None:
         """Number, record and run one call (inline when idle, else queued).
 
         ``output`` is what ``Work.result()`` returns (an ``Outcome`` when the body fills
         it). ``generic``: the body sends messages through the channels (the fast path's
-        kernels run as a body too, and do not).
+        kernels run as a body too, and do not). ``then(seq)`` runs once the call completed
+        on this rank; what it raises reaches the caller (or the work handle) without failing
+        the communicator (the integrity check's verdict: the ranks are still in step).
         """
         self.refuse_if_unusable(info.collective)
         limit = self.deadline_of(timeout)
@@ -131,10 +134,14 @@ class Execution:
                 self._run(info, seq, body, limit, rec, fp, generic)
             finally:
                 self.executor.release()
+            if then is not None:
+                then(seq)
             return None
 
         def task() -> None:
             self._run(info, seq, body, limit, rec, fp, generic)
+            if then is not None:
+                then(seq)
 
         work = Work(info.collective, seq, self.rank, output)
         if rec is not None:

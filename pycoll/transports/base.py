@@ -69,6 +69,9 @@ class Channel(ABC):
     _broken: BaseException | None
     #: the transport's active set (``ActiveSet.channels``): joined when work arrives
     _active: dict[int, Channel]
+    #: what receives are made of: ``Request``, or the bit-flip test hook's subclass when
+    #: ``PYCOLL_TEST_FLIP`` is set (``bitflip.py``; chosen once, when a transport is made)
+    _recv_request: type[Request] = Request
 
     @abstractmethod
     def isend(self, mem: MemRef, tag: int = 0) -> Request:

@@ -106,7 +106,7 @@ class InprocChannel(Channel):
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        req = Request(self, mem, tag, "recv")
+        req = self._recv_request(self, mem, tag, "recv")
         if self._broken is None:
             self._drain()
         held = self._match.take_held(req)   # delivered even if the peer went away since

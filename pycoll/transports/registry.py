@@ -20,7 +20,8 @@ from typing import Any
 
 from ..envvars import env_choice, env_list
 from ..errors import InvalidArgument, TransportError
-from .base import PeerInfo, Transport
+from . import bitflip
+from .base import Channel, PeerInfo, Transport
 
 #: name -> (module, class), in default order of preference
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -36,6 +37,9 @@ EXPLICIT_ONLY = frozenset({"inproc"})
 
 
 def transport_class(name: str) -> type[Transport]:
+    """The class of transport ``name``; the first call also reads the bit-flip test hook's
+    ``PYCOLL_TEST_FLIP`` (``bitflip.py``: nothing changes while it is unset)."""
+    Channel._recv_request = bitflip.receive_request()
     module, cls = REGISTRY[name]
     return getattr(importlib.import_module(module), cls)
 

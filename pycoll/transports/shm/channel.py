@@ -300,7 +300,7 @@ class ShmChannel(Channel):
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         if self._settling:
             self.settle()
-        req = Request(self, mem, tag, "recv")
+        req = self._recv_request(self, mem, tag, "recv")
         if self._post_receive(req) and self._tail < self._in.ctrl[HEAD]:
             self._progress_recv()
         return req

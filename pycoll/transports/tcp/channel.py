@@ -163,7 +163,7 @@ class TcpChannel(Channel):
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        req = Request(self, mem, tag, "recv")
+        req = self._recv_request(self, mem, tag, "recv")
         if self._post_receive(req) and self._lanes[0].sock is not None:
             self._progress_recv()
         return req

@@ -217,7 +217,7 @@ class VerbsChannel(Channel):
 
     # -- receiving -------------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        req = Request(self, mem, tag, "recv")
+        req = self._recv_request(self, mem, tag, "recv")
         self._post_receive(req)
         return req
 
