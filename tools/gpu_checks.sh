@@ -18,7 +18,7 @@ python3 -c "import pycoll.cuda as c; print('pycoll cuda:', c.unavailable_reason(
 #    memory; the torch backend's CUDA scenario
 python3 -m pytest -q -p no:cacheprovider tests/cuda \
     "tests/transports/test_conformance.py" -k "cuda" \
-    "tests/torch/test_torch_backend.py::test_cuda_tensors_staged_through_host" \
+    "tests/torch_backend/test_torch_backend.py::test_cuda_tensors_staged_through_host" \
     2>&1 | tee "$OUT/tests.log"
 # 2. bandwidth against the device-to-device copy of the same run
 python3 -m pycoll.bench allreduce -d cuda -n 2 -m 1K:1G 2>&1 | tee "$OUT/allreduce.txt"

@@ -1,6 +1,6 @@
 """torch ``Work`` objects for pycoll collectives.
 
-Facts this relies on (measured on torch 2.13; tests/torch/test_torch_backend.py checks the
+Facts this relies on (measured on torch 2.13; tests/torch_backend/test_torch_backend.py checks the
 failure path, ``test_peer_death_mid_training_raises_from_backward``):
 
 * C++ callers (the DDP reducer, functional collectives) reach only ``wait(timeout)`` and

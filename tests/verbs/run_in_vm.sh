@@ -22,4 +22,4 @@ if [ "${1:-}" = --cmd ]; then
 fi
 exec bash "$LAB/run.sh" -C "$ROOT" -- env PYTHONPATH="$ROOT" PYTHONDONTWRITEBYTECODE=1 \
     python3 -m pytest -q -p no:cacheprovider -rs tests/verbs tests/transports/test_conformance.py \
-    -k "verbs" "$@"
+    tests/faults/test_integrity.py -k "verbs" "$@"

@@ -1,6 +1,6 @@
 """The "pycoll" torch.distributed backend, on real rank processes, checked against Gloo.
 
-Each test starts N fresh Python processes (tests/torch/worker.py, env:// variables as torchrun
+Each test starts N fresh Python processes (tests/torch_backend/worker.py, env:// variables as torchrun
 sets them) that use the pycoll backend and a Gloo group side by side in the same processes.
 """
 from __future__ import annotations
