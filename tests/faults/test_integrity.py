@@ -78,8 +78,16 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
             algo = "pairwise"
         if case in ("broadcast", "send"):
             victim, peer = 1, 0
-        itemsize, bits = {"allreduce_f32": (4, FLOAT32_HIGH),
-                          "allreduce_i64": (8, range(64))}.get(case, (1, range(8)))
+        if case.startswith("reduce_scatter"):
+            # a ring: each rank receives p - 1 partial blocks from its left; the corrupted
+            # one ends, reduced further, at its block's owner
+            algo, peer, nth = "ring", (victim - 1) % p, plan.randrange(1, p)
+        elif case.startswith("reduce"):   # the victim is the root: it receives from the tree
+            algo = "binomial"
+        itemsize, bits = {"allreduce_f32": (4, FLOAT32_HIGH), "reduce_f32": (4, FLOAT32_HIGH),
+                          "reduce_scatter_f32": (4, FLOAT32_HIGH),
+                          "allreduce_i64": (8, range(64)), "reduce_i64": (8, range(64)),
+                          "reduce_scatter_i64": (8, range(64))}.get(case, (1, range(8)))
         if r == victim:
             hook.arm(peer=peer, nth=nth, itemsize=itemsize, bits=bits, seed=seed + t)
         fired_before = len(hook.fired)
@@ -89,6 +97,20 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
         elif case == "allreduce_i64":
             a = rng.integers(-2**62, 2**62, 1001, dtype=np.int64)
             result = _run(comm, lambda: comm.allreduce(a, algo=algo, integrity=True))
+        elif case == "reduce_f32":
+            a = _positive(rng, 4099, np.float32)
+            result = _run(comm, lambda: comm.reduce(a, victim, algo=algo, integrity=True))
+        elif case == "reduce_i64":
+            a = rng.integers(-2**62, 2**62, 1001, dtype=np.int64)
+            result = _run(comm, lambda: comm.reduce(a, victim, algo=algo, integrity=True))
+        elif case == "reduce_scatter_f32":
+            o = np.zeros(2053, np.float32)
+            i = _positive(rng, 2053 * p, np.float32)
+            result = _run(comm, lambda: comm.reduce_scatter(o, i, algo=algo, integrity=True))
+        elif case == "reduce_scatter_i64":
+            o = np.zeros(501, np.int64)
+            i = rng.integers(-2**62, 2**62, 501 * p, dtype=np.int64)
+            result = _run(comm, lambda: comm.reduce_scatter(o, i, algo=algo, integrity=True))
         elif case == "broadcast":
             a = rng.integers(0, 255, 5000, dtype=np.uint8)
             result = _run(comm, lambda: comm.broadcast(a, 0, integrity=True))
@@ -147,7 +169,15 @@ def _check_trials(results: list, case: str) -> None:
         assert all(o[0] == "DataCorruption" for o in outcomes), where
         assert len(set(outcomes)) == 1, f"ranks disagree: {where}"
         _, _, _, suspects, links = outcomes[0]
-        if case.startswith("allreduce"):
+        if case.startswith("reduce_scatter"):
+            # the result is wrong on one rank only: the owner of the corrupted block; the
+            # last partial a rank receives is its own block's
+            assert len(suspects) == 1 and links == (), where
+            if nth == size - 1 or size == 2:
+                assert suspects == (victim,), where
+        elif case.startswith("reduce"):
+            assert suspects == (victim,) and links == (), where     # the root's result
+        elif case.startswith("allreduce"):
             if algo == "ring" and nth < size:
                 # the reduce-scatter: the victim reduces a corrupted block and hands it on:
                 # every rank's result is wrong (the reduction is suspect)
@@ -168,7 +198,9 @@ def _check_trials(results: list, case: str) -> None:
                                        ("allreduce_f32", 4), ("allreduce_i64", 4),
                                        ("broadcast", 2), ("allgather", 2), ("alltoall", 3),
                                        ("allgather_async", 2), ("gather", 2), ("scatter", 2),
-                                       ("send", 2)])
+                                       ("send", 2), ("reduce_f32", 2), ("reduce_i64", 3),
+                                       ("reduce_scatter_f32", 2), ("reduce_scatter_i64", 2),
+                                       ("reduce_scatter_f32", 4)])
 def test_bit_flip_always_detected(transport, case, size):
     """A flipped bit (sums: sign, exponent, high mantissa; integers and moves: any bit) in
     the receive buffer of one rank: DataCorruption on every rank, every trial, naming the
@@ -210,14 +242,16 @@ def _clean_calls(comm, calls: int) -> dict:
         comm.broadcast(a, i % comm.size, integrity=True)
         o = np.zeros(n * comm.size, a.dtype)
         comm.allgather(o, a, integrity=True)
-        done += 3
+        comm.reduce(a, i % comm.size, op, integrity=True, deterministic=(i % 3 == 0) or None)
+        comm.reduce_scatter(a, o, op, integrity=True, deterministic=(i % 3 == 0) or None)
+        done += 5
     return {"checked": done}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_no_false_positives(transport):
     results = run_ranks(_clean_calls, 3, 60, env=_env(transport), timeout=200)
-    assert all(r == {"checked": 180} for r in results), results
+    assert all(r == {"checked": 300} for r in results), results
 
 
 def _sampled(comm, calls: int) -> list:
