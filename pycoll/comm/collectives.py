@@ -28,7 +28,7 @@ from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
 from ..runtime.work import Outcome, Work
 from ..tags import P2P_TAG_LIMIT, p2p_tag
-from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, sum_check
+from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse, sum_check
 from .persistent import AllreducePlan
 from .planning import Planner
 
@@ -585,13 +585,17 @@ class Collectives:
         return work if async_op else outcome.source
 
     def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
-                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+                  timeout: float | None = None, async_op: bool = False,
+                  integrity: bool | None = None) -> Work | None:
         """Post several sends and receives together, then wait for all of them.
 
         ``ops`` are ``("send" | "recv", tensor, peer, tag)`` tuples (like torch's
         ``batch_isend_irecv``): the order of sends against receives does not matter, so a
         batch ``[send to 1, recv from 1]`` on both ranks cannot deadlock, whatever the size.
+        ``integrity=True`` is refused (``InvalidArgument``): batches are not checked
+        (docs/integrity.md).
         """
+        refuse(self.rank, "batch_p2p", integrity)
         plan = []
         total = 0
         self._plan.begin()

@@ -104,6 +104,23 @@ class Check:
             links=sorted(self.links), where="; ".join(self.findings))
 
 
+class CheckGroup(Check):
+    """Several checks of one call, one verdict (allreduce_coalesced: one per dtype group)."""
+
+    def __init__(self, rank: int, size: int, collective: str, parts: Sequence[Check]) -> None:
+        super().__init__(rank, size, collective)
+        self.parts = list(parts)
+
+    def verdict(self, seq: int) -> None:
+        for part in self.parts:
+            self.findings += part.findings
+            self.suspects |= part.suspects
+            self.links |= part.links
+            self.reduction_suspect |= part.reduction_suspect
+            self.reduced_into |= part.reduced_into
+        super().verdict(seq)
+
+
 class MoveCheck(Check):
     """Blocks moved unchanged: the word sum of block (source -> receiver) where it was sent
     and where it arrived must agree."""
@@ -387,7 +404,7 @@ def sum_check(rank: int, size: int, collective: str, op: ReduceOp, dtype: str, c
     covered = (op.name in ("min", "max") or (integer and op.name == "sum")
                or (not integer and op.name in ("sum", "avg", "premul_sum")
                    and dtype in checksums.UNIT_ROUNDOFF)
-               or (collective == "allreduce" and (integer or op.name in _EXACT_OPS)))
+               or (collective.startswith("allreduce") and (integer or op.name in _EXACT_OPS)))
     if covered:
         return SumCheck(rank, size, collective, op, dtype, count, root=root, blocks=blocks)
     if asked:
