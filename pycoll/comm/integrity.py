@@ -12,13 +12,19 @@ What is checked, and why each way (docs/integrity.md has the derivations):
 * moves (broadcast, allgather, alltoall, gather, scatter, send/recv): a word sum of every
   block at its source and at each receiver (``MoveCheck``); exact, and the block that
   differs names the link (source, receiver);
-* sums (allreduce with sum, avg, premul_sum): per chunk, the sum of the result against the
-  sum of the ranks' input sums, within a rounding bound for floats and exactly (modulo
-  2**bits) for integers (``SumCheck``); the ranks whose result fails are the suspects, all
-  of them when the reduction itself went wrong;
+* sums (allreduce, reduce, reduce_scatter, allreduce_coalesced with sum, avg, premul_sum):
+  per chunk, the sum of the result against the sum of the ranks' input sums, within a
+  rounding bound for floats and exactly (modulo 2**bits) for integers (``SumCheck``); the
+  ranks whose result fails are the suspects, all of them when the reduction itself went
+  wrong; where only some ranks hold a result (reduce's root, reduce_scatter's blocks), they
+  alone are judged, against every rank's input of the same elements;
 * every exact reduction (integers, min/max, bitwise) leaves the same bits on every rank: a
   rank whose result's word sum differs from the others' is suspect; min and max also check
-  locally that the result is not below (above) this rank's own input.
+  locally that the result is not below (above) this rank's own input (all that reduce and
+  reduce_scatter can check of them: one copy of each result);
+* ops with nothing to compare (float prod; for reduce and reduce_scatter also bitwise ops
+  and integer prod and avg), batch_p2p: ``integrity=True`` is refused, a sampled call runs
+  unchecked (``sum_check``, ``refuse``).
 """
 from __future__ import annotations
 
