@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""What the end-to-end integrity checks cost: allreduce (float32 sum) and broadcast, off
-against ``PYCOLL_INTEGRITY=sample:100`` against ``sample:1``, 8 B to 64 MiB.
+"""What the end-to-end integrity checks cost: allreduce (float32 sum) and broadcast (or the
+``--collectives`` given: also reduce, reduce_scatter), off against
+``PYCOLL_INTEGRITY=sample:100`` against ``sample:1``, 8 B to 64 MiB.
 
     python benchmarks/integrity_cost.py [--transport shm] [--ranks 2] [--max-bytes 64M]
                                         [--reps 5] [--json out.jsonl]
+                                        [--collectives allreduce,broadcast]
 
 It starts the job itself (``python -m pycoll.run``), each rank running this file with
 ``--rank-body``. The three settings are three communicators of the same ranks, made with
@@ -47,6 +49,21 @@ def _calls(nbytes: int) -> int:
     return max(3, int(2e8 // nbytes))
 
 
+def _call(comm, collective: str, arr: np.ndarray):
+    """One call of ``collective`` on ``arr`` (the whole input: reduce_scatter leaves
+    1/ranks of it in its output)."""
+    if collective == "allreduce":
+        return comm.allreduce
+    if collective == "broadcast":
+        return lambda x: comm.broadcast(x, 0)
+    if collective == "reduce":
+        return lambda x: comm.reduce(x, 0)
+    if collective == "reduce_scatter":
+        out = np.empty(len(arr) // comm.size, arr.dtype)
+        return lambda x: comm.reduce_scatter(out, x[:len(out) * comm.size])
+    raise SystemExit(f"--collectives: unknown {collective!r}")
+
+
 def rank_body(a: argparse.Namespace) -> None:
     import pycoll
 
@@ -63,7 +80,7 @@ def rank_body(a: argparse.Namespace) -> None:
         arr = np.ones(max(1, nbytes // 4), dtype=np.float32)
         calls = _calls(nbytes)
         derived = nbytes > 1 << 20
-        for collective in ("allreduce", "broadcast"):
+        for collective in a.collectives.split(","):
             times: dict[str, list[float]] = {s: [] for s in SETTINGS}
             for rep in range(a.reps + 1):                  # the first is a warm-up
                 order = SETTINGS[rep % 3:] + SETTINGS[:rep % 3]
@@ -71,8 +88,7 @@ def rank_body(a: argparse.Namespace) -> None:
                     if derived and setting == "sample:100":
                         continue
                     comm = comms[setting]
-                    call = (comm.allreduce if collective == "allreduce"
-                            else lambda x, c=comm: c.broadcast(x, 0))
+                    call = _call(comm, collective, arr)
                     arr[:] = 0.0      # sums stay finite (ones would double each call)
                     comm.barrier()
                     t0 = perf()
@@ -117,6 +133,8 @@ def main() -> None:
     ap.add_argument("--max-bytes", type=_parse_bytes, default=64 << 20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="append one JSON line per row (rank 0)")
+    ap.add_argument("--collectives", default="allreduce,broadcast",
+                    help="comma-separated: allreduce, broadcast, reduce, reduce_scatter")
     ap.add_argument("--rank-body", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank_body:
@@ -124,7 +142,8 @@ def main() -> None:
         return
     env = {**os.environ, "PYCOLL_TRANSPORTS": a.transport}
     env.pop("PYCOLL_INTEGRITY", None)
-    args = ["--transport", a.transport, "--max-bytes", str(a.max_bytes), "--reps", str(a.reps)]
+    args = ["--transport", a.transport, "--max-bytes", str(a.max_bytes), "--reps", str(a.reps),
+            "--collectives", a.collectives]
     if a.json:
         args += ["--json", os.path.abspath(a.json)]
     rc = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", str(a.ranks),

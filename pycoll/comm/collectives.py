@@ -28,7 +28,7 @@ from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
 from ..runtime.work import Outcome, Work
 from ..tags import P2P_TAG_LIMIT, p2p_tag
-from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict
+from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse, sum_check
 from .persistent import AllreducePlan
 from .planning import Planner
 
@@ -133,8 +133,7 @@ class Collectives:
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
-        check = (SumCheck(self.rank, self.size, "allreduce", rop, buf.dtype, buf.count)
-                 if self._checked(integrity) and buf.mem_type == HOST else None)
+        check = self._sum_check("allreduce", integrity, rop, buf.dtype, buf.count, buf.mem_type)
         if (fast is not None and algo is None and not plan.device_buffers and check is None
                 and fast.takes(buf.nbytes, buf.dtype, rop, fold)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
@@ -258,14 +257,24 @@ class Collectives:
             return None
         return MoveCheck(self.rank, self.size, collective)
 
+    def _sum_check(self, collective: str, integrity: bool | None, rop: Any, dtype: str,
+                   count: int, *mem_types: Any, root: int | None = None, blocks: bool = False
+                   ) -> SumCheck | None:
+        """The integrity check of a reduction of host buffers, if it gets one."""
+        if not self._checked(integrity) or any(m != HOST for m in mem_types):
+            return None
+        return sum_check(self.rank, self.size, collective, rop, dtype, count, integrity,
+                         root=root, blocks=blocks)
+
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False,
-               deterministic: bool | None = None, accumulate: str | None = None
-               ) -> Work | None:
+               deterministic: bool | None = None, accumulate: str | None = None,
+               integrity: bool | None = None) -> Work | None:
         """Reduce ``tensor`` into ``tensor`` on ``root``.
 
         As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
-        partial results. ``deterministic``, ``accumulate``: as for ``allreduce``.
+        partial results. ``deterministic``, ``accumulate``, ``integrity``: as for
+        ``allreduce`` (only the root's result is checked, against every rank's input).
         """
         plan = self._plan
         plan.begin()
@@ -278,16 +287,23 @@ class Collectives:
         fn = ALGORITHMS["reduce"][name]
         ops = self._ops if buf.mem_type == HOST else plan.device_ops()
         arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size, wide=fold == "fp32")
+        check = self._sum_check("reduce", integrity, rop, buf.dtype, buf.count, buf.mem_type,
+                                root=root)
 
         def body(peers: Peers) -> None:
             prepare(rop, buf.dtype, arr)
+            if check is not None:
+                check.before(arr)
             if self.size == 1 or arr.size == 0:
                 spec.finish(arr)
             else:
                 fn(peers, arr, root, spec)
+            if check is not None:
+                check.after(arr)       # (a no-op but on the root)
+                check.finish(peers)
 
         return self._submit(CallInfo("reduce", buf.nbytes, buf.dtype, buf.count, rop, root,
-                                     name, fold), body, timeout, async_op, tensor)
+                                     name, fold), body, timeout, async_op, tensor, check)
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
@@ -330,12 +346,14 @@ class Collectives:
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
                        async_op: bool = False, deterministic: bool | None = None,
-                       accumulate: str | None = None) -> Work | None:
+                       accumulate: str | None = None, integrity: bool | None = None
+                       ) -> Work | None:
         """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
 
         ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
         ``world_size`` tensors shaped like ``output``); it is left unchanged.
-        ``deterministic``, ``accumulate``: as for ``allreduce``.
+        ``deterministic``, ``accumulate``, ``integrity``: as for ``allreduce`` (each rank's
+        block is checked against every rank's input of that block).
         """
         plan = self._plan
         plan.begin()
@@ -349,20 +367,27 @@ class Collectives:
         fn = ALGORITHMS["reduce_scatter"][name]
         spec = self._ops.reduce_spec(rop, out.dtype, self.size, wide=fold == "fp32")
         count = out.count
+        check = self._sum_check("reduce_scatter", integrity, rop, out.dtype, count * self.size,
+                                out.mem_type, *(b.mem_type for b in ins), blocks=True)
 
         def body(peers: Peers) -> None:
             work = (ins[0].array.copy() if len(ins) == 1
                     else np.concatenate([b.array for b in ins]))
             prepare(rop, out.dtype, work)
+            if check is not None:
+                check.before(work)
             if self.size == 1 or count == 0:
                 spec.finish(work)
             else:
                 fn(peers, work, spec)
             out.array[...] = work[self.rank * count:(self.rank + 1) * count]
+            if check is not None:
+                check.after(out.array)
+                check.finish(peers)
 
         return self._submit(CallInfo("reduce_scatter", out.nbytes * self.size, out.dtype,
                                      out.count, rop, algorithm=name, fold=fold),
-                            body, timeout, async_op, output)
+                            body, timeout, async_op, output, check)
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
                  in_splits: Sequence[int] | None = None, *, algo: str | None = None,
@@ -560,13 +585,17 @@ class Collectives:
         return work if async_op else outcome.source
 
     def batch_p2p(self, ops: Sequence[tuple[str, Any, int, int]], *,
-                  timeout: float | None = None, async_op: bool = False) -> Work | None:
+                  timeout: float | None = None, async_op: bool = False,
+                  integrity: bool | None = None) -> Work | None:
         """Post several sends and receives together, then wait for all of them.
 
         ``ops`` are ``("send" | "recv", tensor, peer, tag)`` tuples (like torch's
         ``batch_isend_irecv``): the order of sends against receives does not matter, so a
         batch ``[send to 1, recv from 1]`` on both ranks cannot deadlock, whatever the size.
+        ``integrity=True`` is refused (``InvalidArgument``): batches are not checked
+        (docs/integrity.md).
         """
+        refuse(self.rank, "batch_p2p", integrity)
         plan = []
         total = 0
         self._plan.begin()

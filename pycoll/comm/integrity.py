@@ -12,13 +12,19 @@ What is checked, and why each way (docs/integrity.md has the derivations):
 * moves (broadcast, allgather, alltoall, gather, scatter, send/recv): a word sum of every
   block at its source and at each receiver (``MoveCheck``); exact, and the block that
   differs names the link (source, receiver);
-* sums (allreduce with sum, avg, premul_sum): per chunk, the sum of the result against the
-  sum of the ranks' input sums, within a rounding bound for floats and exactly (modulo
-  2**bits) for integers (``SumCheck``); the ranks whose result fails are the suspects, all
-  of them when the reduction itself went wrong;
+* sums (allreduce, reduce, reduce_scatter, allreduce_coalesced with sum, avg, premul_sum):
+  per chunk, the sum of the result against the sum of the ranks' input sums, within a
+  rounding bound for floats and exactly (modulo 2**bits) for integers (``SumCheck``); the
+  ranks whose result fails are the suspects, all of them when the reduction itself went
+  wrong; where only some ranks hold a result (reduce's root, reduce_scatter's blocks), they
+  alone are judged, against every rank's input of the same elements;
 * every exact reduction (integers, min/max, bitwise) leaves the same bits on every rank: a
   rank whose result's word sum differs from the others' is suspect; min and max also check
-  locally that the result is not below (above) this rank's own input.
+  locally that the result is not below (above) this rank's own input (all that reduce and
+  reduce_scatter can check of them: one copy of each result);
+* ops with nothing to compare (float prod; for reduce and reduce_scatter also bitwise ops
+  and integer prod and avg), batch_p2p: ``integrity=True`` is refused, a sampled call runs
+  unchecked (``sum_check``, ``refuse``).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from ..algorithms.primitives import Peers
 from ..buffers import checksums
 from ..buffers.reduction import ReduceOp
 from ..envvars import env_sampling
-from ..errors import DataCorruption
+from ..errors import DataCorruption, InvalidArgument
 
 _INTEGER_KINDS = "iu"
 _EXACT_OPS = ("min", "max", "band", "bor", "bxor")
@@ -68,6 +74,8 @@ class Check:
         self.suspects: set[int] = set()
         self.links: set[tuple[int, int]] = set()
         self.reduction_suspect = False
+        #: the suspects hold the only copy of a reduced result (reduce, reduce_scatter)
+        self.reduced_into = False
 
     def verdict(self, seq: int) -> None:
         """Raise ``DataCorruption`` if anything was found (every rank found the same)."""
@@ -79,6 +87,10 @@ class Check:
             who += (" (or the receiving rank's memory; where blocks are forwarded, by a "
                     "tree or ring, the first receiver in forwarding order corrupted it and "
                     "the others copied it)")
+        elif self.suspects and self.reduced_into:
+            who = (f"the reduction into rank(s) {sorted(self.suspects)}, which hold(s) the "
+                   "wrong result: a partial result on its way there (a link or a rank's "
+                   "memory on the path; the check does not know the algorithm's schedule)")
         elif self.suspects:
             who = (f"the result on rank(s) {sorted(self.suspects)} (the links into them, or "
                    "their memory)")
@@ -96,6 +108,23 @@ class Check:
             "dmesg), NIC and cabling, and report it with this message (docs/integrity.md)",
             collective=self.collective, seq=seq, suspects=sorted(self.suspects),
             links=sorted(self.links), where="; ".join(self.findings))
+
+
+class CheckGroup(Check):
+    """Several checks of one call, one verdict (allreduce_coalesced: one per dtype group)."""
+
+    def __init__(self, rank: int, size: int, collective: str, parts: Sequence[Check]) -> None:
+        super().__init__(rank, size, collective)
+        self.parts = list(parts)
+
+    def verdict(self, seq: int) -> None:
+        for part in self.parts:
+            self.findings += part.findings
+            self.suspects |= part.suspects
+            self.links |= part.links
+            self.reduction_suspect |= part.reduction_suspect
+            self.reduced_into |= part.reduced_into
+        super().verdict(seq)
 
 
 class MoveCheck(Check):
@@ -151,10 +180,17 @@ class MoveCheck(Check):
 
 class SumCheck(Check):
     """A reduction's result against its inputs (see the module docstring): ``before`` on
-    the input (after premul_sum's scaling), ``after`` on the result, then ``finish``."""
+    the input (after premul_sum's scaling), ``after`` on the result, then ``finish``.
+
+    Who holds which result: every rank all of it (allreduce), the root all of it
+    (``root=``: reduce), or rank r block r of ``count`` elements (``blocks=True``:
+    reduce_scatter). The elements are cut into regions held alike (one region, or one per
+    block), and the float chunks into pieces of those regions, so that no chunk crosses a
+    block: each chunk's result sum is taken by the rank that holds it and compared with the
+    ranks' input sums of the same elements."""
 
     def __init__(self, rank: int, size: int, collective: str, op: ReduceOp, dtype: str,
-                 count: int) -> None:
+                 count: int, *, root: int | None = None, blocks: bool = False) -> None:
         super().__init__(rank, size, collective)
         self.op = op.name
         self.dtype = dtype
@@ -162,79 +198,116 @@ class SumCheck(Check):
         self.integer = dtype != "bfloat16" and np.dtype(dtype).kind in _INTEGER_KINDS
         self.float_sum = not self.integer and self.op in ("sum", "avg", "premul_sum") \
             and dtype in checksums.UNIT_ROUNDOFF
+        self.int_sum = self.integer and self.op == "sum"
         # exact results are the same bits on every rank: compare the copies (an integer
         # sum's own check says exactly which results are wrong; a majority vote would blame
-        # the correct ranks when a corrupted block was forwarded to most of them)
-        self.copies = ((self.integer or self.op in _EXACT_OPS)
-                       and not (self.integer and self.op == "sum"))
+        # the correct ranks when a corrupted block was forwarded to most of them). Only
+        # allreduce leaves copies to compare.
+        self.copies = (root is None and not blocks and not self.int_sum
+                       and (self.integer or self.op in _EXACT_OPS))
+        block = count // size if blocks else count
+        self._regions = ([(r * block, (r + 1) * block) for r in range(size)] if blocks
+                         else [(0, count)])
+        self._holders = ([[r] for r in range(size)] if blocks
+                         else [list(range(size)) if root is None else [root]])
+        #: the region this rank holds a result of (None: none, a reduce's other ranks)
+        self._mine = next((g for g, h in enumerate(self._holders) if rank in h), None)
         self.chunk = checksums.chunk_length(dtype, size) if self.float_sum else 0
-        chunks = -(-count // self.chunk) if self.float_sum else 0
+        # chunk index where each region's chunks start (the last entry: the total)
+        self._first = [0]
+        for a, b in self._regions:
+            self._first.append(self._first[-1] + (-(-(b - a) // self.chunk)
+                                                  if self.float_sum else 0))
+        k, regions = self._first[-1], len(self._regions)
         # summary: [input sums, input magnitudes, result sums] per chunk (float64 bits),
-        # then the integer input and result sums, the result's word sum, min/max violations
-        self._k = chunks
-        self._summary = np.zeros(3 * chunks + 4, dtype=np.uint64)
+        # then the integer input and result sums per region, the result's word sum, min/max
+        # violations
+        self._k = k
+        self._tail = 3 * k + 2 * regions
+        self._summary = np.zeros(self._tail + 2, dtype=np.uint64)
         self._input: np.ndarray | None = None
 
     def before(self, arr: np.ndarray) -> None:
-        s = self._summary
-        k = self._k
-        if self.float_sum:
-            sums, mags = checksums.chunk_sums(checksums.as_float(arr, self.dtype), self.chunk)
-            s[:k] = sums.view(np.uint64)
-            s[k:2 * k] = mags.view(np.uint64)  # type: ignore[union-attr]
-        elif self.integer and self.op == "sum":
-            s[3 * k] = checksums.modular_sum(arr)
-        if self.op in ("min", "max"):
-            self._input = arr.reshape(-1).copy()
+        """This rank's input: all ``count`` elements (every rank contributes to all)."""
+        s, k = self._summary, self._k
+        flat = arr.reshape(-1)
+        for g, (a, b) in enumerate(self._regions):
+            if self.float_sum:
+                sums, mags = checksums.chunk_sums(checksums.as_float(flat[a:b], self.dtype),
+                                                  self.chunk)
+                c0, c1 = self._first[g], self._first[g + 1]
+                s[c0:c1] = sums.view(np.uint64)
+                s[k + c0:k + c1] = mags.view(np.uint64)  # type: ignore[union-attr]
+            elif self.int_sum:
+                s[3 * k + g] = checksums.modular_sum(flat[a:b])
+        if self.op in ("min", "max") and self._mine is not None:
+            a, b = self._regions[self._mine]
+            self._input = flat[a:b].copy()
 
     def after(self, arr: np.ndarray) -> None:
-        s = self._summary
-        k = self._k
+        """The result this rank holds (its region's elements only; nothing on a reduce's
+        other ranks, which do not call it)."""
+        if self._mine is None:
+            return
+        s, k, g = self._summary, self._k, self._mine
         flat = arr.reshape(-1)
         if self.float_sum:
-            sums, _ = checksums.chunk_sums(checksums.as_float(arr, self.dtype), self.chunk,
+            sums, _ = checksums.chunk_sums(checksums.as_float(flat, self.dtype), self.chunk,
                                            absolute=False)
-            s[2 * k:3 * k] = sums.view(np.uint64)
-        elif self.integer and self.op == "sum":
-            s[3 * k + 1] = checksums.modular_sum(arr)
+            s[2 * k + self._first[g]:2 * k + self._first[g + 1]] = sums.view(np.uint64)
+        elif self.int_sum:
+            s[3 * k + len(self._regions) + g] = checksums.modular_sum(flat)
         if self.copies:
-            s[3 * k + 2] = checksums.word_sum(checksums.as_bytes(flat))
+            s[self._tail] = checksums.word_sum(checksums.as_bytes(flat))
         if self._input is not None:
             values = checksums.as_float(flat, self.dtype) if self.dtype == "bfloat16" else flat
             mine = (checksums.as_float(self._input, self.dtype)
                     if self.dtype == "bfloat16" else self._input)
             wrong = values < mine if self.op == "max" else values > mine
-            s[3 * k + 3] = np.count_nonzero(wrong)
+            s[self._tail + 1] = np.count_nonzero(wrong)
 
     def finish(self, peers: Peers) -> None:
         table = exchange(peers, self._summary)
-        k = self._k
+        k, t = self._k, self._tail
         if self.float_sum:
             self._judge_float(table[:, :3 * k].view(np.float64))
-        elif self.integer and self.op == "sum":
-            bits = np.dtype(self.dtype).itemsize * 8
-            expected = sum(int(v) for v in table[:, 3 * k]) & ((1 << bits) - 1)
-            bad = [r for r in range(self.size) if int(table[r, 3 * k + 1]) != expected]
-            for r in bad:
-                self.findings.append(f"rank {r}'s result sums to {int(table[r, 3 * k + 1])} "
-                                     f"(mod 2**{bits}), the inputs to {expected}")
-            self._blame(bad)
+        elif self.int_sum:
+            self._judge_integer(table[:, 3 * k:t])
         if self.copies:
-            self._judge_copies(table[:, 3 * k + 2])
+            self._judge_copies(table[:, t])
         if self.op in ("min", "max"):
             for r in range(self.size):
-                n = int(table[r, 3 * k + 3])
+                n = int(table[r, t + 1])
                 if n:
                     side = "below" if self.op == "max" else "above"
                     self.findings.append(f"rank {r}'s {self.op} result is {side} its own input "
                                          f"at {n} element(s)")
                     self._blame([r])
 
+    def _judge_integer(self, table: np.ndarray) -> None:
+        """Per region: each holder's result sum against the inputs' (modulo 2**bits)."""
+        bits = np.dtype(self.dtype).itemsize * 8
+        regions = len(self._regions)
+        bad = []
+        for g, (a, b) in enumerate(self._regions):
+            expected = sum(int(v) for v in table[:, g]) & ((1 << bits) - 1)
+            for r in self._holders[g]:
+                got = int(table[r, regions + g])
+                if got != expected:
+                    bad.append(r)
+                    self.findings.append(f"rank {r}'s result (elements {a}..{b - 1}) sums to "
+                                         f"{got} (mod 2**{bits}), the inputs to {expected}")
+        self._blame(bad)
+
     def _blame(self, bad: list[int]) -> None:
-        if len(bad) == self.size:
+        """Where every rank holds the whole result (allreduce) and all of them are wrong,
+        the reduction itself is suspect; where each result has one holder (reduce,
+        reduce_scatter), its holder is named: the reduction into it went wrong."""
+        if len(self._holders[0]) > 1 and len(set(bad)) == self.size:
             self.reduction_suspect = True
         else:
             self.suspects.update(bad)
+            self.reduced_into = len(self._holders[0]) == 1
 
     def _judge_copies(self, sums: np.ndarray) -> None:
         """Exact results are the same bits everywhere: ranks outside the majority differ."""
@@ -253,7 +326,8 @@ class SumCheck(Check):
                                      f"the other ranks' ({common:#018x})")
 
     def _judge_float(self, table: np.ndarray) -> None:
-        """Per chunk: |result sum - expected| <= bound, for each rank (docs/integrity.md)."""
+        """Per chunk: |result sum - expected| <= bound, for each rank holding it
+        (docs/integrity.md)."""
         k, p = self._k, self.size
         expected = table[:, :k].sum(axis=0)
         magnitude = table[:, k:2 * k].sum(axis=0)
@@ -273,17 +347,27 @@ class SumCheck(Check):
         with np.errstate(invalid="ignore", over="ignore"):
             off = np.abs(results - expected * scale)
             bad = checkable & ~(off <= bound)          # NaN or inf results count as bad
+            bad &= self._holds()
         failing = np.nonzero(bad.any(axis=0))[0]
         for c in failing[:64]:
             ranks = [r for r in range(p) if bad[r, c]]
-            a = int(c) * self.chunk
-            b = min(a + self.chunk, self.count)
+            g = int(np.searchsorted(self._first, c, side="right")) - 1
+            a = self._regions[g][0] + (int(c) - self._first[g]) * self.chunk
+            b = min(a + self.chunk, self._regions[g][1])
             worst = ranks[0]
             self.findings.append(
                 f"elements {a}..{b - 1}: the result sums to {results[worst, c]!r} on rank(s) "
                 f"{ranks}, the inputs to {expected[c] * scale!r} (rounding bound "
                 f"{bound[c]:.3g})")
             self._blame(ranks)
+
+
+    def _holds(self) -> np.ndarray:
+        """(rank, chunk): whether the rank holds that chunk's result."""
+        holds = np.zeros((self.size, self._k), dtype=bool)
+        for g, ranks in enumerate(self._holders):
+            holds[ranks, self._first[g]:self._first[g + 1]] = True
+        return holds
 
 
 def _gamma(n: int, u: float) -> float:
@@ -305,3 +389,43 @@ def p2p_verdict(check: Check, src: int, dst: int, sent: np.ndarray, got: np.ndar
         check.findings.append(f"the message rank {src} sent to rank {dst} has checksum "
                               f"{int(sent[0]):#018x} at rank {src} and {int(got[0]):#018x} "
                               f"at rank {dst}")
+
+
+#: what ``integrity=True`` checks, for the errors of calls it does not (docs/integrity.md)
+COVERED = ("integrity checks cover allreduce, reduce and reduce_scatter with sum, avg or "
+           "premul_sum of floats and sum of integers; min and max (for reduce and "
+           "reduce_scatter only that no result is below (max) or above (min) its holder's own "
+           "input); for allreduce also the exact ops (bitwise, integer prod and avg) by "
+           "comparing the ranks' copies; broadcast, allgather, alltoall, gather, scatter, and "
+           "send/recv")
+
+
+def sum_check(rank: int, size: int, collective: str, op: ReduceOp, dtype: str, count: int,
+              asked: bool | None, *, root: int | None = None, blocks: bool = False
+              ) -> SumCheck | None:
+    """The check of a reduction chosen for checking: a ``SumCheck``, or None where its op
+    and dtype leave nothing to compare (sampled by ``PYCOLL_INTEGRITY``: it runs unchecked)
+    or ``InvalidArgument`` where ``integrity=True`` asked for one (before any byte moves)."""
+    integer = dtype != "bfloat16" and np.dtype(dtype).kind in _INTEGER_KINDS
+    covered = (op.name in ("min", "max") or (integer and op.name == "sum")
+               or (not integer and op.name in ("sum", "avg", "premul_sum")
+                   and dtype in checksums.UNIT_ROUNDOFF)
+               or (collective.startswith("allreduce") and (integer or op.name in _EXACT_OPS)))
+    if covered:
+        return SumCheck(rank, size, collective, op, dtype, count, root=root, blocks=blocks)
+    if asked:
+        raise InvalidArgument(
+            f"rank {rank}: {collective}: integrity=True, but op {op.name} on {dtype} has no "
+            f"integrity check ({COVERED}). Pass integrity=False (or leave it unset) for this "
+            "call")
+    return None
+
+
+def refuse(rank: int, collective: str, asked: bool | None) -> None:
+    """``integrity=True`` on a call that has no check: ``InvalidArgument`` (None or False:
+    the call runs unchecked, also when ``PYCOLL_INTEGRITY`` samples it)."""
+    if asked:
+        raise InvalidArgument(
+            f"rank {rank}: {collective}: integrity=True, but {collective} has no integrity "
+            f"check ({COVERED}). Pass integrity=False (or leave it unset), or run the same "
+            "data through a covered call")

@@ -76,10 +76,21 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
         nth = plan.randrange(1, 2 * p - 1) if algo == "ring" else 1
         if case == "alltoall":
             algo = "pairwise"
+        if case == "allgatherv":
+            nth = 2                           # the data; the first message holds the counts
         if case in ("broadcast", "send"):
             victim, peer = 1, 0
-        itemsize, bits = {"allreduce_f32": (4, FLOAT32_HIGH),
-                          "allreduce_i64": (8, range(64))}.get(case, (1, range(8)))
+        if case.startswith("reduce_scatter"):
+            # a ring: each rank receives p - 1 partial blocks from its left; the corrupted
+            # one ends, reduced further, at its block's owner
+            algo, peer, nth = "ring", (victim - 1) % p, plan.randrange(1, p)
+        elif case.startswith("reduce"):   # the victim is the root: it receives from the tree
+            algo = "binomial"
+        itemsize, bits = {"allreduce_f32": (4, FLOAT32_HIGH), "reduce_f32": (4, FLOAT32_HIGH),
+                          "allreduce_coalesced": (4, FLOAT32_HIGH),
+                          "reduce_scatter_f32": (4, FLOAT32_HIGH),
+                          "allreduce_i64": (8, range(64)), "reduce_i64": (8, range(64)),
+                          "reduce_scatter_i64": (8, range(64))}.get(case, (1, range(8)))
         if r == victim:
             hook.arm(peer=peer, nth=nth, itemsize=itemsize, bits=bits, seed=seed + t)
         fired_before = len(hook.fired)
@@ -89,6 +100,31 @@ def _flip_trials(comm, case: str, trials: int, seed: int) -> list:
         elif case == "allreduce_i64":
             a = rng.integers(-2**62, 2**62, 1001, dtype=np.int64)
             result = _run(comm, lambda: comm.allreduce(a, algo=algo, integrity=True))
+        elif case == "reduce_f32":
+            a = _positive(rng, 4099, np.float32)
+            result = _run(comm, lambda: comm.reduce(a, victim, algo=algo, integrity=True))
+        elif case == "reduce_i64":
+            a = rng.integers(-2**62, 2**62, 1001, dtype=np.int64)
+            result = _run(comm, lambda: comm.reduce(a, victim, algo=algo, integrity=True))
+        elif case == "reduce_scatter_f32":
+            o = np.zeros(2053, np.float32)
+            i = _positive(rng, 2053 * p, np.float32)
+            result = _run(comm, lambda: comm.reduce_scatter(o, i, algo=algo, integrity=True))
+        elif case == "reduce_scatter_i64":
+            o = np.zeros(501, np.int64)
+            i = rng.integers(-2**62, 2**62, 501 * p, dtype=np.int64)
+            result = _run(comm, lambda: comm.reduce_scatter(o, i, algo=algo, integrity=True))
+        elif case == "allreduce_coalesced":   # two dtype groups, each checked
+            ts = [_positive(rng, 1000, np.float32), rng.integers(-9, 9, 70, dtype=np.int64),
+                  _positive(rng, 3001, np.float32)]
+            result = _run(comm, lambda: comm.allreduce_coalesced(ts, algo=algo, integrity=True))
+        elif case == "allgather_coalesced":
+            ins = [rng.standard_normal(100).astype(np.float32), rng.integers(0, 9, 33)]
+            outs = [[np.zeros_like(t) for t in ins] for _ in range(p)]
+            result = _run(comm, lambda: comm.allgather_coalesced(outs, ins, integrity=True))
+        elif case == "allgatherv":
+            a = rng.integers(0, 255, 300 + 50 * r, dtype=np.uint8)
+            result = _run(comm, lambda: comm.allgatherv(a, integrity=True))
         elif case == "broadcast":
             a = rng.integers(0, 255, 5000, dtype=np.uint8)
             result = _run(comm, lambda: comm.broadcast(a, 0, integrity=True))
@@ -147,7 +183,15 @@ def _check_trials(results: list, case: str) -> None:
         assert all(o[0] == "DataCorruption" for o in outcomes), where
         assert len(set(outcomes)) == 1, f"ranks disagree: {where}"
         _, _, _, suspects, links = outcomes[0]
-        if case.startswith("allreduce"):
+        if case.startswith("reduce_scatter"):
+            # the result is wrong on one rank only: the owner of the corrupted block; the
+            # last partial a rank receives is its own block's
+            assert len(suspects) == 1 and links == (), where
+            if nth == size - 1 or size == 2:
+                assert suspects == (victim,), where
+        elif case.startswith("reduce"):
+            assert suspects == (victim,) and links == (), where     # the root's result
+        elif case.startswith("allreduce"):
             if algo == "ring" and nth < size:
                 # the reduce-scatter: the victim reduces a corrupted block and hands it on:
                 # every rank's result is wrong (the reduction is suspect)
@@ -168,7 +212,10 @@ def _check_trials(results: list, case: str) -> None:
                                        ("allreduce_f32", 4), ("allreduce_i64", 4),
                                        ("broadcast", 2), ("allgather", 2), ("alltoall", 3),
                                        ("allgather_async", 2), ("gather", 2), ("scatter", 2),
-                                       ("send", 2)])
+                                       ("send", 2), ("reduce_f32", 2), ("reduce_i64", 3),
+                                       ("reduce_scatter_f32", 2), ("reduce_scatter_i64", 2),
+                                       ("reduce_scatter_f32", 4), ("allreduce_coalesced", 2),
+                                       ("allgather_coalesced", 2), ("allgatherv", 2)])
 def test_bit_flip_always_detected(transport, case, size):
     """A flipped bit (sums: sign, exponent, high mantissa; integers and moves: any bit) in
     the receive buffer of one rank: DataCorruption on every rank, every trial, naming the
@@ -210,27 +257,33 @@ def _clean_calls(comm, calls: int) -> dict:
         comm.broadcast(a, i % comm.size, integrity=True)
         o = np.zeros(n * comm.size, a.dtype)
         comm.allgather(o, a, integrity=True)
-        done += 3
+        comm.reduce(a, i % comm.size, op, integrity=True, deterministic=(i % 3 == 0) or None)
+        comm.reduce_scatter(a, o, op, integrity=True, deterministic=(i % 3 == 0) or None)
+        done += 5
     return {"checked": done}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_no_false_positives(transport):
     results = run_ranks(_clean_calls, 3, 60, env=_env(transport), timeout=200)
-    assert all(r == {"checked": 180} for r in results), results
+    assert all(r == {"checked": 300} for r in results), results
 
 
-def _sampled(comm, calls: int) -> list:
+def _sampled(comm, calls: int, collective: str) -> list:
     """PYCOLL_INTEGRITY=sample:3 with a flip armed before every call: exactly the calls
     whose sequence number is a multiple of 3 raise, on every rank."""
     hook = bitflip.flipper()
     rng = np.random.default_rng(comm.rank)
     seen = []
+    receiver = 0 if collective == "reduce" else 1     # reduce: the root (0) receives
     for i in range(calls):
-        if comm.rank == 1:
-            hook.arm(peer=0, itemsize=4, bits=FLOAT32_HIGH, seed=i)
+        if comm.rank == receiver:
+            hook.arm(peer=1 - receiver, itemsize=4, bits=FLOAT32_HIGH, seed=i)
         a = _positive(rng, 64, np.float32)
-        seen.append((comm.seq + 1, _run(comm, lambda: comm.allreduce(a))[0]))
+        o = np.zeros(32, np.float32)
+        call = {"allreduce": lambda: comm.allreduce(a), "reduce": lambda: comm.reduce(a),
+                "reduce_scatter": lambda: comm.reduce_scatter(o, a)}[collective]
+        seen.append((comm.seq + 1, _run(comm, call)[0]))
         b = np.arange(16, dtype=np.float32)
         comm.allreduce(b, integrity=False)            # never checked, even when sampled
         seen.append((comm.seq, "unchecked"))
@@ -238,14 +291,50 @@ def _sampled(comm, calls: int) -> list:
     return seen
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "reduce", "reduce_scatter"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_sampling_checks_the_same_calls_everywhere(transport):
-    results = run_ranks(_sampled, 2, 30,
+def test_sampling_checks_the_same_calls_everywhere(transport, collective):
+    results = run_ranks(_sampled, 2, 30, collective,
                         env=_env(transport, PYCOLL_INTEGRITY="sample:3"), timeout=120)
     assert results[0] == results[1]
     checked = [(seq, what) for seq, what in results[0] if what != "unchecked"]
     for seq, what in checked:
         assert what == ("DataCorruption" if seq % 3 == 0 else "ok"), checked
+
+
+def _uncovered(comm) -> list:
+    """Calls without a check: ``integrity=True`` raises InvalidArgument before any byte
+    moves (on every rank: the communicator stays in step); unset, under
+    ``PYCOLL_INTEGRITY=sample:1``, they run unchecked and give the right result."""
+    p, r = comm.size, comm.rank
+    x = np.full(8, r + 1, np.int32)
+    f = np.full(8, 2.0, np.float32)
+    calls = {
+        "reduce bxor": lambda **k: comm.reduce(x, 0, "bxor", **k),
+        "reduce_scatter prod": lambda **k: comm.reduce_scatter(f[:8 // p], f, "prod", **k),
+        "allreduce prod (floats)": lambda **k: comm.allreduce(f, "prod", **k),
+        "allreduce_coalesced prod": lambda **k: comm.allreduce_coalesced([f], "prod", **k),
+        "batch_p2p": lambda **k: comm.batch_p2p([("send", x, 1 - r, 0), ("recv", x.copy(),
+                                                                         1 - r, 0)], **k)}
+    seen = {}
+    for name, call in calls.items():
+        seq = comm.seq
+        with pytest.raises(pycoll.InvalidArgument, match="integrity=True.*cover allreduce"):
+            call(integrity=True)
+        assert comm.seq == seq, f"{name}: a refused call was numbered"
+        x[:], f[:] = r + 1, 2.0
+        call()
+        seen[name] = (int(x[0]), float(f[0]))
+    return seen
+
+
+def test_uncovered_calls_refused_or_unchecked():
+    results = run_ranks(_uncovered, 2, env=_env("shm", PYCOLL_INTEGRITY="sample:1"),
+                        timeout=60)
+    assert results[0]["reduce bxor"][0] == 1 ^ 2            # the root's result
+    assert results[1]["allreduce prod (floats)"][1] == 4.0
+    assert results[0]["allreduce_coalesced prod"][1] == 4.0
+    assert results[0]["reduce_scatter prod"][1] == 4.0
 
 
 def test_hook_is_off_without_the_variable(monkeypatch):
