@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..transports.base import Request
-from .primitives import Peers, ReduceSpec, chunk_bounds
 from .halving_doubling import allgather_recursive_doubling
+from .primitives import Peers, ReduceSpec, chunk_bounds
 from .ring import allgather_ring
 
 #: elements of a fold segment, in bytes: every source's piece of it is one message

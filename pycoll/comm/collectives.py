@@ -411,7 +411,7 @@ class Collectives:
         self._plan.begin()
         buf = self._plan.buffer(tensor, "send", writable=False)
         self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
-        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id, buf.dtype)
 
         def body(peers: Peers) -> None:
             peers.wait([peers.isend(dst, arr, wire)])
@@ -430,7 +430,7 @@ class Collectives:
         self._plan.begin()
         buf = self._plan.buffer(tensor, "recv", reads=False)
         self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
-        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id, buf.dtype)
         outcome = Outcome(tensor, None if src is None else int(src))
         if src is not None:
             def body(peers: Peers) -> None:
@@ -469,7 +469,8 @@ class Collectives:
             buf = self._plan.buffer(tensor, "batch_p2p", name=f"ops[{i}]",
                                     writable=kind == "recv", reads=kind == "send")
             self._plan.check_peer(peer, "peer", f"batch_p2p {kind}", tag, P2P_TAG_LIMIT)
-            plan.append((kind == "send", buf.array, int(peer), p2p_tag(int(tag), self._comm_id)))
+            wire = p2p_tag(int(tag), self._comm_id, buf.dtype)
+            plan.append((kind == "send", buf.array, int(peer), wire))
             total += buf.nbytes
 
         def body(peers: Peers) -> None:
