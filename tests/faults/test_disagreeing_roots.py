@@ -74,16 +74,14 @@ def _check(outcomes: list[tuple[str, str]]) -> None:
     assert "root" in found and "signature" in found, found
 
 
-CASES = [(c, p) for c in ("broadcast", "scatter", "gather", "reduce")
-         for p in ("self", "0/1/1", "next")]
+#: (collective, pattern, ranks); with 2 ranks "0/1/1" is "self"
+CASES = [(c, p, n) for c in ("broadcast", "scatter", "gather", "reduce")
+         for p in ("self", "0/1/1", "next") for n in (2, 3) if (p, n) != ("0/1/1", 2)]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-@pytest.mark.parametrize("size", [2, 3])
-@pytest.mark.parametrize("collective,pattern", CASES)
+@pytest.mark.parametrize("collective,pattern,size", CASES)
 def test_disagreeing_roots_raise_on_every_rank(collective, pattern, size, transport):
-    if pattern == "0/1/1" and size == 2:
-        pytest.skip("with 2 ranks 0/1/1 is 'self'")
     outcomes = run_ranks(_outcome, size, collective, pattern, collective_timeout=DEADLINE,
                          timeout=90, env={"PYCOLL_TRANSPORTS": transport})
     _check(outcomes)
@@ -98,13 +96,19 @@ def test_disagreeing_roots_after_warm_calls(collective, transport):
     _check(outcomes)
 
 
-@pytest.mark.parametrize("size", [2, 3])
-@pytest.mark.parametrize("collective,pattern", CASES)
+@pytest.mark.parametrize("collective,pattern,size", CASES)
 def test_disagreeing_roots_inproc(collective, pattern, size):
-    if pattern == "0/1/1" and size == 2:
-        pytest.skip("with 2 ranks 0/1/1 is 'self'")
     _check(run_threads(_outcome, size, collective, pattern, collective_timeout=DEADLINE,
                        timeout=90))
+
+
+@pytest.mark.parametrize("collective,pattern", [("broadcast", "0/1/1"), ("reduce", "self"),
+                                                 ("scatter", "next")])
+def test_disagreeing_roots_beyond_direct_agreement(collective, pattern):
+    """More ranks than agree directly (``agreement.DIRECT_MAX``): the dissemination rounds."""
+    from pycoll.algorithms.agreement import DIRECT_MAX
+    _check(run_threads(_outcome, DIRECT_MAX + 2, collective, pattern,
+                       collective_timeout=DEADLINE, timeout=90))
 
 
 def _agreeing(comm) -> list:
@@ -125,10 +129,7 @@ def _agreeing(comm) -> list:
     return out
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_agreeing_roots_still_return_the_data(transport):
-    n = 3
-    results = run_ranks(_agreeing, n, env={"PYCOLL_TRANSPORTS": transport})
+def _check_agreeing(results: list, n: int) -> None:
     for r, per_root in enumerate(results):
         for root, (a, s, g, d) in enumerate(per_root):
             assert a == [float(root)] * 8
@@ -136,6 +137,17 @@ def test_agreeing_roots_still_return_the_data(transport):
             if r == root:
                 assert g == [float(k // 2) for k in range(2 * n)]
                 assert d == [float(n * (n + 1) // 2)] * 8
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_agreeing_roots_still_return_the_data(transport):
+    _check_agreeing(run_ranks(_agreeing, 3, env={"PYCOLL_TRANSPORTS": transport}), 3)
+
+
+def test_agreeing_roots_beyond_direct_agreement():
+    from pycoll.algorithms.agreement import DIRECT_MAX
+    n = DIRECT_MAX + 2
+    _check_agreeing(run_threads(_agreeing, n, timeout=90), n)
 
 
 # -- send/recv: the receiver learns the sender's dtype --------------------------------------
