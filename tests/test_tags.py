@@ -9,7 +9,7 @@ def test_collective_tag_layout_round_trips():
     low = tag_low_bits("allreduce", 7)
     sig = signature("allreduce", ("float32", 8, "sum", None))
     t = collective_tag(5, low, sig)
-    assert describe_tag(t) == f"allreduce #5 (signature {sig:04x})"
+    assert describe_tag(t) == f"allreduce #5 (signature {sig:08x})"
     assert not conflicts(collective_tag(6, low, sig), t)          # a peer one call ahead
     assert conflicts(collective_tag(5, low, sig ^ 1), t)          # same call, other arguments
     assert conflicts(collective_tag(4, low, sig), t)              # an earlier call's leftover

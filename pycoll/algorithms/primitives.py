@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers.memops import MemoryOps, ReduceSpec
-from ..errors import TransportError
+from ..errors import CollectiveMismatch, TransportError
 from ..transports.base import Channel, Request
 from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine, WaitTimeout
@@ -143,7 +143,25 @@ class Peers:
 
     def wait(self, requests: Sequence[Request]) -> None:
         """Wait for ``requests``; every channel with work progresses meanwhile."""
-        self.engine.wait(requests, self.deadline, self.check)
+        self.engine.wait(requests, self.deadline, self.watch)
+
+    def watch(self) -> None:
+        """What a wait checks while it idles (every ``WaitPolicy.liveness_seconds``): the
+        communicator's ``check`` (abort records), then every receive this call posted, not
+        only the awaited ones: a held message that proves the ranks disagree about the call
+        (``matching.TagMatcher.refuse_conflicts``) ends the call with ``CollectiveMismatch``
+        even when it sits on a channel the call does not wait on now (the agreement round
+        of rooted calls posts its first receive before the data moves: ``agreement.py``)."""
+        if self.check is not None:
+            self.check()
+        pending = [r for r in self.posted if not r.done and r.kind == "recv"]
+        if pending:
+            with self._lock:
+                for ch in {id(r.channel): r.channel for r in pending}.values():
+                    ch.refuse_conflicts()
+        for r in self.posted:
+            if isinstance(r.error, CollectiveMismatch):
+                raise r.error
 
     def scratch(self, count: int, dtype: np.dtype, slot: int = 0) -> Any:
         return self.ops.scratch(count, dtype, slot)

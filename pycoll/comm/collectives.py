@@ -521,7 +521,7 @@ class Collectives:
         self._plan.begin()
         buf = self._plan.buffer(tensor, "send", writable=False)
         self._plan.check_peer(dst, "dst", "send", tag, P2P_TAG_LIMIT)
-        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id, buf.dtype)
         checked = bool(integrity) and buf.mem_type == HOST
 
         def body(peers: Peers) -> None:
@@ -546,7 +546,7 @@ class Collectives:
         self._plan.begin()
         buf = self._plan.buffer(tensor, "recv", reads=False)
         self._plan.check_peer(src, "src", "recv", tag, P2P_TAG_LIMIT)
-        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id)
+        arr, wire = buf.array, p2p_tag(int(tag), self._comm_id, buf.dtype)
         outcome = Outcome(tensor, None if src is None else int(src))
         check = (Check(self.rank, self.size, "recv")
                  if integrity and buf.mem_type == HOST else None)
@@ -606,7 +606,8 @@ class Collectives:
             buf = self._plan.buffer(tensor, "batch_p2p", name=f"ops[{i}]",
                                     writable=kind == "recv", reads=kind == "send")
             self._plan.check_peer(peer, "peer", f"batch_p2p {kind}", tag, P2P_TAG_LIMIT)
-            plan.append((kind == "send", buf.array, int(peer), p2p_tag(int(tag), self._comm_id)))
+            wire = p2p_tag(int(tag), self._comm_id, buf.dtype)
+            plan.append((kind == "send", buf.array, int(peer), wire))
             total += buf.nbytes
 
         def body(peers: Peers) -> None:

@@ -42,6 +42,7 @@ from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..tags import COMM_BITS
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
@@ -53,7 +54,6 @@ from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
 DEFAULT_TIMEOUT = 300.0
-COMM_ID_BITS = 20
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
 FAILED_FINALIZE_SECONDS = 2.0
 
@@ -61,8 +61,8 @@ Timeout = float | timedelta | None
 
 
 def _wrap_id(n: int) -> int:
-    """Group ids run 1 .. 2**20 - 1 in message tags (0 is the root's)."""
-    return 1 + (n - 1) % ((1 << COMM_ID_BITS) - 1)
+    """Group ids run 1 .. 2**12 - 1 in message tags (0 is the root's; ``tags.COMM_BITS``)."""
+    return 1 + (n - 1) % ((1 << COMM_BITS) - 1)
 
 
 class Communicator(Collectives, FusedCollectives):

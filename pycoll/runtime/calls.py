@@ -3,7 +3,7 @@
 A call is described once, when it has been planned (``comm/planning``: arguments checked, the
 algorithm chosen), and that description travels with it:
 
-* the message tag's 16-bit signature (``tags.signature``: ranks that disagree about a call
+* the message tag's 32-bit signature (``tags.signature``: ranks that disagree about a call
   put different signatures on their messages and in the fast path's slots);
 * ``PYCOLL_DEBUG=DETAIL``'s fingerprint, compared across ranks through the store;
 * the flight recorder's entry and its dump;
@@ -66,7 +66,7 @@ class CallInfo:
         return base if self.fold is None else base + (self.fold,)
 
     def signature(self) -> int:
-        """The 16 bits of the tag that say what this rank believes the call is (0 for
+        """The 32 bits of the tag that say what this rank believes the call is (0 for
         point-to-point calls, whose ranks need not agree on anything but the size)."""
         sig = self._signature
         if sig is None:

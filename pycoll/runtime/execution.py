@@ -8,7 +8,9 @@ some ranks), a message tag made of that number and the call's kind (``tags``), a
 flight-recorder entry, a deadline, and a place to run: inline in the caller's thread when
 nothing is queued (a thread hand-off costs more than a small allreduce), else on the
 communicator's worker thread, strictly in issue order, which is what keeps ranks matched
-without negotiation. Failures go through ``failures.Failures``.
+without negotiation. A rooted call (``CallInfo.root`` set) runs its body beside an agreement
+round (``algorithms.agreement``): it returns on no rank before every rank showed that it
+runs the same call. Failures go through ``failures.Failures``.
 
 A body that needs no channels (the fast path's compiled kernels) may run inline without a
 ``Peers``: ``begin_inline`` claims the execution and numbers the call, ``finish_inline``
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..algorithms import agreement
 from ..algorithms.primitives import Peers
 from ..errors import PycollError, TransportError
 from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
@@ -177,7 +180,13 @@ class Execution:
                 self.failures.compare_fingerprints(info, seq, deadline, rec)
             if generic and not info.p2p:
                 self.generic_ran = True
-            body(peers)
+            if generic and info.root is not None and self.size > 1:
+                # a rooted call: no rank returns before every rank showed it agrees
+                first = agreement.begin(peers)
+                body(peers)
+                agreement.finish(peers, first)
+            else:
+                body(peers)
             if not info.p2p:    # messages nobody will ever receive? (tags.py)
                 for ch in {id(r.channel): r.channel for r in peers.posted}.values():
                     ch.check_leftovers(peers.tag, unread=False)

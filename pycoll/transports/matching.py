@@ -8,9 +8,11 @@ ranks run different collectives or pass different tensors, and is reported, neve
 A collective's tag also carries the call's signature (``pycoll/tags.py``): a held message whose
 tag proves that its sender disagrees about the call a receive was posted for (another dtype,
 op, root, collective...) fails that receive with ``CollectiveMismatch`` instead of leaving it
-to wait for a match that can never come. The check runs when a wait goes idle
-(``refuse_conflicts``, from the progress engine), never on the matching hot path: a
-disagreement always leaves a receive waiting, so it is found within the first idle moment.
+to wait for a match that can never come; so does a point-to-point message whose tag names
+another dtype than the receive's, before a byte of it lands in the receiver's buffer. The
+check runs when a wait goes idle (``refuse_conflicts``, from the progress engine), never on
+the matching hot path: a disagreement always leaves a receive waiting, so it is found within
+the first idle moment.
 
 A receive from *any* source (torch's ``recv`` without ``src``, MPI_ANY_SOURCE) is one receive
 posted on every channel, tied together by an ``AnySource``: the first of them that a message
@@ -27,7 +29,7 @@ from typing import Any
 
 from ..buffers.memory import MemRef
 from ..errors import CollectiveMismatch
-from ..tags import conflicts, describe_tag
+from ..tags import conflicts, describe_tag, tag_dtype
 
 
 class Request:
@@ -93,8 +95,6 @@ class TagMatcher:
         found = False
         if self.unexpected and self.posted:
             for req in list(self.posted):
-                if req.tag >= 0:
-                    continue
                 for utag, _n, _p in self.unexpected:
                     if conflicts(utag, req.tag):
                         self.posted.remove(req)
@@ -110,14 +110,20 @@ class TagMatcher:
         broadcast's root, say). Raise ``CollectiveMismatch``. Costs nothing unless messages
         are held (usually ones of the next call: fine)."""
         for utag in chain((t for t, _n, _p in self.unexpected), unread):
-            # the usual held message is one of a later call (a peer already there): its tag
-            # is more negative (the call number sits in the high bits); only others are judged
-            if utag < tag:
-                continue
+            # the usual held message is one of a later call (a peer already there), which
+            # ``conflicts`` lets pass; a message of this call with a larger signature has a
+            # more negative tag too, so the tags' order cannot decide
             if conflicts(utag, tag):
                 raise self._mismatch(utag, tag)
 
     def _mismatch(self, message_tag: int, receive_tag: int) -> CollectiveMismatch:
+        if receive_tag >= 0:
+            return CollectiveMismatch(
+                f"peer rank {self.peer} sent {tag_dtype(message_tag) or 'untyped'} data "
+                f"({describe_tag(message_tag)}) where this rank posted a receive of "
+                f"{tag_dtype(receive_tag) or 'untyped data'}: send and recv must use the "
+                "same dtype (to move raw bytes, view both buffers as uint8). Nothing was "
+                "written into the receive buffer", peer=self.peer)
         return CollectiveMismatch(
             f"peer rank {self.peer} sent a message of {describe_tag(message_tag)} where this "
             f"rank is in {describe_tag(receive_tag)}: the two ranks disagree on the collective "
@@ -146,6 +152,10 @@ class TagMatcher:
         self.unexpected.append((tag, nbytes, payload))
 
     def fail_all(self, error: BaseException) -> None:
+        """The channel broke: every posted receive fails with ``error``, but one that a held
+        message proves wrong fails with that disagreement (the root cause: a peer that sent
+        the wrong dtype and then finished looks like a lost peer otherwise)."""
+        self.refuse_conflicts()
         for req in self.posted:
             req.fail(error)
         self.posted.clear()
