@@ -153,13 +153,18 @@ class TcpChannel(Channel):
             req.bytes_done += n
             if lane.offset < view.nbytes:
                 return moved
-            lane.out.popleft()
-            if lane.out:
-                lane.header, lane.offset = lane.out[0][1], 0
-            if req.bytes_done == req.nbytes and not req.done:
-                req.complete()
-                self._sends.remove(req)
+            self._piece_written(lane, req)
         return moved
+
+    def _piece_written(self, lane: Lane, req: Request) -> None:
+        """The head piece of ``lane`` is on the wire: go on with the next, and complete
+        ``req`` once every stripe of it is."""
+        lane.out.popleft()
+        if lane.out:
+            lane.header, lane.offset = lane.out[0][1], 0
+        if req.bytes_done == req.nbytes and not req.done:
+            req.complete()
+            self._sends.remove(req)
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:

@@ -69,12 +69,7 @@ class TlsChannel(TcpChannel):
             req.bytes_done += n
             if lane.offset < view.nbytes:
                 continue
-            lane.out.popleft()
-            if lane.out:
-                lane.header, lane.offset = lane.out[0][1], 0
-            if req.bytes_done == req.nbytes and not req.done:
-                req.complete()
-                self._sends.remove(req)
+            self._piece_written(lane, req)
         return moved
 
     def _progress_recv(self) -> bool:
