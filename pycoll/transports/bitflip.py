@@ -17,6 +17,7 @@ seed=7`` (each key optional).
 """
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,7 +95,9 @@ class FlipRequest(Request):
 
 
 _FLIPPER: BitFlipper | None = None
-_READ = False
+#: the process that read ``PYCOLL_TEST_FLIP`` (a rank forked from a process that read it
+#: without the variable, e.g. a test runner, reads its own environment again)
+_READ_BY: int | None = None
 
 
 def flipper() -> BitFlipper | None:
@@ -104,9 +107,10 @@ def flipper() -> BitFlipper | None:
 
 def receive_request() -> type[Request]:
     """What channels make receives of, after reading ``PYCOLL_TEST_FLIP`` once."""
-    global _FLIPPER, _READ
-    if not _READ:
-        _READ = True
+    global _FLIPPER, _READ_BY
+    if _READ_BY != os.getpid():
+        _READ_BY = os.getpid()
+        _FLIPPER = None
         raw = env_text("PYCOLL_TEST_FLIP")
         if raw is not None and raw.lower() not in ("0", "off", "false", "no"):
             _FLIPPER = BitFlipper()

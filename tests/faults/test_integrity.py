@@ -340,7 +340,7 @@ def test_uncovered_calls_refused_or_unchecked():
 def test_hook_is_off_without_the_variable(monkeypatch):
     """Production: unset, receives are plain ``Request`` objects and no flipper exists."""
     monkeypatch.delenv("PYCOLL_TEST_FLIP", raising=False)
-    monkeypatch.setattr(bitflip, "_READ", False)
+    monkeypatch.setattr(bitflip, "_READ_BY", None)
     monkeypatch.setattr(bitflip, "_FLIPPER", None)
     from pycoll.transports.matching import Request
     assert bitflip.receive_request() is Request and bitflip.flipper() is None
