@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pycoll.launch",),                                     # launchers' environments, joining
     ("pycoll.world", "pycoll"),                             # the default communicator, the API
     ("pycoll.torch", "pycoll.spark", "pycoll.bench", "pycoll.testing", "pycoll.trace",
-     "pycoll.run"),                                         # integrations and tools
+     "pycoll.run", "pycoll.info"),                                      # integrations and tools
 ]
 
 

@@ -1,0 +1,134 @@
+"""What this host offers: optional packages, the fast path, and each transport's probe.
+
+Nothing here initialises CUDA: CuPy's device query does, so the ``cuda_ipc`` probe runs
+only when asked (``--cuda``); without CuPy it is reported missing without asking CUDA.
+The transports are judged by their own ``probe`` (``transports.registry.probe_all``), the
+very check a rank makes at ``init``, so the report cannot disagree with a job.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import socket
+from typing import Any
+
+from ..envvars import env_bool, env_text
+from ..errors import InvalidArgument
+from ..transports import registry
+
+#: import name -> distribution name (for the version), in the order they are reported
+EXTRAS = {"numba": "numba", "torch": "torch", "cupy": "cupy", "pyverbs": "pyverbs",
+          "mpi4py": "mpi4py"}
+#: imported to say whether they work (cheap, and no device is touched)
+IMPORT_CHECKED = ("numba", "mpi4py")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_version() -> str | None:
+    for dist in ("cupy", "cupy-cuda12x", "cupy-cuda11x"):
+        found = _version(dist)
+        if found:
+            return found
+    return None
+
+
+def extra(name: str) -> dict[str, Any]:
+    """Whether the package is found, its version, and for some whether it imports."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    out: dict[str, Any] = {"found": found,
+                           "version": _cupy_version() if name == "cupy" else _version(name)}
+    if found and name in IMPORT_CHECKED:
+        try:
+            importlib.import_module(name)
+            out["imports"] = True
+        except Exception as e:  # noqa: BLE001 - a broken install raises anything
+            out["imports"], out["error"] = False, f"{type(e).__name__}: {e}"
+    return out
+
+
+def extras() -> dict[str, dict[str, Any]]:
+    return {name: extra(name) for name in EXTRAS}
+
+
+def fast_path(numba: dict[str, Any]) -> dict[str, Any]:
+    """The compiled one-host path: its limit here (``fastpath.probe_limit``, what a rank
+    publishes) and, when off, the reasons that hold on this host."""
+    from ..fastpath import probe_limit
+    try:
+        limit = probe_limit()
+    except InvalidArgument as e:
+        return {"on": False, "limit_bytes": 0, "reason": str(e)}
+    if limit:
+        return {"on": True, "limit_bytes": limit, "reason": ""}
+    why = []
+    if not env_bool("PYCOLL_FASTPATH", True):
+        why.append("PYCOLL_FASTPATH is off")
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        why.append(f"unsupported platform {platform.system()}/{platform.machine()}")
+    if not numba["found"]:
+        why.append("numba is not installed (pip install 'pycoll[fast]')")
+    if not why:
+        why.append("PYCOLL_FASTPATH_BYTES=0")
+    return {"on": False, "limit_bytes": 0, "reason": "; ".join(why)}
+
+
+def _shm_details() -> dict[str, Any]:
+    from ..transports.shm.segment import SHM_DIR
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError as e:
+        return {"dir": SHM_DIR, "error": str(e)}
+    return {"dir": SHM_DIR, "size_bytes": st.f_blocks * st.f_frsize,
+            "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def _tcp_details() -> dict[str, Any]:
+    from ..transports.netif import choose_bind_address, interface_address
+    interfaces = {}
+    for _index, name in socket.if_nameindex():
+        interfaces[name] = interface_address(name, socket.AF_INET)
+    try:
+        bind = choose_bind_address(env_text("PYCOLL_MASTER_ADDR"))[0]
+    except Exception as e:  # noqa: BLE001 - a bad PYCOLL_SOCKET_* or no route: say so
+        bind = f"none ({e})"
+    return {"interfaces": interfaces, "bind_address": bind}
+
+
+DETAILS = {"shm": _shm_details, "tcp": _tcp_details}
+
+
+def transports(probe_cuda: bool) -> dict[str, Any]:
+    """Every registered transport: allowed by ``PYCOLL_TRANSPORTS``, usable here, why not,
+    and its probe record (the verbs device, for one)."""
+    try:
+        allowed: list[str] = registry.allowed_transports()
+        allow_error = ""
+    except InvalidArgument as e:
+        allowed, allow_error = [], str(e)
+    out: dict[str, Any] = {"allowed": allowed, "error": allow_error, "each": {}}
+    for name in registry.REGISTRY:
+        entry: dict[str, Any] = {"allowed": name in allowed,
+                                 "explicit_only": name in registry.EXPLICIT_ONLY}
+        if name == "cuda_ipc" and not probe_cuda and importlib.util.find_spec("cupy"):
+            entry.update(usable=None, reason="not probed: it would initialise CUDA "
+                                             "(pass --cuda to probe it)")
+        else:
+            records, missing = registry.probe_all([name])
+            entry.update(usable=name in records, reason=missing.get(name, ""),
+                         record=records.get(name))
+        if name in DETAILS:
+            entry["details"] = DETAILS[name]()
+        out["each"][name] = entry
+    return out
