@@ -33,8 +33,11 @@ def layout(ranks: int, nodes: int | None, per_node: int | None) -> tuple[int, in
     if nodes is not None and per_node is not None:
         raise InvalidArgument("give --nodes or --ranks-per-node, not both")
     if per_node is not None:
-        nodes = ranks // per_node if per_node > 0 else 0
-    nodes = nodes or 1
+        if per_node < 1 or ranks % per_node:
+            raise InvalidArgument(f"-n {ranks} ranks do not split into equal nodes of "
+                                  f"{per_node}")
+        nodes = ranks // per_node
+    nodes = 1 if nodes is None else nodes
     if nodes < 1 or ranks % nodes:
         raise InvalidArgument(f"-n {ranks} ranks do not split into {nodes} equal nodes")
     return nodes, ranks // nodes
