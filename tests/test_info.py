@@ -143,7 +143,8 @@ def _names_in(paths: list[str]) -> set[str]:
 def test_every_variable_in_the_source_and_the_docs_is_in_the_table():
     sources = [os.path.join(d, n) for pkg in ("pycoll", "rendezvous")
                for d, _dirs, names in os.walk(os.path.join(ROOT, pkg))
-               for n in names if n.endswith(".py")]
+               for n in names if n.endswith(".py")
+               and not d.startswith(os.path.join(ROOT, "pycoll", "info"))]   # the table
     in_code = _names_in(sources)
     in_docs = _names_in([os.path.join(ROOT, "docs", "environment.md")])
     assert len(in_code) > 40 and len(in_docs) > 40     # the scan itself works
