@@ -71,13 +71,21 @@ def probe_record() -> dict[str, int]:
             "fast_cma": cma if env_bool("PYCOLL_SHM_CMA", True) else 0}
 
 
+def unavailable_reason() -> str | None:
+    """Why the path is off on this host before any limit applies (None: it may run), without
+    importing numba; ``python -m pycoll.info`` shows it."""
+    if not env_bool("PYCOLL_FASTPATH", True):
+        return "PYCOLL_FASTPATH is off"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return f"unsupported platform {platform.system()}/{platform.machine()}"
+    if importlib.util.find_spec("numba") is None:
+        return "numba is not installed (pip install 'pycoll[fast]')"
+    return None
+
+
 def probe_limit() -> int:
     """This rank's limit in bytes (0: the path is off here), without importing numba."""
-    if not env_bool("PYCOLL_FASTPATH", True):
-        return 0
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
-        return 0
-    if importlib.util.find_spec("numba") is None:
+    if unavailable_reason() is not None:
         return 0
     return env_int("PYCOLL_FASTPATH_BYTES", DEFAULT_LIMIT, minimum=0)
 

@@ -29,7 +29,7 @@ def report(algorithms: bool = False, ranks: int = 2, nodes: int | None = None,
         "version": __version__,
         "python": sys.version.split()[0],
         "extras": found,
-        "fast_path": probes.fast_path(found["numba"]),
+        "fast_path": probes.fast_path(),
         "transports": probes.transports(probe_cuda),
         "environment": variables.current(),
     }

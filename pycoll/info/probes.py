@@ -11,11 +11,10 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-import platform
 import socket
 from typing import Any
 
-from ..envvars import env_bool, env_text
+from ..envvars import env_text
 from ..errors import InvalidArgument
 from ..transports import registry
 
@@ -62,26 +61,18 @@ def extras() -> dict[str, dict[str, Any]]:
     return {name: extra(name) for name in EXTRAS}
 
 
-def fast_path(numba: dict[str, Any]) -> dict[str, Any]:
+def fast_path() -> dict[str, Any]:
     """The compiled one-host path: its limit here (``fastpath.probe_limit``, what a rank
-    publishes) and, when off, the reasons that hold on this host."""
-    from ..fastpath import probe_limit
+    publishes) and, when off, why (``fastpath.unavailable_reason``)."""
+    from ..fastpath import probe_limit, unavailable_reason
     try:
         limit = probe_limit()
     except InvalidArgument as e:
         return {"on": False, "limit_bytes": 0, "reason": str(e)}
     if limit:
         return {"on": True, "limit_bytes": limit, "reason": ""}
-    why = []
-    if not env_bool("PYCOLL_FASTPATH", True):
-        why.append("PYCOLL_FASTPATH is off")
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
-        why.append(f"unsupported platform {platform.system()}/{platform.machine()}")
-    if not numba["found"]:
-        why.append("numba is not installed (pip install 'pycoll[fast]')")
-    if not why:
-        why.append("PYCOLL_FASTPATH_BYTES=0")
-    return {"on": False, "limit_bytes": 0, "reason": "; ".join(why)}
+    return {"on": False, "limit_bytes": 0,
+            "reason": unavailable_reason() or "PYCOLL_FASTPATH_BYTES=0"}
 
 
 def _shm_details() -> dict[str, Any]:
