@@ -149,22 +149,25 @@ class TcpChannel(Channel):
                 self._break(peer_lost(self.peer, f"connection failed while sending: {e}"))
                 return True
             moved = True
-            lane.offset += n
-            req.bytes_done += n
-            if lane.offset < view.nbytes:
+            if not self._wrote(lane, req, view, n):
                 return moved
-            self._piece_written(lane, req)
         return moved
 
-    def _piece_written(self, lane: Lane, req: Request) -> None:
-        """The head piece of ``lane`` is on the wire: go on with the next, and complete
-        ``req`` once every stripe of it is."""
+    def _wrote(self, lane: Lane, req: Request, view: memoryview, n: int) -> bool:
+        """Count ``n`` more bytes of the head piece ``view`` of ``lane`` (of ``req``) as
+        written; once all are, go on with the next piece, complete ``req`` once every stripe
+        of it is, and return True."""
+        lane.offset += n
+        req.bytes_done += n
+        if lane.offset < view.nbytes:
+            return False
         lane.out.popleft()
         if lane.out:
             lane.header, lane.offset = lane.out[0][1], 0
         if req.bytes_done == req.nbytes and not req.done:
             req.complete()
             self._sends.remove(req)
+        return True
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:

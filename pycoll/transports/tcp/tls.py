@@ -65,11 +65,7 @@ class TlsChannel(TcpChannel):
                 self._break(peer_lost(self.peer, f"TLS connection failed while sending: {e}"))
                 return True
             moved = True
-            lane.offset += n
-            req.bytes_done += n
-            if lane.offset < view.nbytes:
-                continue
-            self._piece_written(lane, req)
+            self._wrote(lane, req, view, n)
         return moved
 
     def _progress_recv(self) -> bool:
