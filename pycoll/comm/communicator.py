@@ -104,6 +104,8 @@ class Communicator(Collectives, FusedCollectives):
         self._layout = node_layout(self._hosts)
         self._groups_made = 0
         self._group_names: set[str] = set()
+        #: subgroup name -> (its generation, the latest communicator of that name)
+        self._subgroups: dict[str, tuple[int, Communicator]] = {}
         self._children: list[Communicator] = []
         self._hier: dict[str, Peers | None] = {}
         caps = connections.capabilities_in_use(self._members) if connections else []
@@ -243,21 +245,78 @@ class Communicator(Collectives, FusedCollectives):
             return None
         members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
                          key=lambda r: (records[r]["key"], r))
-        if scoped is None or store is None:
-            comm_id = _wrap_id(n)
-        else:                                # the group's first member draws a fresh id
-            id_key = f"group/{n}/{int(color)}/id"
-            if self.rank == members[0]:
-                drawn = int(store.add(f"pycoll/{self._root_name}/group_ids", 1))
-                scoped.set(id_key, str(_wrap_id(drawn)))
-            comm_id = int(scoped.get(id_key, timeout=limit))
+        comm_id = (_wrap_id(n) if scoped is None
+                   else self._agree_comm_id(scoped, f"group/{n}/{int(color)}/id",
+                                            self.rank == members[0], limit))
+        return self._child(members, f"{self.name}.{name}.{color}", comm_id, limit)
+
+    def subgroup(self, ranks: Sequence[int], *, name: str,
+                 timeout: Timeout = None) -> Communicator:
+        """A communicator of ``ranks`` (this communicator's ranks, in that order) that only
+        its members call, each with the same ``ranks`` and ``name``.
+
+        What ``split`` makes (shared channels, its own message id, finalized with this
+        communicator) without a round over every rank: the members agree on the group's id
+        through the store, under a key made from ``name``. For callers that create groups on
+        members only, as torch.distributed calls a backend; ``name`` must be unique among
+        this communicator's subgroups and the same on every member (torch's group name).
+        """
+        limit = as_seconds(timeout, "timeout") or self.timeout
+        where = f"rank {self.rank}: subgroup {name!r} of communicator {self.name}"
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{where}: name must be a non-empty string, the same on "
+                                  "every member")
+        members = [self._plan.check_rank(r, "ranks", "subgroup") for r in ranks]
+        if len(set(members)) != len(members):
+            raise InvalidArgument(f"{where}: ranks {members} has duplicates")
+        if self.rank not in members:
+            raise InvalidArgument(f"{where}: this rank is not in ranks {members}; only the "
+                                  "members call subgroup (use split or new_group to have "
+                                  "every rank call)")
+        earlier = self._subgroups.get(name)
+        if earlier is not None and not earlier[1]._exec.closed:
+            raise InvalidArgument(f"{where}: a live subgroup of that name exists already; "
+                                  "names must be unique (finalize the old one first)")
+        if self._exec.closed or self._exec.failed is not None:
+            raise PycollError(f"{where}: the communicator is finalized or failed "
+                              f"({self._exec.failed or 'finalized'}); create a new one")
+        # a name may come back once its group is finalized (torch's hashed names do):
+        # the members count its generations alike, and keys and ids are per generation
+        generation = 0 if earlier is None else earlier[0] + 1
+        label = name if generation == 0 else f"{name}#{generation}"
+        store = self._store
+        if self.size == 1 or store is None:
+            comm_id = _wrap_id(1 + len(self._subgroups))
+        else:
+            from rendezvous import PrefixStore
+            scoped = PrefixStore(f"pycoll/{self.name}/", store)
+            comm_id = self._agree_comm_id(scoped, f"subgroup/{label}/id",
+                                          self.rank == members[0], limit)
+        child = self._child(members, f"{self.name}:{label}", comm_id, limit)
+        self._subgroups[name] = (generation, child)
+        return child
+
+    def _agree_comm_id(self, scoped: Store, key: str, draws: bool, limit: float) -> int:
+        """A group's message id: the member that ``draws`` takes a fresh one from the tree's
+        counter and publishes it under ``key``; every member reads it back."""
+        store = self._store
+        if draws and store is not None:
+            drawn = int(store.add(f"pycoll/{self._root_name}/group_ids", 1))
+            scoped.set(key, str(_wrap_id(drawn)))
+        return int(scoped.get(key, timeout=limit))
+
+    def _child(self, members: Sequence[int], name: str, comm_id: int,
+               limit: float) -> Communicator:
+        """The group of ``members`` (ranks of this communicator) over this communicator's
+        channels: finalized with it, never closing the channels itself."""
         child = Communicator(members.index(self.rank), len(members), store=self._store,
-                             name=f"{self.name}.{name}.{color}", connections=self._conn,
+                             name=name, connections=self._conn,
                              members=[self._members[m] for m in members], timeout=limit,
                              token=self._token, master_addr=self._master_addr,
                              hosts=[self._hosts[m] for m in members], comm_id=comm_id,
                              root_name=self._root_name, deterministic=self.deterministic,
                              accumulate=self.accumulate)
+        self._children = [c for c in self._children if not c._exec.closed]
         self._children.append(child)
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._exec.executor.idle())

@@ -54,19 +54,27 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     describe the Python-facing overloads of the C++ class instead, hence the
     ``type: ignore[override]`` and ``[assignment]`` on them."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, *,
+                 comm: Communicator | None = None) -> None:
+        """A group of its own (a communicator bootstrapped over ``store``), or, given
+        ``comm``, a group over that communicator (a subgroup of the default group's, whose
+        channels and store belong to the default group: ``groups.create_process_group``)."""
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         if seconds <= 0:
             seconds = 1800.0
         self._timeout = seconds
-        adapter = TorchStoreAdapter(store, seconds)
-        token = None
-        if size > 1:  # authenticates tcp peers; the store is the trust root, as in pycoll.run
-            token = adapter.compare_set("pycoll/token", "", secrets.token_hex(16)).decode()
-        self._adapter = adapter
-        self.comm = Communicator.create(adapter, rank, size, timeout=seconds, name="torch",
-                                        token=token, master_addr=os.environ.get("MASTER_ADDR"))
+        self._adapter: TorchStoreAdapter | None = None
+        if comm is None:
+            adapter = TorchStoreAdapter(store, seconds)
+            token = None
+            if size > 1:  # authenticates tcp peers; the store is the trust root, as pycoll.run
+                token = adapter.compare_set("pycoll/token", "", secrets.token_hex(16)).decode()
+            self._adapter = adapter
+            comm = Communicator.create(adapter, rank, size, timeout=seconds, name="torch",
+                                       token=token, master_addr=os.environ.get("MASTER_ADDR"))
+        self.comm = comm
+        self._timeout = comm.timeout
         self._rank = rank
         self._size = size
         self._group_name = ""
@@ -95,6 +103,31 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
+
+    @property
+    def options(self) -> Any:
+        """torch's ``Backend.Options`` of this group: backend name and timeout (what torch's
+        C++ backends expose as ``options``)."""
+        return _c10d.Backend.Options(BACKEND_NAME, timedelta(seconds=self._timeout))
+
+    # torch queries these on ``pg._get_backend(device)``, which a Python process group does
+    # not have; they answer what pycoll implements of torch's contract (docs/torch.md).
+    #: no ``_start_coalescing``/``_end_coalescing``: torch's coalescing manager falls back to
+    #: the coalesced ops, each one fused call in pycoll
+    supports_coalescing = False
+    #: no ``split_group``/``perform_nocolor_split``; ``new_group`` shares channels instead
+    supports_splitting = False
+    #: not yet (issue 27)
+    supports_shrinking = False
+
+    def _get_sequence_number_for_group(self) -> int:
+        """The number of collectives this group has started: the same on every member while
+        they are in step (torch compares it to find desynchronised ranks)."""
+        return self.comm.seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """torch's "agree on a starting number": every member's count starts at 0 when its
+        communicator is made, so there is nothing to agree on."""
 
     def __repr__(self) -> str:
         return (f"<ProcessGroupPycoll {self._group_name or '?'} rank {self._rank}/{self._size} "
@@ -430,7 +463,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._shut = True
         self._p2p.fail_pending(f"rank {self._rank}: process group shut down before this "
                                "send/recv was waited on")
-        self._adapter.close()
+        if self._adapter is not None:      # a subgroup's store is the default group's
+            self._adapter.close()
         self.comm.finalize()
 
     def abort(self) -> None:
@@ -447,19 +481,5 @@ _disable_compile(ProcessGroupPycoll, [
     "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced", "alltoall_base",
     "all_to_all_single", "alltoall", "gather", "scatter", "barrier", "send", "recv",
     "recv_anysource", "recvAnysource", "shutdown", "abort", "getBackendName", "getGroupName",
-    "setGroupName", "getGroupDesc", "setGroupDesc", "getRank", "getSize"])
-
-
-def create_process_group(store: Any, group_rank: int, group_size: int,
-                         timeout: timedelta) -> ProcessGroupPycoll:
-    """The creator torch calls for ``init_process_group(backend="pycoll")`` / ``new_group``."""
-    return ProcessGroupPycoll(store, group_rank, group_size, timeout)
-
-
-def register() -> None:
-    """Register the "pycoll" backend with torch.distributed (idempotent)."""
-    if BACKEND_NAME in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend,
-                                                                           "PYCOLL"):
-        return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=False,
-                                  devices=["cpu", "cuda"])
+    "setGroupName", "getGroupDesc", "setGroupDesc", "getRank", "getSize",
+    "_get_sequence_number_for_group", "_set_sequence_number_for_group"])

@@ -161,3 +161,42 @@ def test_profiler_events_like_gloo(world_size):
     shapes as Gloo's gloo:<op>, for synchronous and asynchronous calls."""
     results = run_scenario("profiler", world_size, timeout=120)
     _ok(results)
+
+
+@pytest.mark.parametrize("transports", ["shm", "tcp"])
+def test_groups_share_the_default_groups_channels(transports):
+    """4 ranks: new_group, new_subgroups and init_device_mesh("cpu", (2, 2)) open no channel,
+    socket or channel segment (counted per rank before and after; the one-host fast path adds
+    one slot segment per group); their collectives and sequence numbers are right; FSDP2 on
+    the dp dimension over tensor parallelism on tp trains to the same losses and parameters
+    as on a Gloo mesh; destroying a subgroup leaves the default group working."""
+    results = run_scenario("mesh", 4, timeout=240, env={"PYCOLL_TRANSPORTS": transports})
+    _ok(results)
+    for res in results:
+        before, made = res["before"], res["after groups"]
+        assert sum(before["channels"].values()) == 3, describe(results)
+        for stage in ("after groups", "after training"):
+            for what in ("channels", "sockets", "channel segments"):
+                assert res[stage][what] == before[what], (stage, what, describe(results))
+        # Gloo's mesh (sockets of its own) came since; pycoll's channels are still the same
+        gone = res["after destroying a subgroup"]
+        for what in ("channels", "channel segments"):
+            assert gone[what] == before[what], (what, describe(results))
+        if transports == "tcp":
+            assert before["channel segments"] == 0 and made["fast-path segments"] == 0
+        else:      # one slot segment per group of 2 or more ranks; the destroyed one's unmapped
+            assert made["fast-path segments"] > before["fast-path segments"], describe(results)
+            assert gone["fast-path segments"] == made["fast-path segments"] - 1
+        # every reduction is over 2 ranks (a + b == b + a in any algorithm): bit for bit
+        assert res["exact"], describe(results)
+        assert res["checked"] >= 30, describe(results)
+
+
+def test_pycoll_group_under_another_default_backend():
+    """new_group(backend="pycoll") under a Gloo default group: no channels to share, so the
+    group bootstraps a communicator of its own; it works and is released on destroy."""
+    results = run_scenario("own_channels", 2, timeout=90)
+    _ok(results)
+    for res in results:
+        assert res["own"] is True and res["channels"] == {"shm": 1}, describe(results)
+        assert res["leftovers"] == {}, describe(results)

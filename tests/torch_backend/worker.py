@@ -29,6 +29,8 @@ SCENARIOS = {
     "timeout": "failure_checks",         # collectives a peer never joins
     "gaps": "gaps",                      # the closed gaps to Gloo
     "profiler": "gaps",                  # profiler events like Gloo's
+    "mesh": "mesh_checks",               # groups share channels; 2-D mesh FSDP2 + TP
+    "own_channels": "mesh_checks",       # a pycoll group under a Gloo default group
 }
 
 
