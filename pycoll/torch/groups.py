@@ -35,11 +35,11 @@ def group_timeout(timeout: Any, pg_options: Any) -> timedelta:
 
 
 def world_communicator() -> Communicator | None:
-    """The communicator of torch's default group when that group is pycoll's and working."""
+    """The communicator of torch's default group when that group is pycoll's (a failed one
+    too: ``Communicator.subgroup`` then refuses, rather than groups quietly bootstrapping
+    channels of their own beside it)."""
     default = dist.GroupMember.WORLD
-    if not isinstance(default, ProcessGroupPycoll) or default.comm.failed is not None:
-        return None
-    return default.comm
+    return default.comm if isinstance(default, ProcessGroupPycoll) else None
 
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupPycoll:

@@ -138,3 +138,44 @@ def test_group_ids_are_unique_and_names_cannot_repeat():
     for ids, dup in run_ranks(_group_ids, 2):
         assert len(set(ids)) == 40 and 0 not in ids
         assert dup is not None and "unique" in dup
+
+
+def _member_only_subgroups(comm):
+    """Only the members call subgroup (ranks 0 and 2 make one group, 3 and 1 another)."""
+    comm.alltoall(np.zeros(comm.size * 2), np.ones(comm.size * 2))   # a channel to each peer
+    opened = comm.open_channels()
+    ranks = [0, 2] if comm.rank in (0, 2) else [3, 1]
+    name = f"pair{ranks[0]}"
+    g = comm.subgroup(ranks, name=name)
+    a = np.full(4, comm.rank + 1.0)
+    g.allreduce(a)
+    out: dict = {"pair": (g.rank, g.size, float(a[0]))}
+    errors = []
+    for bad in (dict(ranks=[r for r in range(comm.size) if r != comm.rank], name="x"),
+                dict(ranks=[comm.rank, comm.rank], name="y"),
+                dict(ranks=[comm.rank], name=""),
+                dict(ranks=ranks, name=name)):        # the same name while its group lives
+        try:
+            comm.subgroup(**bad)
+        except pycoll.InvalidArgument as e:
+            errors.append(str(e))
+    g.finalize()
+    reused = comm.subgroup(ranks, name=name)        # a name comes back once finalized
+    b = np.ones(2)
+    reused.allreduce(b)
+    comm.allreduce(b)                               # the world still works over its channels
+    out.update(errors=errors, opened_same=comm.open_channels() == opened,
+               reused=(reused.name, reused._comm_id != g._comm_id, float(b[0])))
+    return out
+
+
+def test_subgroup_is_called_by_members_only_and_shares_channels():
+    for rank, out in enumerate(run_ranks(_member_only_subgroups, 4)):
+        members = [0, 2] if rank in (0, 2) else [3, 1]
+        assert out["pair"][:3] == (members.index(rank), 2, float(sum(m + 1 for m in members)))
+        assert out["opened_same"]
+        assert len(out["errors"]) == 4, out["errors"]
+        assert "not in ranks" in out["errors"][0] and "duplicates" in out["errors"][1]
+        assert "non-empty" in out["errors"][2] and "live subgroup" in out["errors"][3]
+        name, fresh_id, total = out["reused"]
+        assert name.endswith("#1") and fresh_id and total == 4.0 * 2
