@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "torch_backend"))
-
-import pycoll.torch  # noqa: E402,F401  (registers "pycoll")
-from mesh_checks import counts  # noqa: E402
+import pycoll.torch  # noqa: F401  (registers "pycoll")
+from pycoll.testing import held_counts
 
 
 def main() -> None:
@@ -33,14 +29,14 @@ def main() -> None:
     dist.init_process_group("pycoll", timeout=timedelta(seconds=120))
     size = dist.get_world_size()
     dist.all_to_all_single(torch.zeros(size * 4), torch.ones(size * 4))
-    before = counts(dist.group.WORLD.comm)
+    before = held_counts(dist.group.WORLD.comm)
     n = int(args.mib * (1 << 20) / 4)
     groups = [dist.new_group(), dist.new_subgroups(2)[0]]
     mesh = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
     groups += [mesh["dp"].get_group(), mesh["tp"].get_group()]
     for group in groups:
         dist.all_reduce(torch.ones(n), group=group)
-    after = counts(dist.group.WORLD.comm)
+    after = held_counts(dist.group.WORLD.comm)
     print(json.dumps({"rank": dist.get_rank(), "groups": len(groups), "before": before,
                       "after": after}), flush=True)
     dist.destroy_process_group()

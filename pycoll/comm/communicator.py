@@ -20,14 +20,11 @@ order.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-
-import numpy as np
 
 from rendezvous import Store
 
@@ -42,13 +39,13 @@ from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
-from ..tags import COMM_BITS
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
+from .groups import GroupMaker
 from .integrity import sample_every
 from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
@@ -58,11 +55,6 @@ DEFAULT_TIMEOUT = 300.0
 FAILED_FINALIZE_SECONDS = 2.0
 
 Timeout = float | timedelta | None
-
-
-def _wrap_id(n: int) -> int:
-    """Group ids run 1 .. 2**12 - 1 in message tags (0 is the root's; ``tags.COMM_BITS``)."""
-    return 1 + (n - 1) % ((1 << COMM_BITS) - 1)
 
 
 class Communicator(Collectives, FusedCollectives):
@@ -102,11 +94,6 @@ class Communicator(Collectives, FusedCollectives):
         self._ops = HostOps()
         self._hosts = list(hosts or [host_identity()] * size)
         self._layout = node_layout(self._hosts)
-        self._groups_made = 0
-        self._group_names: set[str] = set()
-        #: subgroup name -> (its generation, the latest communicator of that name)
-        self._subgroups: dict[str, tuple[int, Communicator]] = {}
-        self._children: list[Communicator] = []
         self._hier: dict[str, Peers | None] = {}
         caps = connections.capabilities_in_use(self._members) if connections else []
         self._plan = Planner(rank, size, Selector(ALGORITHMS, caps,
@@ -129,6 +116,9 @@ class Communicator(Collectives, FusedCollectives):
         self._peers = Peers(rank, size, channels, 0.0, self._segment_bytes, self._ops, engine,
                             check=failures.check, layout=self._layout, subgroup=self._subgroup)
         self._exec = Execution(rank, size, name, self.timeout, comm_id, self._peers, failures)
+        self._groups: GroupMaker[Communicator] = GroupMaker(
+            rank, size, name, store, self._root_name, self._exec, self._plan.check_rank,
+            self._child)
         self._fast = self._fast_path()
         self._integrity_every = sample_every()
 
@@ -205,7 +195,7 @@ class Communicator(Collectives, FusedCollectives):
             conn.close()
             raise
 
-    # -- groups ------------------------------------------------------------------------------
+    # -- groups (comm/groups.py) ------------------------------------------------------------
     def split(self, color: int | None, key: int = 0, *, name: str | None = None,
               timeout: Timeout = None) -> Communicator | None:
         """Collectively split into communicators of the ranks that passed the same ``color``.
@@ -215,40 +205,8 @@ class Communicator(Collectives, FusedCollectives):
         communicator shares this one's channels (no new sockets or segments); its messages
         carry its own id, so collectives on different communicators never interfere.
         """
-        limit = as_seconds(timeout, "timeout") or self.timeout
-        for value, what in ((color, "color"), (key, "key")):
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, np.integer))):
-                raise InvalidArgument(f"rank {self.rank}: split: {what} must be an int "
-                                      f"(or None for color), not {value!r}")
-        self._groups_made += 1
-        n = self._groups_made                # the same on every rank: splits are collective
-        name = f"split{n}" if name is None else str(name)
-        if name in self._group_names:
-            raise InvalidArgument(f"rank {self.rank}: split: communicator {self.name} already "
-                                  f"made a group named {name!r}; group names must be unique")
-        self._group_names.add(name)
-        scoped = None
-        store = self._store
-        if self.size == 1 or store is None:
-            records = [{"color": color, "key": key}]
-        else:
-            from rendezvous import PrefixStore
-            scoped = PrefixStore(f"pycoll/{self.name}/", store)
-            scoped.set(f"group/{n}/{self.rank}",
-                       json.dumps({"color": None if color is None else int(color),
-                                   "key": int(key)}))
-            raw = scoped.multi_get([f"group/{n}/{r}" for r in range(self.size)],
-                                   timeout=limit)
-            records = [json.loads(v) for v in raw]
-        if color is None or color < 0:
-            return None
-        members = sorted((r for r, rec in enumerate(records) if rec["color"] == color),
-                         key=lambda r: (records[r]["key"], r))
-        comm_id = (_wrap_id(n) if scoped is None
-                   else self._agree_comm_id(scoped, f"group/{n}/{int(color)}/id",
-                                            self.rank == members[0], limit))
-        return self._child(members, f"{self.name}.{name}.{color}", comm_id, limit)
+        return self._groups.split(color, key, name,
+                                  as_seconds(timeout, "timeout") or self.timeout)
 
     def subgroup(self, ranks: Sequence[int], *, name: str,
                  timeout: Timeout = None) -> Communicator:
@@ -261,54 +219,13 @@ class Communicator(Collectives, FusedCollectives):
         members only, as torch.distributed calls a backend; ``name`` must be unique among
         this communicator's subgroups and the same on every member (torch's group name).
         """
-        limit = as_seconds(timeout, "timeout") or self.timeout
-        where = f"rank {self.rank}: subgroup {name!r} of communicator {self.name}"
-        if not isinstance(name, str) or not name:
-            raise InvalidArgument(f"{where}: name must be a non-empty string, the same on "
-                                  "every member")
-        members = [self._plan.check_rank(r, "ranks", "subgroup") for r in ranks]
-        if len(set(members)) != len(members):
-            raise InvalidArgument(f"{where}: ranks {members} has duplicates")
-        if self.rank not in members:
-            raise InvalidArgument(f"{where}: this rank is not in ranks {members}; only the "
-                                  "members call subgroup (use split or new_group to have "
-                                  "every rank call)")
-        earlier = self._subgroups.get(name)
-        if earlier is not None and not earlier[1]._exec.closed:
-            raise InvalidArgument(f"{where}: a live subgroup of that name exists already; "
-                                  "names must be unique (finalize the old one first)")
-        if self._exec.closed or self._exec.failed is not None:
-            raise PycollError(f"{where}: the communicator is finalized or failed "
-                              f"({self._exec.failed or 'finalized'}); create a new one")
-        # a name may come back once its group is finalized (torch's hashed names do):
-        # the members count its generations alike, and keys and ids are per generation
-        generation = 0 if earlier is None else earlier[0] + 1
-        label = name if generation == 0 else f"{name}#{generation}"
-        store = self._store
-        if self.size == 1 or store is None:
-            comm_id = _wrap_id(1 + len(self._subgroups))
-        else:
-            from rendezvous import PrefixStore
-            scoped = PrefixStore(f"pycoll/{self.name}/", store)
-            comm_id = self._agree_comm_id(scoped, f"subgroup/{label}/id",
-                                          self.rank == members[0], limit)
-        child = self._child(members, f"{self.name}:{label}", comm_id, limit)
-        self._subgroups[name] = (generation, child)
-        return child
-
-    def _agree_comm_id(self, scoped: Store, key: str, draws: bool, limit: float) -> int:
-        """A group's message id: the member that ``draws`` takes a fresh one from the tree's
-        counter and publishes it under ``key``; every member reads it back."""
-        store = self._store
-        if draws and store is not None:
-            drawn = int(store.add(f"pycoll/{self._root_name}/group_ids", 1))
-            scoped.set(key, str(_wrap_id(drawn)))
-        return int(scoped.get(key, timeout=limit))
+        return self._groups.subgroup(ranks, name,
+                                     as_seconds(timeout, "timeout") or self.timeout)
 
     def _child(self, members: Sequence[int], name: str, comm_id: int,
                limit: float) -> Communicator:
         """The group of ``members`` (ranks of this communicator) over this communicator's
-        channels: finalized with it, never closing the channels itself."""
+        channels, for ``GroupMaker``: it shares the channels and never closes them."""
         child = Communicator(members.index(self.rank), len(members), store=self._store,
                              name=name, connections=self._conn,
                              members=[self._members[m] for m in members], timeout=limit,
@@ -316,8 +233,6 @@ class Communicator(Collectives, FusedCollectives):
                              hosts=[self._hosts[m] for m in members], comm_id=comm_id,
                              root_name=self._root_name, deterministic=self.deterministic,
                              accumulate=self.accumulate)
-        self._children = [c for c in self._children if not c._exec.closed]
-        self._children.append(child)
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._exec.executor.idle())
         return child
@@ -465,6 +380,11 @@ class Communicator(Collectives, FusedCollectives):
         call is refused: create a new communicator."""
         return self._exec.failed
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``finalize`` has run (every later call is refused)."""
+        return self._exec.closed
+
     def on_worker_thread(self) -> bool:
         """Whether the calling thread is this communicator's worker, where asynchronous
         calls run and the callbacks of their work handles too (a callback there must not
@@ -493,10 +413,10 @@ class Communicator(Collectives, FusedCollectives):
         if execution.failed is None:
             failures.announce_exit(self._exit_error, execution.seq)
         lost = self._lost_rank()
-        for child in self._children:
+        for child in self._groups.children:
             lost = lost if lost is not None else child._lost_rank()
             child.finalize()
-        self._children.clear()
+        self._groups.children.clear()
         if self._is_root and self._conn is not None:
             self._conn.close(farewell=lost)
         store = self._store

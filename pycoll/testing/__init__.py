@@ -23,18 +23,42 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
+def fd_targets() -> list[str]:
+    """What each of this process's open file descriptors points at (``/proc/self/fd``):
+    "socket:[inode]", a path, "anon_inode:[pidfd]"..."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue                 # closed meanwhile (the listing's own fd, say)
+    return targets
+
+
+def mapped_segments() -> set[str]:
+    """The pycoll shared-memory files (``/dev/shm/pycoll...``) this process has mapped, also
+    those already unlinked, read from ``/proc/self/maps``."""
+    with open("/proc/self/maps") as f:
+        return {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+                for line in f if "/dev/shm/pycoll" in line}
+
+
+def held_counts(comm: Any) -> dict[str, Any]:
+    """What a communicator tree holds in this process, counted by the kernel where it can
+    be: the tree's open channels per transport, this process's sockets, and its mapped
+    segments (channel segments apart from the fast path's slot segments, ``-fast``)."""
+    segments = mapped_segments()
+    fast = {p for p in segments if p.endswith("-fast")}
+    return {"channels": dict(comm.open_channels()),
+            "sockets": sum(t.startswith("socket:") for t in fd_targets()),
+            "channel segments": len(segments - fast), "fast-path segments": len(fast)}
+
+
 def tcp_connections() -> list[tuple[str, int, str, int]]:
     """(local address, local port, remote address, remote port) of this process's
     ESTABLISHED TCP connections, IPv4 and IPv6, read from the kernel's tables (not from
     pycoll's bookkeeping), for tests that count or inspect real sockets."""
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            mine.add(target[8:-1])
+    mine = {t[8:-1] for t in fd_targets() if t.startswith("socket:[")}
 
     def endpoint(text: str, family: int) -> tuple[str, int]:
         raw, port = text.rsplit(":", 1)

@@ -10,35 +10,19 @@ parameters must agree.
 """
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from rank_helpers import RANK, WORLD, Checker
 
+from pycoll.testing import held_counts
+
 STEPS = 3
 #: every reduction is over the 2 ranks of a mesh dimension, and a + b == b + a whatever the
 #: algorithm, so the runs agree bit for bit ("exact", which the test requires); the tolerance
 #: check says by how much they would differ if not
 RTOL, ATOL = 1e-6, 1e-7
-
-
-def counts(world_comm) -> dict:
-    """Channels of the default group's tree, this process's sockets, and its mapped pycoll
-    shared-memory segments (channel segments apart from the fast path's slot segments)."""
-    sockets = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    with open("/proc/self/maps") as f:
-        shm = {line.split()[5] for line in f
-               if len(line.split()) > 5 and "/dev/shm/pycoll" in line}
-    fast = {p for p in shm if p.endswith("-fast")}
-    return {"channels": dict(world_comm.open_channels()), "sockets": sockets,
-            "channel segments": len(shm - fast), "fast-path segments": len(fast)}
 
 
 def check_group(c: Checker, what: str, group) -> None:
@@ -104,7 +88,7 @@ def scenario_mesh() -> dict:
     c = Checker()
     # a channel to every peer: all_to_all talks to each one
     dist.all_to_all_single(torch.zeros(WORLD * 4), torch.ones(WORLD * 4))
-    result: dict = {"before": counts(world.comm)}
+    result: dict = {"before": held_counts(world.comm)}
 
     c.run("new_group of all", lambda: check_group(c, "new_group()", dist.new_group()))
     for ranks in ([0, 2], [1, 2, 3]):
@@ -119,11 +103,11 @@ def scenario_mesh() -> dict:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     for dim in ("dp", "tp"):
         c.run(f"mesh {dim}", lambda d=dim: check_group(c, f"mesh[{d}]", mesh[d].get_group()))
-    result["after groups"] = counts(world.comm)
-    result["groups"] = len(world.comm._children)
+    result["after groups"] = held_counts(world.comm)
+    result["groups"] = len(world.comm._groups.children)
 
     losses, params = train_2d(mesh)
-    result["after training"] = counts(world.comm)
+    result["after training"] = held_counts(world.comm)
 
     gloo_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"),
                                  backend_override={"dp": "gloo", "tp": "gloo"})
@@ -143,7 +127,7 @@ def scenario_mesh() -> dict:
     t = torch.ones(3)
     dist.all_reduce(t)
     c.same("world after destroying a subgroup", t, torch.full((3,), float(WORLD)))
-    result["after destroying a subgroup"] = counts(world.comm)
+    result["after destroying a subgroup"] = held_counts(world.comm)
     dist.destroy_process_group()
     result.update(failures=c.failures, checked=c.checked)
     return result

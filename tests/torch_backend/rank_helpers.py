@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import pycoll.torch  # noqa: F401  (registers "pycoll")
+from pycoll.testing import fd_targets, mapped_segments
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -72,19 +73,10 @@ def resources() -> dict:
     shm = [f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getpid()}-")]
     if shm:
         left["shm files"] = shm
-    with open("/proc/self/maps") as f:
-        maps = [line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-                for line in f if "/dev/shm/pycoll" in line]
+    maps = mapped_segments()
     if maps:
-        left["shm mappings"] = sorted(set(maps))
-    fds = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "pidfd" in target or "/dev/shm/pycoll" in target:
-            fds.append(target)
+        left["shm mappings"] = sorted(maps)
+    fds = [t for t in fd_targets() if "pidfd" in t or "/dev/shm/pycoll" in t]
     if fds:
         left["fds"] = fds
     return left
