@@ -178,3 +178,10 @@ def test_new_fields_only_with_their_flags():
     assert report.osu_row(row, False, False) == report.osu_row(row, False, False, ())
     cells = report.osu_row(row, False, False, ("percentiles",)).split()
     assert cells[-3:] == ["N/A", "N/A", "N/A"]
+
+
+def test_help_lists_the_new_flags():
+    from pycoll.bench.options import build_parser
+    text = build_parser().format_help()
+    for flag in ("-P", "--percentiles", "-C N", "--check-every", "--memory", "--nonblocking W"):
+        assert flag in text
