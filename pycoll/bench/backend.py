@@ -163,34 +163,39 @@ class PycollBackend(BufferDelegate):
     def barrier(self):
         self.comm.barrier()
 
-    def op(self, collective, bufs, op, root, algo):
+    def op(self, collective, bufs, op, root, algo, async_op=False):
+        """One call; ``async_op=True`` (--nonblocking) returns its ``pycoll.Work``."""
         c = self.comm
         if collective == "allreduce":
-            c.allreduce(bufs["buf"], op, algo=algo)
+            return c.allreduce(bufs["buf"], op, algo=algo, async_op=async_op)
         elif collective == "broadcast":
-            c.broadcast(bufs["buf"], root, algo=algo)
+            return c.broadcast(bufs["buf"], root, algo=algo, async_op=async_op)
         elif collective == "reduce":
-            c.reduce(bufs["buf"], root, op, algo=algo)
+            return c.reduce(bufs["buf"], root, op, algo=algo, async_op=async_op)
         elif collective == "allgather":
-            c.allgather(bufs["out"], bufs["inp"], algo=algo)
+            return c.allgather(bufs["out"], bufs["inp"], algo=algo, async_op=async_op)
         elif collective == "reduce_scatter":
-            c.reduce_scatter(bufs["out"], bufs["inp"], op, algo=algo)
+            return c.reduce_scatter(bufs["out"], bufs["inp"], op, algo=algo, async_op=async_op)
         elif collective == "alltoall":
-            c.alltoall(bufs["out"], bufs["inp"], algo=algo)
+            return c.alltoall(bufs["out"], bufs["inp"], algo=algo, async_op=async_op)
         elif collective == "gather":
-            c.gather(bufs["out"], bufs["inp"], root, algo=algo)
+            return c.gather(bufs["out"], bufs["inp"], root, algo=algo, async_op=async_op)
         elif collective == "scatter":
-            c.scatter(bufs["out"], bufs["inp"], root, algo=algo)
+            return c.scatter(bufs["out"], bufs["inp"], root, algo=algo, async_op=async_op)
         elif collective == "barrier":
-            c.barrier(algo=algo)
-        else:
-            raise BenchError(f"unknown collective {collective!r}")
+            return c.barrier(algo=algo, async_op=async_op)
+        raise BenchError(f"unknown collective {collective!r}")
 
     def send(self, buf, dst):
         self.comm.send(buf, dst)
 
     def recv(self, buf, src):
         self.comm.recv(buf, src)
+
+    def held_memory(self):
+        """``Communicator.held_memory()`` (--memory); None from a pycoll without it."""
+        f = getattr(self.comm, "held_memory", None)
+        return f() if f is not None else None
 
     def allgather_floats(self, values):
         """Every rank's ``values`` as a (world_size, k) array, through a sum-allreduce."""

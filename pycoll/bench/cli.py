@@ -92,6 +92,11 @@ def build_meta(opts: Options, backend, argv: list[str]) -> dict:
     }
     if opts.label:
         meta["label"] = opts.label
+    modes = opts.modes
+    for key, value in (("percentiles", modes.percentiles), ("check_every", modes.check_every),
+                       ("memory", modes.memory), ("nonblocking", modes.nonblocking)):
+        if value:       # only with their flags: a run without them is described as before
+            meta[key] = value
     return meta
 
 
@@ -188,19 +193,21 @@ def run(opts: Options, argv: list[str]) -> int:
         all_rows: list[dict] = []
         failed = None
         ops = opts.ops if spec.reduction else [opts.ops[0]]
+        extras = opts.modes.columns()
         for dtype in opts.dtypes:
             for op in ops:
                 if opts.fmt == "osu":
                     emit(report.osu_block_header(opts.collective, dtype,
                                                  op if spec.reduction else None, opts.full,
                                                  opts.validate, show_op=len(ops) > 1,
-                                                 d2d="d2d_copy_GBps" in meta))
+                                                 d2d="d2d_copy_GBps" in meta,
+                                                 extras=extras))
 
                 def on_row(row):
                     if "d2d_copy_GBps" in meta:
                         mark_row(row, ceiling_gbps)
                     if opts.fmt == "osu":
-                        emit(report.osu_row(row, opts.full, opts.validate))
+                        emit(report.osu_row(row, opts.full, opts.validate, extras))
                     elif opts.fmt == "nccl":
                         emit(report.nccl_row(row))
                     else:
@@ -212,7 +219,7 @@ def run(opts: Options, argv: list[str]) -> int:
                     timing=opts.timing, root_mode=opts.root_mode, root=opts.root,
                     algo=opts.algo, do_validate=opts.validate,
                     corrupt_rank=opts.corrupt_rank, time_budget=opts.time_budget,
-                    min_iters=opts.min_iterations, window=opts.window)
+                    min_iters=opts.min_iterations, window=opts.window, modes=opts.modes)
                 all_rows.extend(rows)
                 bad = [r for r in rows if r.get("validation") == "Fail"]
                 if bad:
@@ -227,8 +234,11 @@ def run(opts: Options, argv: list[str]) -> int:
         if failed is not None:
             rc = 1
             if rank0:
+                where = (f" (first failing iteration {failed['first_bad_iteration']}; the "
+                         "ranks that found it said what above)"
+                         if failed.get("first_bad_iteration") is not None else "")
                 print(f"DATA VALIDATION ERROR: pycoll.bench {opts.collective} exited with "
-                      f"status 1 on message size {failed['size']}.", file=sys.stderr)
+                      f"status 1 on message size {failed['size']}{where}.", file=sys.stderr)
         if rank0:
             _write_files(opts, meta, all_rows)
     finally:

@@ -160,21 +160,36 @@ def reduce_patterns(n: int, count: int, dtype: str, op: str, start: int = 0) -> 
     return acc
 
 
+def _matches(actual: np.ndarray, expected: np.ndarray, op: str) -> np.ndarray:
+    """Per element: ``actual`` equals ``expected`` (tolerance only for avg / fp16)."""
+    if op == "avg":
+        if expected.dtype.kind == "f":
+            rtol = 1e-2 if expected.dtype.itemsize <= 2 else 1e-5
+            return np.isclose(actual.astype(np.float64), expected.astype(np.float64),
+                              rtol=rtol, atol=0)
+        # integer average: truncation or rounding are both accepted
+        return np.abs(actual.astype(np.int64) - expected.astype(np.int64)) <= 1
+    return actual == expected
+
+
 def count_wrong(actual: np.ndarray, expected: np.ndarray, op: str = "sum") -> int:
     """Elements of ``actual`` that differ from ``expected`` (tolerance only for avg / fp16)."""
     actual = np.asarray(actual).reshape(-1)
     expected = np.asarray(expected).reshape(-1)
     if actual.shape != expected.shape:
         return max(actual.size, expected.size)
-    if op == "avg":
-        if expected.dtype.kind == "f":
-            rtol = 1e-2 if expected.dtype.itemsize <= 2 else 1e-5
-            ok = np.isclose(actual.astype(np.float64), expected.astype(np.float64),
-                            rtol=rtol, atol=0)
-        else:   # integer average: truncation or rounding are both accepted
-            ok = np.abs(actual.astype(np.int64) - expected.astype(np.int64)) <= 1
-        return int(actual.size - np.count_nonzero(ok))
-    return int(np.count_nonzero(actual != expected))
+    return int(actual.size - np.count_nonzero(_matches(actual, expected, op)))
+
+
+def first_wrong(actual: np.ndarray, expected: np.ndarray, op: str = "sum") -> int | None:
+    """Index of the first element of ``actual`` that differs from ``expected`` (None: none
+    does; 0 when the shapes differ)."""
+    actual = np.asarray(actual).reshape(-1)
+    expected = np.asarray(expected).reshape(-1)
+    if actual.shape != expected.shape:
+        return 0
+    ok = _matches(actual, expected, op)
+    return None if ok.all() else int(np.argmin(ok))
 
 
 # ---------------------------------------------------------------------------

@@ -138,6 +138,33 @@ def parse_root(text: str) -> tuple[str, int]:
     return "fixed", r
 
 
+@dataclass(frozen=True)
+class Modes:
+    """The optional measurements, each off by default (the plain loop is untouched then):
+    ``-P`` percentiles over iterations, ``--check-every N``, ``--memory``, ``--nonblocking W``.
+    """
+
+    percentiles: bool = False
+    check_every: int = 0            # 0: off; N: check every N-th iteration
+    memory: bool = False
+    nonblocking: int = 0            # 0: blocking calls; W: window of async calls
+
+    def time_factor(self) -> int:
+        """How many times the plain loop's work one size takes (``--time-budget``): the
+        non-blocking mode runs its iterations twice, W calls each."""
+        return 2 * self.nonblocking if self.nonblocking else 1
+
+    def columns(self) -> tuple[str, ...]:
+        """The groups of table columns these modes add (``report.EXTRA_COLUMNS``)."""
+        return tuple(name for name, on in (("nonblocking", self.nonblocking),
+                                           ("percentiles", self.percentiles),
+                                           ("memory", self.memory)) if on)
+
+
+#: no optional measurement: the plain loop
+PLAIN = Modes()
+
+
 @dataclass
 class Options:
     collective: str
@@ -166,6 +193,7 @@ class Options:
     quiet: bool
     corrupt_rank: int | None
     label: str | None
+    modes: Modes = PLAIN
 
     def sizes(self) -> list[int]:
         return message_sizes(self.min_size, self.max_size)
@@ -231,6 +259,19 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
                         "(estimated from a probe op; at least --min-iterations)")
     p.add_argument("--min-iterations", type=int, default=5,
                    help="lower bound on iterations with --time-budget (default 5)")
+    p.add_argument("-P", "--percentiles", action="store_true",
+                   help="per-iteration latency percentiles: p50, p99 and max of each "
+                        "iteration's slowest rank (columns P50/P99 Latency(us), Max Iter(us))")
+    p.add_argument("-C", "--check-every", type=int, default=0, metavar="N",
+                   help="validate the timed loop itself: patterned data before every "
+                        "iteration, checked after every N-th (1: all), both untimed; "
+                        "adds the Validation column, exit 1 on a wrong result")
+    p.add_argument("--memory", action="store_true",
+                   help="per rank peak RSS and pycoll's shared-segment and registered bytes "
+                        "(columns: max over ranks; --json has min and max)")
+    p.add_argument("--nonblocking", type=int, default=0, metavar="W",
+                   help="post W calls with async_op=True, then wait for all; adds OSU's "
+                        "non-blocking columns Overall, Compute, Pure Comm. and Overlap(%%)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--label", default=None, help=argparse.SUPPRESS)
     # Testing hook: corrupt this rank's result before validation (also env
@@ -283,6 +324,7 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
         parser.error("-W must be >= 1")
     if ns.time_budget is not None and ns.time_budget <= 0:
         parser.error("--time-budget must be > 0")
+    modes = _modes(parser, ns, coll)
     corrupt = ns.corrupt_rank
     if corrupt is None:
         try:
@@ -291,9 +333,33 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
             parser.error(str(e))
     return Options(
         collective=coll, min_size=mn, max_size=mx, iterations=ns.iterations, warmup=ns.warmup,
-        full=ns.full, dtypes=dtypes, ops=ops, validate=ns.validation, root_mode=root_mode,
+        full=ns.full, dtypes=dtypes, ops=ops, validate=ns.validation or modes.check_every > 0,
+        root_mode=root_mode,
         root=root, nprocs=ns.nprocs, algo=ns.algo, transport=ns.transport, device=ns.device,
         json=ns.json, csv=ns.csv, plot=ns.plot, fmt=ns.fmt, timing=ns.timing,
         window=ns.window, time_budget=ns.time_budget, min_iterations=max(1, ns.min_iterations),
-        quiet=ns.quiet, corrupt_rank=corrupt, label=ns.label,
+        quiet=ns.quiet, corrupt_rank=corrupt, label=ns.label, modes=modes,
     )
+
+
+def _modes(parser: argparse.ArgumentParser, ns: argparse.Namespace, coll: str) -> Modes:
+    """The optional measurements, refused (status 2, before any rank starts) where they
+    have no meaning."""
+    if ns.check_every < 0:
+        parser.error("--check-every must be >= 1 (or 0: off)")
+    if ns.nonblocking < 0:
+        parser.error("--nonblocking must be >= 1 (or 0: blocking calls)")
+    per_iteration = [flag for flag, on in (("-P", ns.percentiles),
+                                           ("--check-every", ns.check_every),
+                                           ("--nonblocking", ns.nonblocking)) if on]
+    if per_iteration and coll in ("latency", "bw"):
+        parser.error(f"{' and '.join(per_iteration)}: for collectives, not the point-to-point "
+                     f"{coll} test")
+    if per_iteration and ns.timing != "osu":
+        parser.error(f"{' and '.join(per_iteration)} time each iteration: they need "
+                     "--timing osu (the default)")
+    if ns.check_every and ns.nonblocking:
+        parser.error("--check-every and --nonblocking: choose one (the checks run on "
+                     "blocking calls)")
+    return Modes(percentiles=ns.percentiles, check_every=ns.check_every, memory=ns.memory,
+                 nonblocking=ns.nonblocking)

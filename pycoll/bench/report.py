@@ -19,11 +19,25 @@ import json
 import re
 
 from .collectives import SPECS
+from .memory import FIELDS as MEMORY_FIELDS
 
 FIELD_WIDTH = 18          # OMB osu_util.h FIELD_WIDTH (header "# Size       Avg Latency(us)")
 BW_WIDTH = 14
 D2D_WIDTH = 10            # the -d cuda "%d2d" column (busbw as a percentage of D2D copy)
 OSU_VERSION = "7.4"
+
+#: columns of the optional measurements (``options.Modes.columns``), in this order after
+#: busbw (and %d2d), before Validation: (row field, header, scale applied for the table)
+EXTRA_COLUMNS: dict[str, tuple[tuple[str, str, float], ...]] = {
+    "nonblocking": (("overall_us", "Overall(us)", 1.0), ("compute_us", "Compute(us)", 1.0),
+                    ("pure_comm_us", "Pure Comm.(us)", 1.0), ("overlap_pct", "Overlap(%)", 1.0)),
+    "percentiles": (("tail_p50_us", "P50 Latency(us)", 1.0),
+                    ("tail_p99_us", "P99 Latency(us)", 1.0),
+                    ("tail_max_us", "Max Iter(us)", 1.0)),
+    "memory": (("peak_rss_bytes_max", "Peak RSS(MiB)", 2.0 ** -20),
+               ("segment_bytes_max", "Segments(MiB)", 2.0 ** -20),
+               ("registered_bytes_max", "Registered(MiB)", 2.0 ** -20)),
+}
 
 NCCL_TYPES = {"float32": "float", "float64": "double", "float16": "half",
               "bfloat16": "bfloat16", "int8": "int8", "uint8": "uint8",
@@ -94,21 +108,46 @@ def _meta_lines(meta: dict) -> list[str]:
                      f"GB/s with 1 GB = 1e9 B (nccl-tests)")
     if meta["collective"] == "barrier":
         lines.append("# Size is 0 for barrier")
+    lines += _mode_lines(meta)
     if "d2d_copy_GBps" in meta:
         lines.append(d2d_line(meta))
     return lines
 
 
+def _mode_lines(meta: dict) -> list[str]:
+    """One line per optional measurement in use (none without their flags)."""
+    lines = []
+    if meta.get("nonblocking"):
+        n = meta["nonblocking"]
+        lines.append(f"# Non-blocking: {n} call{'s' if n != 1 else ''} posted (async_op=True), "
+                     "then waited; Avg Latency = Pure Comm. / calls; Overlap(%) = "
+                     "100 * (1 - (Overall - Compute) / Pure Comm.); means over ranks")
+    if meta.get("percentiles"):
+        lines.append("# Percentiles: of each timed iteration's slowest rank (P50, P99, Max Iter)")
+    if meta.get("check_every"):
+        n = meta["check_every"]
+        which = "every iteration" if n == 1 else f"every {n}th iteration"
+        lines.append(f"# Check: patterned data before each iteration, {which} checked after "
+                     "(both untimed)")
+    if meta.get("memory"):
+        lines.append("# Memory: peak RSS (VmHWM), shared segments and registered bytes, "
+                     "MiB, max over ranks (min and max in --json)")
+    return lines
+
+
 def osu_block_header(collective: str, dtype: str, op: str | None, full: bool,
-                     validate: bool, show_op: bool = False, d2d: bool = False) -> list[str]:
+                     validate: bool, show_op: bool = False, d2d: bool = False,
+                     extras: tuple[str, ...] = ()) -> list[str]:
     lines = [f"# Datatype: {dtype}."]
     if show_op and op:
         lines.append(f"# Op: {op}.")
-    return lines + [osu_column_header(collective, full, validate, d2d)]
+    return lines + [osu_column_header(collective, full, validate, d2d, extras)]
 
 
-def osu_column_header(collective: str, full: bool, validate: bool, d2d: bool = False) -> str:
-    """OSU's header; ``d2d`` (-d cuda) adds ``%d2d`` before Validation (which stays last)."""
+def osu_column_header(collective: str, full: bool, validate: bool, d2d: bool = False,
+                      extras: tuple[str, ...] = ()) -> str:
+    """OSU's header; ``d2d`` (-d cuda) adds ``%d2d`` and ``extras`` (``EXTRA_COLUMNS``
+    groups) add theirs, before Validation (which stays last)."""
     if collective == "latency":
         h = f"{'# Size':<10}{'Latency (us)':>{FIELD_WIDTH}}"
     elif collective == "bw":
@@ -122,6 +161,8 @@ def osu_column_header(collective: str, full: bool, validate: bool, d2d: bool = F
         h += f"{'algbw(GB/s)':>{BW_WIDTH}}{'busbw(GB/s)':>{BW_WIDTH}}"
     if d2d:
         h += f"{'%d2d':>{D2D_WIDTH}}"
+    for group in extras:
+        h += "".join(f"{title:>{FIELD_WIDTH}}" for _, title, _ in EXTRA_COLUMNS[group])
     if validate:
         h += f"{'Validation':>{FIELD_WIDTH}}"
     return h
@@ -132,7 +173,11 @@ def pct_text(pct) -> str:
     return "N/A" if pct is None else f"{pct:.2f}"
 
 
-def osu_row(row: dict, full: bool, validate: bool) -> str:
+def _extra_cell(value, scale: float) -> str:
+    return f"{'N/A':>{FIELD_WIDTH}}" if value is None else f"{value * scale:>{FIELD_WIDTH}.2f}"
+
+
+def osu_row(row: dict, full: bool, validate: bool, extras: tuple[str, ...] = ()) -> str:
     """One OSU row; a row marked for -d cuda (``busbw_pct_d2d``) gets the %d2d cell."""
     c = row["collective"]
     if c == "bw":
@@ -145,6 +190,8 @@ def osu_row(row: dict, full: bool, validate: bool) -> str:
         s += f"{row['algbw_GBps']:>{BW_WIDTH}.4f}{row['busbw_GBps']:>{BW_WIDTH}.4f}"
     if "busbw_pct_d2d" in row:
         s += f"{pct_text(row['busbw_pct_d2d']):>{D2D_WIDTH}}"
+    for group in extras:
+        s += "".join(_extra_cell(row.get(key), scale) for key, _, scale in EXTRA_COLUMNS[group])
     if validate:
         s += f"{row.get('validation') or 'N/A':>{FIELD_WIDTH}}"
     return s
@@ -244,6 +291,11 @@ CSV_FIELDS = ["library", "collective", "ranks", "size", "requested_size", "count
               "max_us", "p50_us", "p99_us", "iter_min_us", "iter_max_us", "algbw_GBps",
               "busbw_GBps", "bandwidth_MBps", "validation", "wrong", "d2d_copy_GBps",
               "busbw_pct_d2d"]
+#: the optional measurements' fields (rows carry them only with their flags)
+OPTIONAL_FIELDS = ["nonblocking", "overall_us", "compute_us", "pure_comm_us", "overlap_pct",
+                   "tail_p50_us", "tail_p99_us", "tail_max_us", "check_every",
+                   "checked_iterations", "failed_checks", "first_bad_iteration",
+                   *(f"{stem}_{end}" for stem, _ in MEMORY_FIELDS for end in ("min", "max"))]
 
 
 def jsonl_row(row: dict) -> str:
@@ -257,12 +309,15 @@ def write_json(path: str, meta: dict, rows: list[dict]) -> None:
 
 
 def csv_text(rows: list[dict]) -> str:
+    """``CSV_FIELDS``, then the optional measurements' fields that some row carries."""
+    fields = CSV_FIELDS + [k for k in OPTIONAL_FIELDS if any(k in r for r in rows)]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
     return buf.getvalue()
+
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -32,7 +32,10 @@ from collections.abc import Callable
 import numpy as np
 
 from . import collectives as C
-from .options import default_iterations
+from .iteration_checks import check_fields, measure_checked, tally_floats
+from .memory import measure_memory
+from .nonblocking import measure_nonblocking, overlap_fields
+from .options import PLAIN, Modes, default_iterations
 
 
 class BenchError(RuntimeError):
@@ -45,6 +48,16 @@ def roots_for(mode: str, root: int, n: int) -> list[int]:
 
 def _percentile(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def tail_fields(backend, times: np.ndarray) -> dict:
+    """``-P``: percentiles of the per-iteration latency, an iteration's latency being its
+    slowest rank's time (a collective is done when its last rank is; with OSU timing the
+    barrier after each op keeps iterations aligned across ranks). Collective: every rank
+    passes its own times and gets the same fields."""
+    slowest = backend.allgather_floats([float(t) for t in times * 1e6]).max(axis=0)
+    return {"tail_p50_us": _percentile(slowest, 50), "tail_p99_us": _percentile(slowest, 99),
+            "tail_max_us": float(slowest.max())}
 
 
 class Step:
@@ -157,8 +170,9 @@ def run_size(backend, collective: str, size: int, dtype: str, op: str, *,
              root_mode: str = "fixed", root: int = 0, algo: str | None = None,
              do_validate: bool = False, corrupt_rank: int | None = None,
              time_budget: float | None = None, min_iters: int = 5,
-             window: int = 64) -> dict:
-    """Benchmark one size on every rank; every rank returns the same row dict."""
+             window: int = 64, modes: Modes = PLAIN) -> dict:
+    """Benchmark one size on every rank; every rank returns the same row dict (``modes``:
+    the optional measurements, each adding its fields to the row)."""
     b = backend
     n = b.world_size
     spec = C.SPECS[collective]
@@ -169,16 +183,38 @@ def run_size(backend, collective: str, size: int, dtype: str, op: str, *,
     if spec.pt2pt:
         return _run_pt2pt(b, collective, size, dtype, iters=iters, warmup=warmup,
                           do_validate=do_validate, corrupt_rank=corrupt_rank,
-                          time_budget=time_budget, min_iters=min_iters, window=window)
-    step = Step(b, collective, size, dtype, op)
+                          time_budget=time_budget, min_iters=min_iters, window=window,
+                          modes=modes)
+    # --nonblocking W: W calls in flight, each on its own buffers
+    steps = [Step(b, collective, size, dtype, op) for _ in range(max(1, modes.nonblocking))]
+    step = steps[0]
+    roots = roots_for(root_mode, root, n)
+    extra: dict = {}
+    tally = None
     try:
         if time_budget is not None:
-            iters, warmup = budget_iterations(b, step, iters, warmup, time_budget, min_iters,
+            iters, warmup = budget_iterations(b, step, iters, warmup,
+                                              time_budget / modes.time_factor(), min_iters,
                                               root_mode, root, algo)
-        times = measure(b, step, iters, warmup, timing, root_mode, root, algo)
-        wrong = validate(b, step, root_mode, root, algo, corrupt_rank) if do_validate else 0
+        if modes.nonblocking:
+            times, means = measure_nonblocking(b, steps, iters, warmup, roots, algo)
+            extra.update(overlap_fields(b.allgather_floats(means), modes.nonblocking))
+        elif modes.check_every:
+            times, tally = measure_checked(b, step, iters, warmup, modes.check_every, roots,
+                                           algo, corrupt_rank)
+        else:
+            times = measure(b, step, iters, warmup, timing, root_mode, root, algo)
+        wrong = (validate(b, step, root_mode, root, algo, corrupt_rank)
+                 if do_validate and tally is None else 0)
     finally:
-        step.free()
+        for s in steps:
+            s.free()
+    if tally is not None:
+        extra.update(check_fields(b.allgather_floats(tally_floats(tally)), modes.check_every))
+    if modes.percentiles:
+        extra.update(tail_fields(b, times))
+    if modes.memory:
+        extra.update(measure_memory(b))
     mean_us = float(times.mean() * 1e6)
     p50 = _percentile(times, 50) * 1e6
     p99 = _percentile(times, 99) * 1e6
@@ -202,12 +238,13 @@ def run_size(backend, collective: str, size: int, dtype: str, op: str, *,
         "algbw_GBps": algbw, "busbw_GBps": algbw * spec.factor(n),
         "validation": (("Pass" if total_wrong == 0 else "Fail") if do_validate else None),
         "wrong": total_wrong if do_validate else None,
+        **extra,        # after validation/wrong: --check-every's verdict replaces -c's
     }
 
 
 def _run_pt2pt(b, collective: str, size: int, dtype: str, *, iters: int, warmup: int,
                do_validate: bool, corrupt_rank: int | None, time_budget: float | None,
-               min_iters: int, window: int) -> dict:
+               min_iters: int, window: int, modes: Modes) -> dict:
     """osu_latency (ping-pong, one-way = total / 2 iters) and osu_bw (window of sends)."""
     n = b.world_size
     if n < 2:
@@ -281,6 +318,7 @@ def _run_pt2pt(b, collective: str, size: int, dtype: str, *, iters: int, warmup:
                 b.send(sbuf, 0)
         b.barrier()
     stats = b.allgather_floats([elapsed, float(wrong)])
+    extra = measure_memory(b) if modes.memory else {}
     elapsed0 = float(stats[0, 0])
     total_wrong = int(stats[:, 1].sum())
     nbytes = lay.nbytes
@@ -302,6 +340,7 @@ def _run_pt2pt(b, collective: str, size: int, dtype: str, *, iters: int, warmup:
         "algbw_GBps": algbw, "busbw_GBps": algbw, "bandwidth_MBps": bw_mbs,
         "validation": (("Pass" if total_wrong == 0 else "Fail") if do_validate else None),
         "wrong": total_wrong if do_validate else None,
+        **extra,
     }
 
 

@@ -237,6 +237,11 @@ class Connections:
         """Channels opened so far, per transport (tcp: connected sockets)."""
         return {name: t.connections() for name, t in self.transports.items()}
 
+    def held_memory(self) -> dict[str, dict[str, int]]:
+        """Segment and registered bytes per transport (``Transport.held_memory``)."""
+        with self.engine.lock:
+            return {name: t.held_memory() for name, t in self.transports.items()}
+
     def close(self, farewell: int | None = None) -> None:
         """Close every channel; ``farewell``: the lost rank this rank leaves over, told to
         every peer (``Transport.farewell``)."""

@@ -290,6 +290,16 @@ class Communicator(Collectives, FusedCollectives):
         sockets). Connections are lazy: a peer gets one when an algorithm first uses it."""
         return self._conn.open_counts() if self._conn is not None else {}
 
+    def held_memory(self) -> dict[str, dict[str, int]]:
+        """Bytes held for communication on this rank, per transport (the whole communicator
+        tree's channels, as ``open_channels``), plus ``fastpath``: this communicator's own
+        shared segment. Each entry: ``segment`` (shared memory mapped) and ``registered``
+        (memory registered with a NIC or exposed to one-sided puts)."""
+        held = self._conn.held_memory() if self._conn is not None else {}
+        if self._fast is not None:
+            held["fastpath"] = {"segment": self._fast.segment_bytes(), "registered": 0}
+        return held
+
     def topology_summary(self) -> str:
         """E.g. "2 nodes x 4 ranks" or "1 node"."""
         nodes = {n for n, _ in self._layout}

@@ -382,6 +382,10 @@ class FastPath:
         fold(arr, sources, acc)
 
     # -- teardown ----------------------------------------------------------------------------
+    def segment_bytes(self) -> int:
+        """Bytes of the shared segment (0 once closed)."""
+        return self.slots.segment.size if self.slots is not None else 0
+
     def close(self) -> None:
         if self.slots is not None:
             self.slots.close()

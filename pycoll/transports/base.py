@@ -263,6 +263,12 @@ class Transport(ABC):
         """Channels opened so far (tcp: connected sockets)."""
         return len(getattr(self, "_channels", ()))
 
+    def held_memory(self) -> dict[str, int]:
+        """Bytes this rank holds for talking to its peers: ``segment``, shared memory it has
+        mapped for its channels; ``registered``, memory registered with a NIC or exposed to
+        peers' one-sided puts. Kernel socket buffers are not counted (tcp holds neither)."""
+        return {"segment": 0, "registered": 0}
+
     def check_alive(self) -> None:
         """Raise PeerLost for a channel whose peer is known to be gone (called while idle)."""
         self._active.check_alive()

@@ -304,6 +304,9 @@ class InprocTransport(Transport):
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
 
+    def held_memory(self) -> dict[str, int]:
+        return {"segment": 0, "registered": sum(m.nbytes for m in self._registered.values())}
+
     def notifications(self) -> list[tuple[int, int]]:
         for src in list(self._mail):
             ch = self._channels.get(src)

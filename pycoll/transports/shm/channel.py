@@ -435,6 +435,11 @@ class ShmChannel(Channel):
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
 
+    def mapped_bytes(self) -> int:
+        """Bytes of the segments this channel has mapped: its inbox, and the peer's once
+        it exists."""
+        return sum(seg.size for seg in (self._in, self._out) if seg is not None)
+
     @property
     def ready(self) -> bool:
         return self._out is not None and self.mapped_by_peer()

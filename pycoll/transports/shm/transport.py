@@ -130,6 +130,10 @@ class ShmTransport(Transport):
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
 
+    def held_memory(self) -> dict[str, int]:
+        return {"segment": sum(ch.mapped_bytes() for ch in self._channels.values()),
+                "registered": sum(mem.nbytes for mem in self._registered.values())}
+
     def notifications(self) -> list[tuple[int, int]]:
         for ch in self._channels.values():
             ch._progress_recv(drain=True)

@@ -494,6 +494,11 @@ class QueuePairs:
             if not channel.progress():
                 time.sleep(0.0005)
 
+    def registered_bytes(self) -> int:
+        """Bytes of the eager ring and send slots registered for this peer (0 until the
+        queue pairs are made)."""
+        return sum(a.nbytes for a in (self.ring, self._slots) if a is not None)
+
     def close(self) -> None:
         """Say farewell (if this rank leaves over a lost peer), close the setup socket, and
         release the queue pairs, the completion queue and the ring's registrations."""

@@ -134,6 +134,15 @@ class VerbsTransport(ConnectorTransport, Transport):
         notices, self.notices = self.notices, []
         return notices
 
+    def held_memory(self) -> dict[str, int]:
+        """Registered: this transport's own words, every channel's rings and send slots, the
+        registration cache and the regions exposed to puts."""
+        own = self.credit_words.nbytes + self.credit_out.nbytes + self._scratch.nbytes
+        rings = sum(ch.pairs.registered_bytes() for ch in self._channels.values())
+        exposed = sum(mem.nbytes for _, mem in self._exposed.values())
+        return {"segment": 0,
+                "registered": own + rings + exposed + int(self.cache.stats()["bytes"])}
+
     def stats(self) -> dict[str, Any]:
         """Registration cache counters (the bench reports them)."""
         return self.cache.stats()
