@@ -180,6 +180,10 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
                 1000)
     K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
                     1000, np.zeros(5, dtype=np.uint64))
+    pending = np.array([-1, 0, 0, 0], dtype=np.int64)
+    K.broadcast_one_way(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, 0, 1,
+                        1000, pending)
+    K.settle(seg, 0, 1, stride, pending, 1, 1000)
     for name in dtypes:
         for ordered in (False, True):
             K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, OP_SUM,

@@ -400,6 +400,22 @@ def broadcast_one_way(seg, dst, rank, n, stride, stage, seq, sig, root, position
     return DONE
 
 
+#: int64 words of a bound one-way broadcast's constants (``broadcast_bound``)
+BROADCAST_WORDS = 10
+
+
+@njit(nogil=True, cache=True)
+def broadcast_bound(dst, constants, stage, seq):
+    """``broadcast_one_way`` as a bound fast call runs it, from position 0: the constants as
+    for ``allreduce_bound`` with the root where the op is, and the address of the runner's
+    ``pending`` words last."""
+    call = view_as(bytes_at(constants, BROADCAST_WORDS * 8), np.int64)
+    seg = bytes_at(call[0], call[1])
+    pending = view_as(bytes_at(call[9], 32), np.int64)
+    return broadcast_one_way(seg, dst, call[2], call[3], call[4], stage, seq, call[5], call[6],
+                             0, call[7], call[8], pending)
+
+
 @njit(nogil=True, cache=True)
 def _word(rank, stage, stride):
     """Index (uint64) of the first payload word of ``rank``'s slot of ``stage``: where the

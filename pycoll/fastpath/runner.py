@@ -221,14 +221,21 @@ class FastPath:
                 call, arr, timeout, async_op, output)
             return
         single = None
-        if call.kind is SMALL and self.slots is not None:
-            single = self._entry(np.dtype("uint8" if raw else call.dtype))
+        if (call.kind is SMALL or one_way) and self.slots is not None:
             seg = self.slots.bytes
-            # the call's constants (``kernels.allreduce_bound``), passed by address: the
-            # entry point unboxes an integer instead of an array. The call keeps them alive
-            call.constants = np.array([seg.ctypes.data, seg.size, self.rank, self.size,
-                                       self.slots.stride, call.code, call.op_code, self.spin,
-                                       self.slice_ns], dtype=np.int64)
+            # the call's constants (``kernels.allreduce_bound``, ``broadcast_bound``), passed
+            # by address: the entry point unboxes an integer instead of an array. The call
+            # keeps them alive
+            words = [seg.ctypes.data, seg.size, self.rank, self.size, self.slots.stride,
+                     call.code, call.root if one_way else call.op_code, self.spin,
+                     self.slice_ns]
+            if one_way:
+                single = self._entry(np.dtype("uint8"), "broadcast_bound")
+                words.append(self.pending.ctypes.data)
+            else:
+                single = self._entry(np.dtype("uint8" if raw else call.dtype),
+                                     "allreduce_bound")
+            call.constants = np.array(words, dtype=np.int64)
             constants = call.constants.ctypes.data
 
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
@@ -239,7 +246,10 @@ class FastPath:
             if not word:
                 return run_generic(call, arr, timeout, async_op, output)
             try:
-                if self.unsettled and not one_way:
+                if one_way:
+                    self.unsettled = True
+                    self.pending_call = call
+                elif self.unsettled:
                     self.settle(execution.started + limit)
                 k = self.k + 1
                 self.k = k + later_stages
@@ -271,16 +281,16 @@ class FastPath:
 
         call.run = run
 
-    def _entry(self, dtype: np.dtype) -> Any:
-        """The single-slot kernel's compiled entry point (``kernels.allreduce_bound``) for a
-        1-D C-contiguous aligned writable array of ``dtype`` (loaded from numba's cache, or
-        compiled, now)."""
+    def _entry(self, dtype: np.dtype, name: str) -> Any:
+        """The compiled entry point of the bound kernel ``name`` (``kernels.allreduce_bound``
+        or ``broadcast_bound``) for a 1-D C-contiguous aligned writable array of ``dtype``
+        (loaded from numba's cache, or compiled, now)."""
         from numba import types
         from numba.np.numpy_support import from_dtype
 
-        from .kernels import allreduce_bound
+        from . import kernels
         data = types.Array(from_dtype(dtype), 1, "C")
-        return allreduce_bound.compile((data, types.int64, types.int64, types.int64))
+        return getattr(kernels, name).compile((data, types.int64, types.int64, types.int64))
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:
