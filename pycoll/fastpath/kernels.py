@@ -10,7 +10,9 @@ Calls are cut into *stages*, numbered by the communicator (every rank counts ali
 uses slot ``stage & 1`` and raises the flag to ``2 * stage`` (inputs staged) and, for chunked
 calls, to ``2 * stage + 1`` (this rank's share reduced). Reusing a slot two stages later needs
 no acknowledgement: a peer publishes stage s+1 only after it finished stage s, and this rank
-starts stage s+2 only after seeing every peer's stage s+1.
+starts stage s+2 only after seeing every peer's stage s+1. The one exception is the one-way
+broadcast (``broadcast_one_way``), whose ranks do not wait for every peer: the stage after it
+waits for them first (``settle``), which restores the rule.
 
 * ``allreduce`` (a message that fits one slot): copy my input into my slot, publish, wait for
   every peer's flag, reduce all slots in rank order (every rank computes bit-identical
