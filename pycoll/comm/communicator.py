@@ -134,9 +134,12 @@ class Communicator(Collectives, FusedCollectives):
             return None
         if used not in (["shm"], ["cuda_ipc"]):   # cuda_ipc is shm plus device memory
             return None
-        limit, chunked, cma = fastpath.agreed_limits(
-            [conn.table.records[m].get("fastpath", {}) for m in self._members], self.size)
+        records = [conn.table.records[m].get("fastpath", {}) for m in self._members]
+        limit, chunked, cma = fastpath.agreed_limits(records, self.size)
         if not limit:
+            off = [r for r, rec in enumerate(records) if not rec.get("fast")]
+            if off and off[0] == self.rank:     # one line per job, from the first rank off
+                fastpath.warn_if_missing(len(off), self.size)
             return None
         from rendezvous import PrefixStore
 

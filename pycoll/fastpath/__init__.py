@@ -25,13 +25,18 @@ element-wise reductions), ``kernels`` (the compiled calls), ``calls`` (what a fa
 ``liveness`` (what a waiting rank checks), ``runner`` (``FastPath``: a call run through the
 communicator's execution).
 
-This package imports numba only when a communicator first takes the path; ``probe_limit``
-(used at init) only looks for it. numba is the ``fast`` extra: ``pip install pycoll[fast]``.
+numba is part of the default install. ``probe_limit`` (at init) imports it once per process,
+so that a rank whose numba is missing or cannot load (a broken llvmlite, an unsupported
+Python) turns the path off for its communicator at init, where every rank learns it, instead
+of failing at its first call; ``warn_if_missing`` then says so once, in one line, with the
+cost.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import platform
+import warnings
 
 from ..envvars import env_bool, env_int
 
@@ -72,19 +77,55 @@ def probe_record() -> dict[str, int]:
 
 
 def unavailable_reason() -> str | None:
-    """Why the path is off on this host before any limit applies (None: it may run), without
-    importing numba; ``python -m pycoll.info`` shows it."""
+    """Why the path is off on this host before any limit applies (None: it may run);
+    ``python -m pycoll.info`` shows it."""
     if not env_bool("PYCOLL_FASTPATH", True):
         return "PYCOLL_FASTPATH is off"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
         return f"unsupported platform {platform.system()}/{platform.machine()}"
-    if importlib.util.find_spec("numba") is None:
-        return "numba is not installed (pip install 'pycoll[fast]')"
-    return None
+    return numba_problem()
+
+
+_numba_problem: list[str | None] = []
+
+
+def numba_problem() -> str | None:
+    """Why numba cannot run the kernels in this process (None: it imports), found once."""
+    if not _numba_problem:
+        if importlib.util.find_spec("numba") is None:
+            why: str | None = "numba is not installed (pip install numba)"
+        else:
+            try:
+                importlib.import_module("numba")
+                why = None
+            except Exception as e:  # noqa: BLE001 - any failure to load means the same here
+                why = f"numba cannot be imported ({type(e).__name__}: {e})"
+        _numba_problem.append(why)
+    return _numba_problem[0]
+
+
+_warned: list[bool] = []
+
+
+def warn_if_missing(ranks_off: int = 1, size: int = 1) -> None:
+    """One line, once per process, when numba is what keeps a one-host communicator off the
+    compiled path (the user installed pycoll expecting its speed). The communicator calls it
+    on the first of its ``ranks_off`` ranks without the path, so a job prints it once."""
+    why = numba_problem() if env_bool("PYCOLL_FASTPATH", True) else None
+    if why is None or _warned:
+        return
+    _warned.append(True)
+    where = f"on {ranks_off} of {size} ranks"
+    # explicit, at line 0 of this file: the warning prints as one line (no source line)
+    warnings.warn_explicit(f"pycoll: the compiled one-host path is off ({where}): {why}; "
+                           "collectives on this host take the generic path, 5-7x slower "
+                           "below 64 KiB (PYCOLL_FASTPATH=0 turns the path off and this "
+                           "warning with it)",
+                           RuntimeWarning, __file__, 0, module=__name__)
 
 
 def probe_limit() -> int:
-    """This rank's limit in bytes (0: the path is off here), without importing numba."""
+    """This rank's limit in bytes (0: the path is off here)."""
     if unavailable_reason() is not None:
         return 0
     return env_int("PYCOLL_FASTPATH_BYTES", DEFAULT_LIMIT, minimum=0)
@@ -139,6 +180,10 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
                 1000)
     K.broadcast_cma(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, False, 0, 1,
                     1000, np.zeros(5, dtype=np.uint64))
+    pending = np.array([-1, 0, 0, 0], dtype=np.int64)
+    K.broadcast_one_way(seg, np.zeros(64, dtype=np.uint8), 0, 1, stride, 1, 0, 0, 0, 0, 1,
+                        1000, pending)
+    K.settle(seg, 0, 1, stride, pending, 1, 1000)
     for name in dtypes:
         for ordered in (False, True):
             K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, OP_SUM,

@@ -55,6 +55,8 @@ def wait_policy(polls: tuple[int, int]) -> int:
 SMALL, CHUNKED, BROADCAST = "fastpath", "fastpath-chunked", "fastpath-broadcast"
 SINGLE_COPY = "fastpath-broadcast-cma"
 DIRECT = "fastpath-cma"
+#: not kinds: the keys of the one-way broadcast's kernel and its settling in the runner
+ONE_WAY, SETTLE = "one-way", "settle"
 
 
 class FastCall:
@@ -63,7 +65,7 @@ class FastCall:
 
     __slots__ = ("collective", "nbytes", "op_code", "code", "seq_bits", "spec",
                  "reduce_here", "finish", "prepare", "rop", "dtype", "info", "kind",
-                 "stages", "root", "count", "run", "constants", "fold")
+                 "stages", "root", "count", "run", "constants", "fold", "one_way")
 
     #: ``run(arr, timeout, async_op, output)``: the call on a 1-D C-contiguous aligned
     #: writable ``numpy.ndarray`` of ``dtype`` (``FastPath.bind``; ``FastPath.run`` checks
@@ -93,6 +95,9 @@ class FastCall:
             self.stages = -(-count // (chunk // itemsize))
         else:
             self.stages = 1
+        #: a broadcast of one stage runs one way (``kernels.broadcast_one_way``): nobody
+        #: waits for its receivers, the next stage settles it
+        self.one_way = kind == BROADCAST and self.stages == 1
         #: the call as the rest of the communicator sees it (signature, flight recorder,
         #: errors); a barrier agrees on nothing but being a barrier
         self.fold = fold
@@ -118,4 +123,6 @@ class FastCall:
         """(stage offset, phase) a kernel's SLEPT_AT + ``position`` status was waiting in."""
         if self.kind == CHUNKED:
             return position // 2, position % 2
+        if self.one_way:        # 0: the previous stage's settling (FastPath._complete), 1
+            return 0, 0
         return position, 0

@@ -10,7 +10,9 @@ Calls are cut into *stages*, numbered by the communicator (every rank counts ali
 uses slot ``stage & 1`` and raises the flag to ``2 * stage`` (inputs staged) and, for chunked
 calls, to ``2 * stage + 1`` (this rank's share reduced). Reusing a slot two stages later needs
 no acknowledgement: a peer publishes stage s+1 only after it finished stage s, and this rank
-starts stage s+2 only after seeing every peer's stage s+1.
+starts stage s+2 only after seeing every peer's stage s+1. The one exception is the one-way
+broadcast (``broadcast_one_way``), whose ranks do not wait for every peer: the stage after it
+waits for them first (``settle``), which restores the rule.
 
 * ``allreduce`` (a message that fits one slot): copy my input into my slot, publish, wait for
   every peer's flag, reduce all slots in rank order (every rank computes bit-identical
@@ -106,9 +108,10 @@ def _stage(seg, words, src, start, nbytes, keep_lo, keep_hi, rank, stride, stage
 
 
 @njit(nogil=True, cache=True)
-def _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes):
+def _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes, only):
     """0 when every peer's flag of ``stage`` has reached ``flag``; 1 while some have not;
     -(r+1) when rank r staged this stage for a different call (checked when ``flag`` is even).
+    ``only`` >= 0: that peer alone (a broadcast's receiver waits for its root, nobody else).
 
     "Reached", not "equals": a peer may already have reduced its share of the stage (flag
     ``2 * stage + 1``) while this rank still looks for the staged inputs; it cannot be further
@@ -116,7 +119,7 @@ def _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes):
     parity = stage & 1
     waiting = 0
     for r in range(n):
-        if r == rank:
+        if r == rank or (only >= 0 and r != only):
             continue
         w = slot_offset(r, parity, stride) // 8
         if np.int64(load_acquire(words, w + FLAG)) < flag:
@@ -130,14 +133,22 @@ def _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes):
 
 @njit(nogil=True, cache=True)
 def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slice_ns):
-    """Wait for every peer's ``flag`` of ``stage``. ``spin`` is the wait policy: its low 32
-    bits count polls with the CPU's relax hint, its high bits polls with ``sched_yield``
-    between them; then the futex (``slice_ns`` at most)."""
+    """Wait for every peer's ``flag`` of ``stage`` (``_wait_for``)."""
+    return _wait_for(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin,
+                     slice_ns, -1)
+
+
+@njit(nogil=True, cache=True)
+def _wait_for(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slice_ns,
+              only):
+    """Wait for every peer's ``flag`` of ``stage`` (``only`` >= 0: that peer's). ``spin``
+    is the wait policy: its low 32 bits count polls with the CPU's relax hint, its high bits
+    polls with ``sched_yield`` between them; then the futex (``slice_ns`` at most)."""
     relax = spin & 0xFFFFFFFF
     yields = spin >> 32
     while True:
         for i in range(relax + yields):
-            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes, only)
             if state <= 0:
                 return state
             if i < relax:
@@ -147,7 +158,7 @@ def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slic
         ints = view_as(seg, np.uint32)
         fetch_add(ints, SLEEPERS, 1)
         generation = load_acquire(ints, FUTEX_WORD)
-        state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+        state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes, only)
         if state <= 0:
             fetch_add(ints, SLEEPERS, -1)
             return state
@@ -158,7 +169,7 @@ def _wait(seg, words, rank, n, stride, stage, flag, seq, sig, nbytes, spin, slic
                       address_of(words, ts), 0)
         fetch_add(ints, SLEEPERS, -1)
         if rc != 0 and load_acquire(ints, FUTEX_WORD) == generation:
-            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes)
+            state = _missing(words, rank, n, stride, stage, flag, seq, sig, nbytes, only)
             return SLEPT if state > 0 else state     # timed out (or interrupted)
 
 
@@ -338,6 +349,73 @@ def broadcast(seg, dst, rank, n, stride, capacity, stage0, seq, sig, root, resum
             copy_bytes(raw, lo, seg, slot_offset(root, stage & 1, stride) + DATA, nbytes)
         chunk += 1
     return DONE
+
+
+@njit(nogil=True, cache=True)
+def settle(seg, rank, n, stride, pending, spin, slice_ns):
+    """Wait until every peer has published the stage of the one-way broadcast in
+    ``pending`` (stage, sequence word, signature, bytes; stage -1: nothing pending), which
+    means it is done with the stage before: the slots of this rank's next stage are free
+    again. Every stage's first write calls it first (``broadcast_one_way`` itself, the
+    runner before any other kernel). DONE (pending cleared), SLEPT, or -(r+1) for a rank
+    that published another call in that stage."""
+    if pending[0] < 0:
+        return DONE
+    words = view_as(seg, np.uint64)
+    state = _wait(seg, words, rank, n, stride, pending[0], 2 * pending[0], pending[1],
+                  pending[2], pending[3], spin, slice_ns)
+    if state == DONE:
+        pending[0] = -1
+    return state
+
+
+@njit(nogil=True, cache=True)
+def broadcast_one_way(seg, dst, rank, n, stride, stage, seq, sig, root, position, spin,
+                      slice_ns, pending):
+    """Broadcast ``dst`` (one slot at most) from ``root`` in one stage, one way: the root
+    stages it and returns; every other rank publishes an empty stage, waits for the root's
+    flag alone, and copies. Nobody waits for the receivers here: the stage stays in
+    ``pending`` and the next stage settles it (``settle``) before it writes a slot, which
+    is what protects the root's slot from being overwritten while a receiver still reads
+    it. Position 0: settle the previous one-way stage, then stage; 1: wait for the root.
+    After SLEPT_AT + p, call again with position p."""
+    words = view_as(seg, np.uint64)
+    raw = view_as(dst, np.uint8)
+    total = raw.size
+    if position == 0:
+        state = settle(seg, rank, n, stride, pending, spin, slice_ns)
+        if state != DONE:
+            return SLEPT_AT if state == SLEPT else state
+        keep = total if rank == root else 0
+        _stage(seg, words, raw, 0, total, keep, total, rank, stride, stage, seq, sig, total)
+        pending[0] = stage
+        pending[1] = seq
+        pending[2] = sig
+        pending[3] = total
+        if rank == root:
+            return DONE
+    state = _wait_for(seg, words, rank, n, stride, stage, 2 * stage, seq, sig, total, spin,
+                      slice_ns, root)
+    if state != DONE:
+        return SLEPT_AT + 1 if state == SLEPT else state
+    copy_bytes(raw, 0, seg, slot_offset(root, stage & 1, stride) + DATA, total)
+    return DONE
+
+
+#: int64 words of a bound one-way broadcast's constants (``broadcast_bound``)
+BROADCAST_WORDS = 10
+
+
+@njit(nogil=True, cache=True)
+def broadcast_bound(dst, constants, stage, seq):
+    """``broadcast_one_way`` as a bound fast call runs it, from position 0: the constants as
+    for ``allreduce_bound`` with the root where the op is, and the address of the runner's
+    ``pending`` words last."""
+    call = view_as(bytes_at(constants, BROADCAST_WORDS * 8), np.int64)
+    seg = bytes_at(call[0], call[1])
+    pending = view_as(bytes_at(call[9], 32), np.int64)
+    return broadcast_one_way(seg, dst, call[2], call[3], call[4], stage, seq, call[5], call[6],
+                             0, call[7], call[8], pending)
 
 
 @njit(nogil=True, cache=True)

@@ -50,7 +50,7 @@ class Liveness:
                 f"peer rank {peer} published {describe_tag(-theirs - 1)} ({their_bytes} bytes) "
                 f"in the fast path's slot where this rank is in {describe_tag(-word - 1)} "
                 f"({call.nbytes} bytes): the two ranks disagree on the collective or on its "
-                "arguments (dtype, element count, op or premul factor), or one of them "
+                "arguments (dtype, element count, op, root or premul factor), or one of them "
                 "skipped a call. Hint: PYCOLL_DEBUG=DETAIL reports who called what", peer=peer)
         if self.check is not None:
             self.check()            # an abort record first: it names the root cause

@@ -34,7 +34,9 @@ from .calls import (
     CMA_REFUSED,
     CROWDED_POLLS,
     DIRECT,
+    ONE_WAY,
     POLLS,
+    SETTLE,
     SINGLE_COPY,
     SLEPT_AT,
     SMALL,
@@ -88,6 +90,12 @@ class FastPath:
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
         self.slots: SharedSlots | None = slots
         self.k = 0                      # stages run so far (all ranks count alike)
+        #: the last one-way broadcast's stage, sequence word, signature and bytes, until
+        #: every rank is seen to have published it (``kernels.settle``; stage -1: none), and
+        #: that call (to name it in errors)
+        self.pending = np.array([-1, 0, 0, 0], dtype=np.int64)
+        self.pending_call: FastCall | None = None
+        self.unsettled = False          # whether ``pending`` may hold a stage
         self._calls: dict[tuple, FastCall] = {}
         self.barrier_buffer = np.zeros(0, dtype=np.uint8)
         #: the calls a 1-D numpy array takes without ``as_buffer``: (collective, op or root
@@ -162,6 +170,7 @@ class FastPath:
                 from . import kernels
                 self._kernels = {SMALL: kernels.allreduce, CHUNKED: kernels.allreduce_chunked,
                                  BROADCAST: kernels.broadcast,
+                                 ONE_WAY: kernels.broadcast_one_way, SETTLE: kernels.settle,
                                  SINGLE_COPY: kernels.broadcast_cma,
                                  DIRECT: kernels.allreduce_cma}
             spec = (self.ops.reduce_spec(rop, dtype, self.size, wide=fold == "fp32")
@@ -206,19 +215,27 @@ class FastPath:
         # the bytes go through as bytes: exchange-only calls (Python reduces) and barriers
         raw = call.op_code < 0 and call.dtype != "uint8"
         more = call.reduce_here or call.finish
+        one_way = call.one_way
         if call.prepare or execution.detail:     # premul factors, DETAIL's checks
             call.run = lambda arr, timeout, async_op, output: run_generic(
                 call, arr, timeout, async_op, output)
             return
         single = None
-        if call.kind is SMALL and self.slots is not None:
-            single = self._entry(np.dtype("uint8" if raw else call.dtype))
+        if (call.kind is SMALL or one_way) and self.slots is not None:
             seg = self.slots.bytes
-            # the call's constants (``kernels.allreduce_bound``), passed by address: the
-            # entry point unboxes an integer instead of an array. The call keeps them alive
-            call.constants = np.array([seg.ctypes.data, seg.size, self.rank, self.size,
-                                       self.slots.stride, call.code, call.op_code, self.spin,
-                                       self.slice_ns], dtype=np.int64)
+            # the call's constants (``kernels.allreduce_bound``, ``broadcast_bound``), passed
+            # by address: the entry point unboxes an integer instead of an array. The call
+            # keeps them alive
+            words = [seg.ctypes.data, seg.size, self.rank, self.size, self.slots.stride,
+                     call.code, call.root if one_way else call.op_code, self.spin,
+                     self.slice_ns]
+            if one_way:
+                single = self._entry(np.dtype("uint8"), "broadcast_bound")
+                words.append(self.pending.ctypes.data)
+            else:
+                single = self._entry(np.dtype("uint8" if raw else call.dtype),
+                                     "allreduce_bound")
+            call.constants = np.array(words, dtype=np.int64)
             constants = call.constants.ctypes.data
 
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
@@ -229,6 +246,11 @@ class FastPath:
             if not word:
                 return run_generic(call, arr, timeout, async_op, output)
             try:
+                if one_way:
+                    self.unsettled = True
+                    self.pending_call = call
+                elif self.unsettled:
+                    self.settle(execution.started + limit)
                 k = self.k + 1
                 self.k = k + later_stages
                 data = arr.view(np.uint8) if raw else arr
@@ -259,16 +281,16 @@ class FastPath:
 
         call.run = run
 
-    def _entry(self, dtype: np.dtype) -> Any:
-        """The single-slot kernel's compiled entry point (``kernels.allreduce_bound``) for a
-        1-D C-contiguous aligned writable array of ``dtype`` (loaded from numba's cache, or
-        compiled, now)."""
+    def _entry(self, dtype: np.dtype, name: str) -> Any:
+        """The compiled entry point of the bound kernel ``name`` (``kernels.allreduce_bound``
+        or ``broadcast_bound``) for a 1-D C-contiguous aligned writable array of ``dtype``
+        (loaded from numba's cache, or compiled, now)."""
         from numba import types
         from numba.np.numpy_support import from_dtype
 
-        from .kernels import allreduce_bound
+        from . import kernels
         data = types.Array(from_dtype(dtype), 1, "C")
-        return allreduce_bound.compile((data, types.int64, types.int64, types.int64))
+        return getattr(kernels, name).compile((data, types.int64, types.int64, types.int64))
 
     def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:
@@ -292,6 +314,8 @@ class FastPath:
                               "segment is closed (communicator finalized)")
         if call.prepare:
             prepare(call.rop, call.dtype, arr)      # type: ignore[arg-type]
+        if self.unsettled and not call.one_way:
+            self.settle(deadline)
         k = self.k + 1
         self.k += call.stages
         data = arr if call.op_code >= 0 else arr.view(np.uint8)
@@ -320,6 +344,12 @@ class FastPath:
             return kernel(slots.bytes, data, rank, size, slots.stride, k, word,
                           call.code, call.op_code, call.fold is not None, resume, position,
                           self.spin, self.slice_ns, self.iov, self.piece)
+        if call.one_way:
+            self.unsettled = True
+            self.pending_call = call
+            return self._kernels[ONE_WAY](slots.bytes, data, rank, size, slots.stride, k, word,
+                                          call.code, call.root, position, self.spin,
+                                          self.slice_ns, self.pending)
         if kind == BROADCAST:
             return kernel(slots.bytes, data, rank, size, slots.stride, self.chunk, k,
                           word, call.code, call.root, resume, position, self.spin,
@@ -341,14 +371,42 @@ class FastPath:
             if state == CMA_BROKEN:
                 self.liveness.broken_read(slots, call, seq)
             position = state - SLEPT_AT if state >= SLEPT_AT else 0   # kernels.SLEPT_AT
-            offset, phase = call.waited(position)   # the stage and flag value waited for
-            self.liveness.between_slices(slots, state, call, seq, word, k + offset,
-                                         2 * (k + offset) + phase, deadline)
+            if call.one_way and position == 0 and self.pending[0] not in (-1, k):
+                self._between_settles(state, deadline)    # still settling the previous one
+            else:
+                offset, phase = call.waited(position)   # the stage and flag waited for
+                self.liveness.between_slices(slots, state, call, seq, word, k + offset,
+                                             2 * (k + offset) + phase, deadline)
             state = self.launch(call, data, k, word, True, position)
         if call.reduce_here:
             self._reduce_here(call, arr, k)
         if call.finish and call.spec is not None:
             call.spec.finish(arr)
+
+    def settle(self, deadline: float) -> None:
+        """Before a stage of any other kernel: wait until every rank has published the last
+        one-way broadcast's stage (``kernels.settle``), in sleep slices with the liveness
+        checks, as any wait."""
+        slots = self.slots
+        assert slots is not None
+        settle = self._kernels[SETTLE]
+        while True:
+            state = settle(slots.bytes, self.rank, self.size, slots.stride, self.pending,
+                           self.spin, self.slice_ns)
+            if state == 0:
+                self.unsettled = False
+                return
+            self._between_settles(state, deadline)
+
+    def _between_settles(self, state: int, deadline: float) -> None:
+        """The liveness checks of a wait for the pending one-way broadcast's stage: errors
+        name that broadcast (a rank that published another call in its stage disagreed
+        about it)."""
+        slots, call = self.slots, self.pending_call
+        assert slots is not None and call is not None
+        stage, word = int(self.pending[0]), int(self.pending[1])
+        self.liveness.between_slices(slots, state, call, (word >> SEQ_SHIFT) & SEQ_MASK, word,
+                                     stage, 2 * stage, deadline)
 
     def _without_cma(self, call: FastCall) -> tuple[FastCall, int]:
         """Some rank may not read its peers' memory: no cross-memory attach on this

@@ -19,7 +19,7 @@ from pycoll.testing import run_ranks
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not fastpath.probe_limit(),
                                  reason="the fast path needs numba on Linux x86-64/aarch64 "
-                                        "(pip install pycoll[fast])")]
+                                        "(pip install numba)")]
 
 NATIVE = list(fastpath.NATIVE_DTYPES)
 OTHER = ["float16", "bool", "complex64"]
