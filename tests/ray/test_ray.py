@@ -227,9 +227,9 @@ def test_bad_arguments_are_refused_before_ray_starts_anything(call, match):
 
 # -- rank 0's mailbox (the bootstrap's meeting point), with real threads --------------------------
 def test_the_mailbox_names_the_ranks_that_never_arrived():
-    from pycoll.ray import _Mailbox
+    from pycoll.ray.actor import Mailbox
 
-    box = _Mailbox(3)
+    box = Mailbox(3)
     seen: dict[int, object] = {}
 
     def arrive(rank: int) -> None:
@@ -249,9 +249,9 @@ def test_the_mailbox_names_the_ranks_that_never_arrived():
 
 
 def test_the_mailbox_hands_every_rank_every_message():
-    from pycoll.ray import _Mailbox
+    from pycoll.ray.actor import Mailbox
 
-    box = _Mailbox(4)
+    box = Mailbox(4)
     out: dict[int, list] = {}
     threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, box.gather(7, r, r * 10,
                                                                                   10.0)))

@@ -1,45 +1,19 @@
-"""Ray: run a pycoll job as ``n`` Ray actors, one rank each (``pycoll.ray.run(fn, n)``).
-
-Ray already starts processes on the cluster's nodes, so a pycoll job needs no launcher there:
-``run`` reserves a placement group of ``n`` bundles (Ray places all of them or none, which a
-job of ranks that wait for each other needs), starts one actor per bundle (rank = bundle
-index), bootstraps pycoll between the actors, runs ``fn(comm, *args, **kwargs)`` in each and
-returns the results ordered by rank. The actors and the placement group are removed at the
-end, always: after success, an error, a timeout or a KeyboardInterrupt on the driver.
-
-The bootstrap is the MPI one (``pycoll.launch.mpi``) over Ray's actor calls instead of an MPI
-communicator: rank 0's actor is the meeting point of the bootstrap's allgathers (the other
-actors call its ``gather`` method; its own rank hands in directly). Rank 0 starts the job's
-store on its node's address as Ray names it (``ray.util.get_node_ip_address()``; on one host
-on loopback), draws the job secret, and the other ranks learn "address, port, secret" as the
-return value of that call. The secret so travels only over Ray's own RPC between the actors:
-never on a command line, in an environment, or through the driver.
-
-A rank whose ``fn`` raises posts an abort (the others' collectives stop at once naming it);
-an actor that dies is seen by Ray (``RayActorError``) and by its peers (``PeerLost``). The
-driver raises :class:`RayRankFailed` naming the rank that failed first, its node and why, and
-kills every actor of the job.
-"""
+"""The driver's side of ``pycoll.ray.run``: the placement group, the actors, the waits, and
+the error that names the rank that failed first (see ``pycoll/ray/__init__.py``)."""
 from __future__ import annotations
 
 import math
-import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .comm.communicator import DEFAULT_TIMEOUT
-from .errors import InvalidArgument, PeerLost, PycollError
-from .hosted import blame, describe_error, init_over
-from .launch.mpi import GatherComm
-from .timeouts import as_seconds
-
-__all__ = ["run", "RayRankFailed", "RayJobTimeout", "STRATEGIES"]
+from ..comm.communicator import DEFAULT_TIMEOUT
+from ..errors import InvalidArgument, PycollError
+from ..hosted import describe_error
+from ..timeouts import as_seconds
+from .actor import Failure, RankActor, death, first_line
 
 #: Ray's placement strategies: PACK fills a node first, SPREAD prefers different nodes, the
 #: STRICT forms insist (one node; every bundle on its own node)
@@ -48,6 +22,8 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _POLL_S = 1.0
 #: after the first failure, how long the driver waits for the other ranks' reports
 _GRACE_S = 5.0
+#: for a finished rank's result to reach the driver (a large one crosses the network)
+_FETCH_S = 300.0
 
 
 class RayRankFailed(PycollError):
@@ -67,125 +43,6 @@ class RayJobTimeout(PycollError, TimeoutError):
     did not finish within ``job_timeout``; every actor of it was killed."""
 
 
-# -- inside an actor ---------------------------------------------------------------------------
-class _Mailbox:
-    """Rank 0's end of the bootstrap's allgathers: every rank's message of one round, handed
-    back to each rank once all ``size`` have arrived (or an error naming who did not)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._cond = threading.Condition()
-        self._rounds: dict[int, dict[int, Any]] = {}
-
-    def gather(self, round_: int, rank: int, message: Any, timeout: float) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            box = self._rounds.setdefault(round_, {})
-            box[rank] = message
-            self._cond.notify_all()
-            while len(box) < self._size:
-                left = None if math.isinf(timeout) else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    missing = [r for r in range(self._size) if r not in box]
-                    raise PycollError(
-                        f"rank 0: pycoll's bootstrap over Ray: ranks {missing} did not reach "
-                        f"round {round_} of the bootstrap within {timeout:g} s (their actors "
-                        "are stuck before it, or too slow to start: raise timeout=)")
-                self._cond.wait(left)
-            return [box[r] for r in range(self._size)]
-
-
-class _ActorComm(GatherComm):
-    """The bootstrap's allgathers over Ray: rank 0 gathers in its own mailbox, every other
-    rank calls rank 0's actor (``head``), bounded by ``timeout``."""
-
-    def __init__(self, rank: int, size: int, timeout: float, mailbox: _Mailbox | None,
-                 head: Any) -> None:
-        super().__init__(rank, size)
-        self._timeout = timeout
-        self._mailbox = mailbox
-        self._head = head
-        self._round = 0
-
-    def allgather(self, obj: Any) -> list[Any]:
-        round_, self._round = self._round, self._round + 1
-        if self._mailbox is not None:
-            return self._mailbox.gather(round_, self._rank, obj, self._timeout)
-        import ray
-
-        ref = self._head.gather.remote(round_, self._rank, obj, self._timeout)
-        limit = None if math.isinf(self._timeout) else self._timeout + 10.0
-        try:
-            return list(ray.get(ref, timeout=limit))
-        except ray.exceptions.RayActorError as e:
-            raise PeerLost(f"rank {self._rank}: pycoll's bootstrap over Ray: rank 0's actor "
-                           f"died: {_death(e)}", peer=0) from None
-        except ray.exceptions.RayTaskError as e:     # the mailbox's own error, on rank 0
-            raise PycollError(str(e.cause)) from None
-        except ray.exceptions.GetTimeoutError:
-            raise PycollError(f"rank {self._rank}: pycoll's bootstrap over Ray: rank 0's actor "
-                              f"did not answer within {limit:g} s") from None
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """What went wrong on one rank: ``cause`` is the other rank it blames (or None)."""
-    rank: int
-    cause: int | None
-    verb: str
-    what: str
-
-
-class _RankActor:
-    """One rank of the job (a Ray actor: ``ray.remote`` wraps it in ``run``; workers import
-    this module by name, so pycoll must be installed where the actors run)."""
-
-    def __init__(self, rank: int, size: int) -> None:
-        self._rank = rank
-        self._size = size
-        self._mailbox = _Mailbox(size) if rank == 0 else None
-
-    def place(self) -> dict[str, Any]:
-        """Where this rank runs: Ray's node address, the hostname, the process id."""
-        import ray
-
-        return {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(),
-                "pid": os.getpid()}
-
-    def gather(self, round_: int, rank: int, message: Any, timeout: float) -> list[Any]:
-        if self._mailbox is None:
-            raise PycollError(f"rank {self._rank}: only rank 0's actor gathers the bootstrap")
-        return self._mailbox.gather(round_, rank, message, timeout)
-
-    def run(self, job: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
-            timeout: float, head: Any) -> tuple[str, Any]:
-        """("ok", fn's value) or ("failed", a _Failure): this rank's whole life in the job."""
-        import ray
-
-        import pycoll
-
-        fn, args, kwargs = job
-        channel = _ActorComm(self._rank, self._size, timeout, self._mailbox, head)
-        try:
-            comm = init_over(channel, timeout, ray.util.get_node_ip_address())
-            try:
-                with comm:          # an exception here is posted: the others stop at once
-                    value = fn(comm, *args, **kwargs)
-            finally:
-                pycoll.finalize()
-        except Exception as e:  # noqa: BLE001 - reported to the driver, which names the rank
-            cause, verb = blame(e, self._rank)
-            return "failed", _Failure(self._rank, cause, verb, describe_error(e))
-        return "ok", value
-
-
-# -- on the driver -----------------------------------------------------------------------------
-def _first_line(err: BaseException) -> str:
-    """Ray's errors run to many lines (tracebacks, advice): the first with content."""
-    text = str(err)
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:500]
-
-
 def _last_words(err: BaseException) -> str:
     """An error whose text carries a traceback (Ray's system errors): its last line, which
     names the exception; any other error on one line."""
@@ -193,17 +50,6 @@ def _last_words(err: BaseException) -> str:
     if "Traceback (most recent call last)" not in text:
         return describe_error(err)
     return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
-
-
-def _death(err: BaseException) -> str:
-    """Why Ray says an actor died, in one sentence or two (its error runs to a paragraph of
-    advice): "its worker process has died. Worker exit type: ...", "it was killed by
-    `ray.kill`"."""
-    for line in str(err).splitlines():
-        if line.startswith("The actor is dead because "):
-            reason = line[len("The actor is dead because "):].split(" Some common causes")[0]
-            return reason.strip().rstrip(".")[:500]
-    return _first_line(err).rstrip(".")
 
 
 def _ray(address: str | None) -> Any:
@@ -265,30 +111,33 @@ def _places(ray: Any, actors: list[Any], limit: float) -> list[dict[str, Any]]:
     places = []
     for rank, ref in enumerate(refs):
         try:
-            places.append(ray.get(ref, timeout=_POLL_S * 30))
+            places.append(ray.get(ref, timeout=_FETCH_S))
         except ray.exceptions.RayError as e:
             raise RayRankFailed(
                 f"pycoll.ray: the actor of rank {rank} of {len(actors)} could not start: "
-                f"{_first_line(e)}. Is pycoll installed on every node (and importable in its "
+                f"{first_line(e)}. Is pycoll installed on every node (and importable in its "
                 "runtime_env)?", rank=rank) from e
     return places
 
 
 def _outcome(ray: Any, ref: Any, rank: int) -> tuple[str, Any]:
-    """A finished rank's ("ok", value) or ("failed", _Failure), whatever Ray raised."""
+    """A finished rank's ("ok", value) or ("failed", Failure), whatever Ray raised."""
     try:
-        status, payload = ray.get(ref, timeout=_POLL_S * 60)
+        status, payload = ray.get(ref, timeout=_FETCH_S)
+    except ray.exceptions.GetTimeoutError:
+        return "failed", Failure(rank, None, "failed", f"its result (ready in Ray's object "
+                                  f"store) could not be fetched within {_FETCH_S:g} s")
     except ray.exceptions.RayActorError as e:
-        return "failed", _Failure(rank, None, "was lost", f"its actor died: {_death(e)}")
+        return "failed", Failure(rank, None, "was lost", f"its actor died: {death(e)}")
     except ray.exceptions.RayTaskError as e:
-        return "failed", _Failure(
+        return "failed", Failure(
             rank, None, "failed",
             f"outside fn (does fn with its arguments deserialize on the worker, does its "
             f"result serialize?): {_last_words(e.cause)}")
     return status, payload
 
 
-def _rank_failed(failures: dict[int, _Failure], places: list[dict[str, Any]],
+def _rank_failed(failures: dict[int, Failure], places: list[dict[str, Any]],
                  size: int) -> RayRankFailed:
     """The driver's error, naming the rank that failed first.
 
@@ -325,7 +174,7 @@ def _collect(ray: Any, refs: list[Any], places: list[dict[str, Any]],
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
     deadline = None if limit is None or math.isinf(limit) else time.monotonic() + limit
     values: dict[int, Any] = {}
-    failures: dict[int, _Failure] = {}
+    failures: dict[int, Failure] = {}
     pending = list(refs)
 
     def take(done: list[Any]) -> None:
@@ -418,20 +267,20 @@ def run(fn: Callable[..., Any], num_ranks: int, *, args: Sequence[Any] = (),
                 f"({strategy}) was not placed within start_timeout={start_limit:g} s; the "
                 f"cluster has {ray.available_resources()} free. Ask for less per rank "
                 "(fractions work: num_cpus=0.25), add nodes, or use strategy='PACK'")
-        actor_class = ray.remote(_RankActor)
+        actor_class = ray.remote(RankActor)
         options: dict[str, Any] = {
             "num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0),
             "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-            "max_restarts": 0, "max_task_retries": 0,
-            # rank 0 answers the others' gathers while its own rank runs
-            "max_concurrency": num_ranks + 1}
+            "max_restarts": 0, "max_task_retries": 0}
         if runtime_env is not None:
             options["runtime_env"] = dict(runtime_env)
         for rank in range(num_ranks):
             place = PlacementGroupSchedulingStrategy(placement_group=group,
                                                      placement_group_bundle_index=rank)
-            actors.append(actor_class.options(scheduling_strategy=place, **options)
-                          .remote(rank, num_ranks))
+            # threaded actors: rank 0 answers the others' gathers while its own rank runs
+            threads = num_ranks + 1 if rank == 0 else 2
+            actors.append(actor_class.options(scheduling_strategy=place, max_concurrency=threads,
+                                              **options).remote(rank, num_ranks))
         places = _places(ray, actors, start_limit)
         job = ray.put((fn, tuple(args), dict(kwargs or {})))
         refs = [actor.run.remote(job, seconds, actors[0] if rank else None)
