@@ -1,9 +1,9 @@
 """Driver program of the namespace-hosts Ray test (``test_ray_hosts.py``).
 
-Run on a namespace host: ``python ray_job.py HEAD_ADDR:PORT WORLD``. It connects to the
-cluster, runs a ``WORLD``-rank allreduce with ``pycoll.ray.run(..., strategy="SPREAD")`` and
-prints one JSON line: per rank its rank, size, hostname, Ray node address, whether its result
-was exact, and the transports it used.
+Run on a namespace host: ``python ray_job.py HEAD_ADDR:PORT WORLD``. It runs a ``WORLD``-rank
+allreduce with ``pycoll.ray.run(..., address=HEAD_ADDR:PORT, strategy="SPREAD")`` (``run``
+connects) and prints one JSON line: per rank its rank, size, hostname, Ray node address,
+whether its result was exact, and the transports it used.
 """
 from __future__ import annotations
 
@@ -33,10 +33,9 @@ def main() -> int:
     import pycoll.ray
 
     address, world = sys.argv[1], int(sys.argv[2])
-    ray.init(address=address, log_to_driver=False)
-    try:
-        results = pycoll.ray.run(job, world, args=(N,), strategy="SPREAD", timeout=60,
-                                 start_timeout=90, job_timeout=120)
+    try:        # run() connects (ray.init(address=...)) and leaves the connection open
+        results = pycoll.ray.run(job, world, args=(N,), address=address, strategy="SPREAD",
+                                 timeout=60, start_timeout=90, job_timeout=120)
     finally:
         ray.shutdown()
     print(json.dumps(results), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -207,6 +208,37 @@ def test_the_store_refuses_strangers(cluster):
     out = pycoll.ray.run(job, 2, timeout=60, job_timeout=120)
     assert [x for x, _ in out] == [3.0, 3.0]
     assert len(out[1][1]) == 2 and "let in" not in out[1][1], out[1]
+
+
+def test_ctrl_c_on_the_driver_kills_the_job(cluster, tmp_path):
+    """A KeyboardInterrupt while run() waits (SIGINT from a thread, once every rank is in fn)
+    propagates, and the actors and the placement group are gone all the same."""
+    def stuck(comm, folder):
+        import os
+        import time
+
+        with open(os.path.join(folder, f"pid{comm.rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(tmp_path.glob("pid*"))) < 2:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    before = set(ray.util.placement_group_table())
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        pycoll.ray.run(stuck, 2, args=(str(tmp_path),), timeout=60, job_timeout=120)
+    thread.join(10)
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
+    assert not wait_gone(pids, 30), "the actors outlived the interrupted run()"
+    groups = ray.util.placement_group_table()
+    ours = [g for pg_id, g in groups.items() if pg_id not in before
+            and str(g.get("name", "")).startswith("pycoll-")]
+    assert ours and all(g["state"] == "REMOVED" for g in ours), ours
 
 
 @pytest.mark.parametrize("call, match", [
