@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import socket
 import threading
@@ -34,7 +33,9 @@ from datetime import timedelta
 from typing import Any
 
 from .comm.communicator import DEFAULT_TIMEOUT, Communicator
-from .errors import Aborted, InvalidArgument, PeerLost, PycollError
+from .errors import InvalidArgument, PycollError
+from .hosted import failure_text, init_over
+from .launch.mpi import GatherComm
 from .timeouts import as_seconds
 
 __all__ = ["run", "init_from_barrier_context", "barrier_conf", "SparkRankFailed", "SparkJobTimeout"]
@@ -59,7 +60,7 @@ class SparkJobTimeout(PycollError, TimeoutError):
 
 
 # -- inside a barrier task ---------------------------------------------------------------------
-class _BarrierComm:
+class _BarrierComm(GatherComm):
     """The MPI calls ``pycoll.launch.mpi.bootstrap`` makes, over a Spark barrier context.
 
     Messages are JSON (the bootstrap sends names, numbers and strings), so nothing a task
@@ -68,16 +69,9 @@ class _BarrierComm:
     """
 
     def __init__(self, ctx: Any, timeout: float) -> None:
+        super().__init__(int(ctx.partitionId()), len(ctx.getTaskInfos()))
         self._ctx = ctx
         self._timeout = timeout
-        self._rank = int(ctx.partitionId())
-        self._size = len(ctx.getTaskInfos())
-
-    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
-        return self._rank
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self._size
 
     def allgather(self, obj: Any) -> list[Any]:
         message = json.dumps(obj)
@@ -114,9 +108,6 @@ class _BarrierComm:
                 "task call init_from_barrier_context (with the same pycoll version) where "
                 "this one does, and nothing else call allGather in between?") from None
 
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self.allgather(obj if self._rank == root else None)[root]
-
 
 def _task_host(ctx: Any) -> str:
     """This task's executor host as Spark names it (``getTaskInfos()``: "host:port")."""
@@ -152,46 +143,18 @@ def init_from_barrier_context(ctx: Any, *, timeout: float | timedelta = DEFAULT_
     ``PYCOLL_MASTER_ADDR`` (an interface of that host) or every task runs on one host (then
     on loopback only); ``PYCOLL_MASTER_PORT`` picks its port (default: any free one).
     """
-    import pycoll
-
     seconds = as_seconds(timeout) or DEFAULT_TIMEOUT
     comm = _BarrierComm(ctx, seconds)
-    added = False
-    if comm.Get_rank() == 0 and not os.environ.get("PYCOLL_MASTER_ADDR"):
-        # The bootstrap reads PYCOLL_MASTER_ADDR for the store's address when the ranks span
-        # several hosts; the executor's address is the one Spark proved reachable. Set for
-        # the bootstrap only: Spark reuses this Python worker for other tasks.
-        addr = _routable(_task_host(ctx))
-        if addr is not None:
-            os.environ["PYCOLL_MASTER_ADDR"] = addr
-            added = True
-    try:
-        return pycoll.init(comm=comm, timeout=seconds)
-    finally:
-        if added:
-            os.environ.pop("PYCOLL_MASTER_ADDR", None)
+    # the executor's address is the one Spark proved reachable
+    addr = _routable(_task_host(ctx)) if comm.Get_rank() == 0 else None
+    return init_over(comm, seconds, addr)
 
 
-#: the one line a failing task raises (``_failure_text``), found again in Spark's error
+#: the one line a failing task raises (``failure_text``), found again in Spark's error
 _MARK = re.compile(r"pycoll\.spark: rank (\d+) of (\d+) \(host ([^)\s]*)\) "
                    r"(?:failed|stopped because rank (\d+) (failed|was lost)): ([^\n]*)")
 #: how Spark names the barrier task that failed the stage: ResultTask(stage, partition)
 _TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
-
-
-def _failure_text(rank: int, size: int, host: str, err: BaseException) -> str:
-    """One line naming this rank and, for an echo of another rank's failure, that rank."""
-    head = f"pycoll.spark: rank {rank} of {size} (host {host})"
-    what = f"{type(err).__name__}: {' '.join(str(err).split())}"
-    cause = None
-    if isinstance(err, Aborted):
-        cause = err.lost_rank if err.lost_rank is not None else err.failed_rank
-        verb = "was lost" if err.lost_rank is not None else "failed"
-    elif isinstance(err, PeerLost):
-        cause, verb = err.peer, "was lost"
-    if cause is not None and cause != rank:
-        return f"{head} stopped because rank {cause} {verb}: {what}"
-    return f"{head} failed: {what}"
 
 
 class _BarrierTask:
@@ -219,7 +182,7 @@ class _BarrierTask:
             finally:
                 pycoll.finalize()
         except Exception as e:  # noqa: BLE001 - named, so Spark's stage failure says who
-            raise SparkRankFailed(_failure_text(rank, size, host, e), rank=rank,
+            raise SparkRankFailed(failure_text("spark", rank, size, host, e), rank=rank,
                                   host=host) from e
         yield rank, value
 

@@ -20,6 +20,29 @@ if TYPE_CHECKING:
     from rendezvous import TCPStore
 
 
+class GatherComm:
+    """The two MPI calls ``bootstrap`` makes (``allgather``, ``bcast``), for ranks whose
+    framework offers only an allgather between them: Spark's barrier tasks
+    (``BarrierTaskContext.allGather``), Ray's actors (rank 0's actor as the meeting point).
+    A subclass implements ``allgather``; ``bcast`` is one allgather, read at the root."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank = rank
+        self._size = size
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self._rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._size
+
+    def allgather(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self.allgather(obj if self._rank == root else None)[root]
+
+
 def reachable_address(hostnames: list[str]) -> str:
     """An address of this host that the hosts in ``hostnames`` can reach: the one the tcp
     transport would bind toward another host (the route's source address, or

@@ -33,9 +33,12 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..transports.shm.cma import process_exited
@@ -232,6 +235,42 @@ class NamespaceHosts:
             for i, name in enumerate(self.names):
                 _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
                 _ip("-n", name, "neigh", "flush", "all", check=False)
+
+
+# -- daemons a test starts on its hosts -------------------------------------------------------
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """TERM the process group ``proc`` leads (``popen`` starts each command in a session of
+    its own: a daemon's children are in it too), then KILL what is left; always reaped."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:                        # children that outlived the leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_for_text(path: str | os.PathLike[str], text: str, proc: subprocess.Popen,
+                  limit: float) -> None:
+    """Wait until ``text`` appears in the log file ``path`` of ``proc`` (a daemon saying it
+    is ready); AssertionError with the log's tail if ``proc`` exits or ``limit`` passes."""
+    deadline = time.monotonic() + limit
+    log = Path(path)
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen in {log.name} within {limit:g} s "
+                         f"(exit code {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

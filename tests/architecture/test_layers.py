@@ -29,8 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pycoll.comm",),                                       # communicators and collectives
     ("pycoll.launch",),                                     # launchers' environments, joining
     ("pycoll.world", "pycoll"),                             # the default communicator, the API
-    ("pycoll.torch", "pycoll.spark", "pycoll.bench", "pycoll.testing", "pycoll.trace",
-     "pycoll.run", "pycoll.info"),                                      # integrations and tools
+    ("pycoll.torch", "pycoll.spark", "pycoll.ray", "pycoll.hosted", "pycoll.bench",
+     "pycoll.testing", "pycoll.trace", "pycoll.run", "pycoll.info"),    # integrations and tools
 ]
 
 

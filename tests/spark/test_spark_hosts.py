@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,12 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install "
                                                 "'pycoll[spark]')")
 
-from pycoll.testing.hosts import NamespaceHosts, available  # noqa: E402
+from pycoll.testing.hosts import (  # noqa: E402
+    NamespaceHosts,
+    available,
+    stop_group,
+    wait_for_text,
+)
 
 ok, why = available()
 JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
@@ -48,37 +51,6 @@ def _env(host_addr: str) -> dict:
     return env
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """TERM the process's whole group (a worker's executors and Python workers too), then
-    KILL what is left; always reaped."""
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:                        # children that outlived the leader
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if text in path.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not seen in {path.name} within {limit:g} s "
-                         f"(exit code {proc.poll()}):\n{path.read_text(errors='replace')[-3000:]}")
-
-
 def test_allreduce_across_two_namespace_hosts(tmp_path):
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []
@@ -99,7 +71,7 @@ def test_allreduce_across_two_namespace_hosts(tmp_path):
             master = start(0, [spark_class, "org.apache.spark.deploy.master.Master",
                                "--host", hosts.addresses[0], "--port", str(MASTER_PORT),
                                "--webui-port", "0"], "master", hosts)
-            _wait_for(logs[0], "I have been elected leader", master, 60)
+            wait_for_text(logs[0], "I have been elected leader", master, 60)
             for i in range(2):
                 work = tmp_path / f"work{i}"
                 work.mkdir()
@@ -108,7 +80,7 @@ def test_allreduce_across_two_namespace_hosts(tmp_path):
                           "--memory", "1g", "--work-dir", str(work), "--webui-port", "0",
                           master_url], f"worker{i}", hosts)
             for i in range(2):
-                _wait_for(logs[1 + i], "Successfully registered with master", procs[1 + i], 60)
+                wait_for_text(logs[1 + i], "Successfully registered with master", procs[1 + i], 60)
             driver = start(0, [sys.executable, str(JOB), master_url, str(WORLD)], "driver",
                            hosts)
             try:
@@ -120,7 +92,7 @@ def test_allreduce_across_two_namespace_hosts(tmp_path):
             results = json.loads(output.strip().splitlines()[-1])
         finally:
             for proc in reversed(procs):
-                _stop(proc)
+                stop_group(proc)
     assert [r["rank"] for r in results] == list(range(WORLD))
     assert all(r["size"] == WORLD and r["exact"] for r in results), results
     by_host: dict[str, list[int]] = {}
