@@ -29,6 +29,7 @@ Command line, for trying things by hand::
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
 import shlex
@@ -255,6 +256,20 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def driver_results(driver: subprocess.Popen, log: str | os.PathLike[str],
+                   limit: float) -> Any:
+    """The JSON of the last line a test's driver program printed into ``log``, once it exited
+    0 within ``limit`` seconds (AssertionError with the log's tail otherwise; the caller's
+    ``stop_group`` reaps a driver that did not finish)."""
+    try:
+        code = driver.wait(limit)
+    except subprocess.TimeoutExpired:
+        code = None
+    output = Path(log).read_text(errors="replace")
+    assert code == 0, f"driver exit code {code}:\n{output[-5000:]}"
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def wait_for_text(path: str | os.PathLike[str], text: str, proc: subprocess.Popen,

@@ -26,6 +26,7 @@ from cluster_procs import TAG, tagged_processes, wait_gone  # noqa: E402
 import pycoll  # noqa: E402
 import pycoll.ray  # noqa: E402
 from pycoll.ray import RayJobTimeout, RayRankFailed  # noqa: E402
+from pycoll.testing.jobs import store_stranger  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -187,25 +188,7 @@ def test_the_store_refuses_strangers(cluster):
     """Rank 1 plays a stranger before joining in: it reaches rank 0's store (the address the
     bootstrap handed it over Ray) without the secret and with a wrong one, is refused both
     times, and then the job runs."""
-    def job(comm):
-        import numpy as np
-
-        from rendezvous import TCPStore
-
-        refused = []
-        if comm.rank == 1:
-            host, port = comm._store.host, comm._store.port
-            for token in ("", "0" * 32):
-                try:
-                    TCPStore(host, port, token=token, timeout=5).get("pycoll/job-secret")
-                    refused.append("let in")
-                except Exception as e:  # noqa: BLE001 - what the stranger is told
-                    refused.append(type(e).__name__)
-        x = np.full(4, comm.rank + 1.0)
-        comm.allreduce(x)
-        return float(x[0]), refused
-
-    out = pycoll.ray.run(job, 2, timeout=60, job_timeout=120)
+    out = pycoll.ray.run(store_stranger, 2, timeout=60, job_timeout=120)
     assert [x for x, _ in out] == [3.0, 3.0]
     assert len(out[1][1]) == 2 and "let in" not in out[1][1], out[1]
 

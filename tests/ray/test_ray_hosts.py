@@ -10,7 +10,6 @@ no process of the cluster is left.
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -29,6 +28,7 @@ from cluster_procs import TAG, tagged_processes, wait_gone  # noqa: E402
 from pycoll.testing.hosts import (  # noqa: E402
     NamespaceHosts,
     available,
+    driver_results,
     stop_group,
     wait_for_text,
 )
@@ -85,13 +85,7 @@ def test_allreduce_across_two_namespace_hosts(tmp_path):
                 proc = start(1, node(1, hosts) + ["--address", head], "worker", hosts)
                 wait_for_text(logs[1], "Ray runtime started", proc, 90)
                 driver = start(0, [sys.executable, str(JOB), head, str(WORLD)], "driver", hosts)
-                try:
-                    code = driver.wait(180)
-                except subprocess.TimeoutExpired:
-                    code = None
-                output = logs[-1].read_text(errors="replace")
-                assert code == 0, f"driver exit code {code}:\n{output[-5000:]}"
-                results = json.loads(output.strip().splitlines()[-1])
+                results = driver_results(driver, logs[-1], 180)
             finally:
                 for proc in reversed(procs):
                     stop_group(proc)

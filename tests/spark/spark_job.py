@@ -13,22 +13,11 @@ import sys
 N = 1000
 
 
-def job(comm, n):
-    import socket
-
-    import numpy as np
-
-    x = np.arange(n, dtype=np.float64) * (comm.rank + 1)
-    comm.allreduce(x)
-    expected = np.arange(n, dtype=np.float64) * sum(range(1, comm.size + 1))
-    return {"rank": comm.rank, "size": comm.size, "host": socket.gethostname(),
-            "exact": bool((x == expected).all()), "transports": comm.transport_summary()}
-
-
 def main() -> int:
     from pyspark import SparkConf, SparkContext
 
     import pycoll.spark
+    from pycoll.testing.jobs import allreduce_report
 
     master, world = sys.argv[1], int(sys.argv[2])
     conf = (SparkConf().setMaster(master).setAppName("pycoll-spark-hosts")
@@ -40,7 +29,7 @@ def main() -> int:
     sc = SparkContext(conf=pycoll.spark.barrier_conf(conf, world))
     sc.setLogLevel("ERROR")
     try:
-        results = pycoll.spark.run(job, world, sc=sc, args=(N,), timeout=60, job_timeout=120)
+        results = pycoll.spark.run(allreduce_report, world, sc=sc, args=(N,), timeout=60, job_timeout=120)
     finally:
         sc.stop()
     print(json.dumps(results), flush=True)

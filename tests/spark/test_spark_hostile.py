@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 from test_spark import WORLD, sc  # noqa: F401 - the module's SparkContext fixture
 
+from pycoll.testing.jobs import store_stranger
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -82,24 +84,6 @@ def test_a_stranger_on_rank_0s_store(sc):  # noqa: F811
     and then the job runs."""
     import pycoll.spark
 
-    def job(comm):
-        import numpy as np
-
-        from rendezvous import TCPStore
-
-        refused = []
-        if comm.rank == 1:
-            host, port = comm._store.host, comm._store.port
-            for token in ("", "0" * 32):
-                try:
-                    TCPStore(host, port, token=token, timeout=5).get("pycoll/job-secret")
-                    refused.append("let in")
-                except Exception as e:  # noqa: BLE001 - what the stranger is told
-                    refused.append(type(e).__name__)
-        x = np.full(4, comm.rank + 1.0)
-        comm.allreduce(x)
-        return float(x[0]), refused
-
-    out = pycoll.spark.run(job, WORLD, sc=sc, timeout=60, job_timeout=120)
+    out = pycoll.spark.run(store_stranger, WORLD, sc=sc, timeout=60, job_timeout=120)
     assert [x for x, _ in out] == [10.0] * WORLD
     assert out[1][1] and "let in" not in out[1][1], out[1]

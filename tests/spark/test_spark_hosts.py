@@ -9,7 +9,6 @@ whole group is killed at the end.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 from pycoll.testing.hosts import (  # noqa: E402
     NamespaceHosts,
     available,
+    driver_results,
     stop_group,
     wait_for_text,
 )
@@ -83,13 +83,7 @@ def test_allreduce_across_two_namespace_hosts(tmp_path):
                 wait_for_text(logs[1 + i], "Successfully registered with master", procs[1 + i], 60)
             driver = start(0, [sys.executable, str(JOB), master_url, str(WORLD)], "driver",
                            hosts)
-            try:
-                code = driver.wait(150)
-            except subprocess.TimeoutExpired:
-                code = None
-            output = logs[-1].read_text(errors="replace")
-            assert code == 0, f"driver exit code {code}:\n{output[-5000:]}"
-            results = json.loads(output.strip().splitlines()[-1])
+            results = driver_results(driver, logs[-1], 150)
         finally:
             for proc in reversed(procs):
                 stop_group(proc)
