@@ -79,7 +79,9 @@ class Aborted(PycollError):
     """Another rank failed and told everyone to stop (abort through the store).
 
     ``failed_rank`` is the rank that posted the abort record (the first to fail),
-    ``lost_rank`` the rank that died or vanished when that was the cause (else None), and
+    ``lost_rank`` the rank that died or vanished when that was the cause (else None), both
+    numbered as in the communicator the tree grew from (a group's failure names the same
+    process as its parent's would), and
     ``record`` the abort record itself (rank, collective, seq, error, ...).
     """
 

@@ -56,6 +56,8 @@ class Collectives:
         call raises its integrity verdict once it completed (``integrity.Check.verdict``)."""
         if self._plan.device_buffers:
             body = self._plan.take_device_call().wrap(body)
+        if self._fast is not None:          # (a one-way broadcast may be queued before it)
+            body = self._fast.settled_first(body)
         return self._exec.execute(info, body, timeout, async_op, output,
                                   then=check.verdict if check is not None else None)
 

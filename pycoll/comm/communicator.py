@@ -34,7 +34,7 @@ from ..algorithms.primitives import Peers
 from ..algorithms.selection import Hierarchy, LinkModel, Selector
 from ..buffers.memops import HostOps
 from ..envvars import env_int
-from ..errors import InvalidArgument, PycollError
+from ..errors import CollectiveMismatch, InvalidArgument, PycollError
 from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
@@ -53,6 +53,8 @@ from .topology import hierarchy_members, host_identity, is_uniform, node_layout,
 DEFAULT_TIMEOUT = 300.0
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
 FAILED_FINALIZE_SECONDS = 2.0
+#: how long finalize waits for every rank to publish a last one-way broadcast (to check it)
+SETTLE_AT_FINALIZE_SECONDS = 5.0
 
 Timeout = float | timedelta | None
 
@@ -102,7 +104,8 @@ class Communicator(Collectives, FusedCollectives):
         capacity = capacity_from_env()
         failures = Failures(rank, size, name, store, token, self.timeout,
                             self.transport_summary,
-                            FlightRecorder(capacity) if capacity else None)
+                            FlightRecorder(capacity) if capacity else None,
+                            world_rank=self._members[rank])
         #: what a ``with`` block around the communicator raised (posted at finalize)
         self._exit_error: BaseException | None = None
         channels: dict[int, Channel]
@@ -138,7 +141,7 @@ class Communicator(Collectives, FusedCollectives):
         limit, chunked, cma = fastpath.agreed_limits(records, self.size)
         if not limit:
             off = [r for r, rec in enumerate(records) if not rec.get("fast")]
-            if off and off[0] == self.rank:     # one line per job, from the first rank off
+            if off and off[0] == self.rank and self._is_root:   # one line per job
                 fastpath.warn_if_missing(len(off), self.size)
             return None
         from rendezvous import PrefixStore
@@ -419,6 +422,7 @@ class Communicator(Collectives, FusedCollectives):
         execution = self._exec
         if execution.closed:
             return
+        disagreed = self._settle_last_broadcast(timeout)
         execution.close()
         if self._fast is not None:
             self._fast.close()
@@ -455,6 +459,26 @@ class Communicator(Collectives, FusedCollectives):
         failures.close()
         if self._owns_store and store is not None:
             store.close()
+        if disagreed is not None:
+            raise disagreed
+
+    def _settle_last_broadcast(self, timeout: float) -> CollectiveMismatch | None:
+        """A one-way broadcast that was this communicator's last call has not been checked
+        against the other ranks yet (the fast path's next call would): check it now, for a
+        few seconds at most. Its disagreement is raised once everything is released; a peer
+        that is gone or late is no reason for finalize to fail."""
+        fast = self._fast
+        if fast is None or not fast.unsettled or self._exec.failed is not None:
+            return None
+        try:
+            with self._exec.executor.idle():     # not while the worker runs a call
+                if fast.unsettled:
+                    fast.settle(time.monotonic() + min(timeout, SETTLE_AT_FINALIZE_SECONDS))
+        except CollectiveMismatch as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - a gone peer, an abort: not finalize's failure
+            debug.logger.info("finalize: the last broadcast was not checked (%s)", e)
+        return None
 
     close = finalize
 

@@ -11,6 +11,7 @@ the others, so that two groups never share one while both live (ids wrap after 4
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -59,6 +60,8 @@ class GroupMaker(Generic[Communicator]):
         self.names: set[str] = set()
         #: subgroup name -> (its generation, the latest communicator of that name)
         self.subgroups: dict[str, tuple[int, Communicator]] = {}
+        #: (subgroup name, its members) -> the latest generation made
+        self.generations: dict[tuple[str, tuple[int, ...]], int] = {}
         #: the live children, finalized with the parent
         self.children: list[Communicator] = []
 
@@ -118,10 +121,15 @@ class GroupMaker(Generic[Communicator]):
         if self.execution.closed or self.execution.failed is not None:
             raise PycollError(f"{where}: the communicator is finalized or failed "
                               f"({self.execution.failed or 'finalized'}); create a new one")
-        # a name may come back once its group is finalized (torch's hashed names do):
-        # the members count its generations alike, and keys and ids are per generation
-        generation = 0 if earlier is None else earlier[0] + 1
-        label = name if generation == 0 else f"{name}#{generation}"
+        # a name may come back once its group is finalized (torch's hashed names do), with
+        # the same members or others: the members of one group count its generations alike
+        # (per name and member list: a rank that never was in the old group must not read
+        # its keys), and keys and ids are per generation
+        ident = (name, tuple(members))
+        generation = self.generations.get(ident, -1) + 1
+        self.generations[ident] = generation
+        label = f"{name}@{zlib.crc32(repr(members).encode()):08x}"
+        label += f"#{generation}" if generation else ""
         scoped = self._scoped()
         comm_id = (wrap_id(1 + len(self.subgroups)) if scoped is None
                    else self._agree_id(scoped, f"subgroup/{label}/id", self.rank == members[0],

@@ -39,9 +39,11 @@ class Liveness:
         self.check = check
 
     def between_slices(self, slots: SharedSlots, state: int, call: FastCall, seq: int,
-                       word: int, stage: int, flag: int, deadline: float) -> None:
+                       word: int, stage: int, flag: int, deadline: float,
+                       only: int | None = None) -> None:
         """Raise if the call cannot complete; return to sleep another slice otherwise.
-        ``state`` < 0 is the kernel's report of a peer that published another call."""
+        ``state`` < 0 is the kernel's report of a peer that published another call; ``only``:
+        the one rank waited for (a one-way broadcast's root), else every other."""
         if state < 0:
             peer = -state - 1
             theirs, their_bytes = slots.call_of(peer, stage)
@@ -54,7 +56,7 @@ class Liveness:
                 "skipped a call. Hint: PYCOLL_DEBUG=DETAIL reports who called what", peer=peer)
         if self.check is not None:
             self.check()            # an abort record first: it names the root cause
-        missing = [r for r in range(self.size)
+        missing = [r for r in (range(self.size) if only is None else (only,))
                    if r != self.rank and not slots.published(r, stage, flag)]
         self.raise_if_exited(slots, missing)
         self.refuse_generic(missing, word)

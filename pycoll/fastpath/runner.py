@@ -95,6 +95,8 @@ class FastPath:
         #: that call (to name it in errors)
         self.pending = np.array([-1, 0, 0, 0], dtype=np.int64)
         self.pending_call: FastCall | None = None
+        #: the one-way broadcast a new one-way broadcast settles first (errors name it)
+        self.settling_call: FastCall | None = None
         self.unsettled = False          # whether ``pending`` may hold a stage
         self._calls: dict[tuple, FastCall] = {}
         self.barrier_buffer = np.zeros(0, dtype=np.uint8)
@@ -248,7 +250,7 @@ class FastPath:
             try:
                 if one_way:
                     self.unsettled = True
-                    self.pending_call = call
+                    self.settling_call, self.pending_call = self.pending_call, call
                 elif self.unsettled:
                     self.settle(execution.started + limit)
                 k = self.k + 1
@@ -345,8 +347,9 @@ class FastPath:
                           call.code, call.op_code, call.fold is not None, resume, position,
                           self.spin, self.slice_ns, self.iov, self.piece)
         if call.one_way:
-            self.unsettled = True
-            self.pending_call = call
+            if not resume:
+                self.unsettled = True
+                self.settling_call, self.pending_call = self.pending_call, call
             return self._kernels[ONE_WAY](slots.bytes, data, rank, size, slots.stride, k, word,
                                           call.code, call.root, position, self.spin,
                                           self.slice_ns, self.pending)
@@ -372,11 +375,13 @@ class FastPath:
                 self.liveness.broken_read(slots, call, seq)
             position = state - SLEPT_AT if state >= SLEPT_AT else 0   # kernels.SLEPT_AT
             if call.one_way and position == 0 and self.pending[0] not in (-1, k):
-                self._between_settles(state, deadline)    # still settling the previous one
+                # still settling the previous one-way broadcast
+                self._between_settles(state, deadline, self.settling_call)
             else:
                 offset, phase = call.waited(position)   # the stage and flag waited for
                 self.liveness.between_slices(slots, state, call, seq, word, k + offset,
-                                             2 * (k + offset) + phase, deadline)
+                                             2 * (k + offset) + phase, deadline,
+                                             only=call.root if call.one_way else None)
             state = self.launch(call, data, k, word, True, position)
         if call.reduce_here:
             self._reduce_here(call, arr, k)
@@ -396,13 +401,23 @@ class FastPath:
             if state == 0:
                 self.unsettled = False
                 return
-            self._between_settles(state, deadline)
+            self._between_settles(state, deadline, self.pending_call)
 
-    def _between_settles(self, state: int, deadline: float) -> None:
-        """The liveness checks of a wait for the pending one-way broadcast's stage: errors
-        name that broadcast (a rank that published another call in its stage disagreed
-        about it)."""
-        slots, call = self.slots, self.pending_call
+    def settled_first(self, body: Any) -> Any:
+        """``body`` (of a call of the generic path) that first settles a pending one-way
+        broadcast: the disagreement it may hide is raised at the next call, whichever path
+        that takes."""
+        def run(peers: Peers) -> None:
+            if self.unsettled:
+                self.settle(peers.deadline)
+            body(peers)
+        return run
+
+    def _between_settles(self, state: int, deadline: float, call: FastCall | None) -> None:
+        """The liveness checks of a wait for a one-way broadcast's stage (``pending``):
+        errors name that broadcast, ``call`` (a rank that published another call in its
+        stage disagreed about it)."""
+        slots = self.slots
         assert slots is not None and call is not None
         stage, word = int(self.pending[0]), int(self.pending[1])
         self.liveness.between_slices(slots, state, call, (word >> SEQ_SHIFT) & SEQ_MASK, word,

@@ -134,6 +134,9 @@ def _outcome(ray: Any, ref: Any, rank: int) -> tuple[str, Any]:
             rank, None, "failed",
             f"outside fn (does fn with its arguments deserialize on the worker, does its "
             f"result serialize?): {_last_words(e.cause)}")
+    except ray.exceptions.RayError as e:    # the object or its owner lost, Ray itself
+        return "failed", Failure(rank, None, "failed",
+                                 f"Ray could not return its result: {first_line(e)}")
     return status, payload
 
 

@@ -106,10 +106,12 @@ class AbortWatch:
     """Posts and polls one communicator's abort record."""
 
     def __init__(self, store: Store, name: str, rank: int,
-                 timeout: float = ABORT_CLIENT_TIMEOUT) -> None:
+                 timeout: float = ABORT_CLIENT_TIMEOUT, world_rank: int | None = None) -> None:
         self.store = store
         self.name = name
         self.rank = rank
+        #: this rank in the tree's root communicator (as channels and lost peers are named)
+        self.world_rank = rank if world_rank is None else world_rank
         self.key = abort_key(name)
         self.timeout = timeout
         self.interval = poll_interval()
@@ -210,6 +212,7 @@ class AbortWatch:
             return None
         record = dict(record)
         record.setdefault("rank", self.rank)
+        record.setdefault("world_rank", self.world_rank)
         record.setdefault("host", socket.gethostname())
         record.setdefault("pid", os.getpid())
         record.setdefault("time", time.time())

@@ -47,7 +47,7 @@ class Failures:
     def __init__(self, rank: int, size: int, name: str, store: Store | None,
                  token: str | None,
                  timeout: float, transports: Callable[[], str],
-                 recorder: FlightRecorder | None) -> None:
+                 recorder: FlightRecorder | None, world_rank: int | None = None) -> None:
         self.rank = rank
         self.size = size
         self.name = name
@@ -55,7 +55,8 @@ class Failures:
         self._store = store
         self._token = token
         self._transports = transports
-        self.abort = AbortWatch(store, name, rank) if store is not None and size > 1 else None
+        self.abort = (AbortWatch(store, name, rank, world_rank=world_rank)
+                      if store is not None and size > 1 else None)
         if self.abort is not None:
             self.abort.connect(timeout)
         #: what the wait loops call while idle: raises ``AbortSignal`` on an abort record
@@ -163,7 +164,10 @@ class Failures:
                  f"{failed if lost is None else lost}; look at its output for the cause."
                  if failed is not None else "")
         kind = PeerLostAbort if lost is not None else Aborted
-        return kind(text, failed_rank=failed if isinstance(failed, int) else None,
+        # named as lost ranks are: in the tree's root communicator (a group's own rank
+        # would name another process)
+        failed_world = record.get("world_rank", failed)
+        return kind(text, failed_rank=failed_world if isinstance(failed_world, int) else None,
                     lost_rank=lost, record=record)
 
     def attach_dump(self, err: BaseException, last_seq: int) -> None:

@@ -140,3 +140,29 @@ def test_a_receiver_that_dies_after_the_broadcast_is_named_at_the_next_call():
     assert kind == "ok", value
     name, message = value
     assert name == "PeerLost" and "peer rank 1" in message, value
+
+
+def _own_root_then(comm, then):
+    """Every rank names itself root (each returns its own buffer), then ``then``."""
+    a = np.full(8, float(comm.rank))
+    first = _outcome(lambda: comm.broadcast(a, comm.rank))
+    if then == "generic":
+        second = _outcome(lambda: comm.allreduce(np.ones(4), algo="ring"))
+    elif then == "one-way":         # another one-way broadcast, of another size
+        second = _outcome(lambda: comm.broadcast(np.zeros(100), 0))
+    else:
+        second = _outcome(comm.finalize)
+    return first, second
+
+
+@pytest.mark.parametrize("then", ["generic", "one-way", "finalize"])
+def test_own_roots_raise_at_the_next_call_whatever_it_is(then):
+    """The disagreement a one-way broadcast cannot see is raised by the next call on the
+    communicator, fast or generic, or by finalize when there is none; the error names that
+    broadcast (64 bytes), not the call that found it."""
+    for first, (kind, message) in run_ranks(_own_root_then, 2, then, collective_timeout=20):
+        assert first == ("no error", "")
+        assert kind in ("CollectiveMismatch", "Aborted"), (kind, message)
+        if kind == "CollectiveMismatch":
+            assert "broadcast" in message and "(64 bytes)" in message, message
+            assert "disagree" in message

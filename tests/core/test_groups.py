@@ -166,6 +166,14 @@ def _member_only_subgroups(comm):
     comm.allreduce(b)                               # the world still works over its channels
     out.update(errors=errors, opened_same=comm.open_channels() == opened,
                reused=(reused.name, reused._comm_id != g._comm_id, float(b[0])))
+    reused.finalize()
+    # a name back with other members: 0 reuses "pair0" with 1 (who never had it), 3 "pair3"
+    # with 2: each pair must agree on its keys and id all the same
+    other = [0, 1] if comm.rank in (0, 1) else [3, 2]
+    moved = comm.subgroup(other, name=f"pair{other[0]}")
+    c = np.full(3, comm.rank + 1.0)
+    moved.allreduce(c)
+    out["moved"] = float(c[0])
     return out
 
 
@@ -179,3 +187,4 @@ def test_subgroup_is_called_by_members_only_and_shares_channels():
         assert "non-empty" in out["errors"][2] and "live subgroup" in out["errors"][3]
         name, fresh_id, total = out["reused"]
         assert name.endswith("#1") and fresh_id and total == 4.0 * 2
+        assert out["moved"] == (3.0 if rank in (0, 1) else 7.0)
