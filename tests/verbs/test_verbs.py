@@ -146,3 +146,30 @@ def test_forcing_verbs_with_the_device_excluded_names_the_reason():
 
 if os.environ.get("RDMA_LAB") and RECORD is None:   # inside the VM the device must be there
     raise RuntimeError(f"rdma-lab VM without a usable RDMA device: {WHY}")
+
+
+# -- memory the transport holds (pycoll.bench --memory) ------------------------------------------
+def _held_after(comm, count):
+    """held_memory() before any call, after an eager and after a rendezvous allreduce."""
+    before = comm.held_memory().get("verbs", {"segment": 0, "registered": 0})
+    small = np.ones(16, dtype=np.float32)
+    comm.allreduce(small)
+    eager = comm.held_memory()["verbs"]
+    big = np.ones(count, dtype=np.float32)
+    comm.allreduce(big)
+    after = comm.held_memory()["verbs"]
+    return before, eager, after, float(big[0])
+
+
+@pytest.mark.timeout(120)
+def test_held_memory_counts_registered_bytes():
+    """Over verbs nothing is shared memory, everything is registered: the channel's rings
+    and slots once it opens (the first call), and the registration cache once a 4 MiB
+    allreduce registered its buffers for the zero-copy rendezvous (they stay cached)."""
+    count = 1 << 20
+    for before, eager, after, value in run_ranks(_held_after, 2, count, env=VERBS,
+                                                 timeout=110):
+        assert value == 2.0
+        assert before["segment"] == eager["segment"] == after["segment"] == 0
+        assert before["registered"] < eager["registered"], (before, eager)
+        assert after["registered"] > eager["registered"], (eager, after)
