@@ -39,3 +39,15 @@ def store_stranger(comm: Any) -> tuple[float, list[str]]:
     x = np.full(4, comm.rank + 1.0)
     comm.allreduce(x)
     return float(x[0]), refused
+
+
+def fails_on(comm: Any, bad: int) -> Any:
+    """Rank ``bad`` raises ``ValueError("rank <bad>'s data is bad")``; the others enter an
+    allreduce and wait there until its abort stops them."""
+    import numpy as np
+
+    if comm.rank == bad:
+        raise ValueError(f"rank {bad}'s data is bad")
+    x = np.ones(8)
+    comm.allreduce(x)
+    return x

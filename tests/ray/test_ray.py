@@ -26,7 +26,7 @@ from cluster_procs import TAG, tagged_processes, wait_gone  # noqa: E402
 import pycoll  # noqa: E402
 import pycoll.ray  # noqa: E402
 from pycoll.ray import RayJobTimeout, RayRankFailed  # noqa: E402
-from pycoll.testing.jobs import store_stranger  # noqa: E402
+from pycoll.testing.jobs import fails_on, store_stranger  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,21 +100,12 @@ def test_kwargs_and_fractional_cpus(cluster):
 
 
 def test_a_raising_rank_is_named(cluster):
-    def bad(comm):
-        import numpy as np
-
-        if comm.rank == 1:
-            raise ValueError("rank one's data is bad")
-        x = np.ones(8)
-        comm.allreduce(x)                 # the others wait here until rank 1's abort
-        return x
-
     with pytest.raises(RayRankFailed) as info:
-        pycoll.ray.run(bad, 4, timeout=60, job_timeout=120)
+        pycoll.ray.run(fails_on, 4, args=(1,), timeout=60, job_timeout=120)
     err = info.value
     assert err.rank == 1, str(err)
     assert "rank 1 of 4" in str(err)
-    assert "ValueError: rank one's data is bad" in str(err), str(err)
+    assert "ValueError: rank 1's data is bad" in str(err), str(err)
     assert err.node and f"node {err.node}" in str(err), str(err)
     assert isinstance(err, pycoll.PycollError)
 

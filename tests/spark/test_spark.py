@@ -24,6 +24,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 
 import pycoll.spark  # noqa: E402
 from pycoll.spark import SparkRankFailed  # noqa: E402
+from pycoll.testing.jobs import fails_on  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,21 +101,12 @@ def test_allreduce_over_four_barrier_tasks(sc):
 
 
 def test_a_raising_rank_fails_the_job_naming_it(sc):
-    def job(comm):
-        import numpy as np
-
-        if comm.rank == 2:
-            raise ValueError("rank two's data is bad")
-        x = np.ones(8)
-        comm.allreduce(x)                  # the others wait here until rank 2's abort
-        return x
-
     with pytest.raises(SparkRankFailed) as info:
-        pycoll.spark.run(job, WORLD, sc=sc, timeout=60, job_timeout=120)
+        pycoll.spark.run(fails_on, WORLD, sc=sc, args=(2,), timeout=60, job_timeout=120)
     err = info.value
     assert err.rank == 2, str(err)
     assert "rank 2 of 4" in str(err)
-    assert "ValueError: rank two's data is bad" in str(err), str(err)
+    assert "ValueError: rank 2's data is bad" in str(err), str(err)
     assert "Py4JJavaError" in type(err.__cause__).__name__    # Spark's report, kept
 
     # the executors' Python workers finalized: the next job in them starts cleanly
