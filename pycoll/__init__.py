@@ -15,11 +15,13 @@ from .errors import (
                      CollectiveMismatch,
                      CollectiveTimeout,
                      DataCorruption,
+                     Excluded,
                      InvalidArgument,
                      InvalidDtype,
                      MessageSizeMismatch,
                      PeerLost,
                      PycollError,
+                     Revoked,
                      TransportError,
 )
 from .runtime.work import Work
@@ -45,6 +47,7 @@ from .world import (
                      reduce_scatter,
                      scatter,
                      send,
+                     shrink,
                      world,
 )
 
@@ -55,9 +58,9 @@ __all__ = [
     "allreduce", "allreduce_init", "barrier", "broadcast", "reduce", "allgather",
     "reduce_scatter", "alltoall",
     "gather", "scatter", "send", "recv", "allreduce_coalesced", "allgather_coalesced",
-    "allgatherv", "new_group",
+    "allgatherv", "new_group", "shrink",
     "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
-    "DataCorruption",
+    "DataCorruption", "Revoked", "Excluded",
 ]

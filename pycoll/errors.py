@@ -106,6 +106,25 @@ class PeerLostAbort(Aborted, PeerLost):
         self.peer = lost_rank
 
 
+class Revoked(Aborted):
+    """The communicator was revoked (``Communicator.revoke``, or ``shrink`` by the others):
+    every call on it is refused on every rank that can still be reached. ``revoked_by``
+    names the revoking rank (numbered as ``failed_rank``) and ``reason`` says why. What to
+    do: ``comm.shrink()`` (docs/elastic.md), or finalize and leave."""
+
+    def __init__(self, message: str, *, failed_rank: int | None = None,
+                 lost_rank: int | None = None, record: dict | None = None) -> None:
+        super().__init__(message, failed_rank=failed_rank, lost_rank=lost_rank, record=record)
+        self.revoked_by = failed_rank
+        self.reason = str((record or {}).get("reason", ""))
+
+
+class Excluded(Revoked):
+    """This rank is not in the communicator the others agreed on (``shrink``): they found
+    it gone (its store lease was lost: the store cannot reach it) or excluded it. It must
+    leave the job: finalize and exit (an elastic launcher may start a replacement)."""
+
+
 def describe(rank: int, collective: str, seq: int, *, peer: int | None = None,
              done: int | None = None, total: int | None = None) -> str:
     """The common prefix of error messages: who, what, which one, how far."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from .errors import InvalidArgument
 
@@ -37,3 +40,28 @@ def as_seconds(timeout: float | timedelta | None, what: str = "timeout") -> floa
     if math.isnan(seconds) or seconds <= 0:
         raise InvalidArgument(f"{what} must be > 0 seconds, got {timeout!r}")
     return seconds
+
+
+#: how long one slice of a watched store wait lasts (``watched_multi_get``)
+WATCH_SLICE = 0.05
+
+
+def watched_multi_get(store: Any, keys: Sequence[str], timeout: float,
+                      watch: Callable[[], None] | None) -> list[bytes]:
+    """``store.multi_get(keys, timeout=timeout)``, in slices of ``WATCH_SLICE`` seconds with
+    ``watch()`` between them when it is given: it raises when the wait is hopeless (a rank
+    that would set a key is gone), so a wait on a dead rank ends at once, not at
+    ``timeout``. The last slice's ``StoreTimeout`` is raised as the store raised it."""
+    if watch is None:
+        return store.multi_get(keys, timeout=timeout)
+    from rendezvous import StoreTimeout
+
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return store.multi_get(keys, timeout=max(0.001, min(WATCH_SLICE, remaining)))
+        except StoreTimeout:
+            if remaining <= WATCH_SLICE:
+                raise
+        watch()

@@ -177,3 +177,12 @@ def new_group(ranks: Any) -> Communicator | None:
     Returns None on ranks outside the group.
     """
     return world().new_group(ranks)
+
+
+def shrink(exclude: Any = (), *, timeout: float | None = None) -> Communicator:
+    """``Communicator.shrink`` of the default communicator, which the result replaces (the
+    module-level calls use it from then on); docs/elastic.md."""
+    global _world
+    comm = world().shrink(exclude, timeout=timeout)
+    _world = comm
+    return comm

@@ -489,6 +489,18 @@ class TCPStore:
         blobs = [self._ck(k) for k in keys] + [self._cv(v) for v in values]
         self._call(Op.MULTI_SET, 0, blobs, self._timeout)
 
+    def lease(self, key: str, value: Value, on_close: Value, *,
+              keepalive_ms: int = 0) -> None:
+        """Set ``key`` to ``value`` now, and the server sets it to ``on_close`` when this
+        client's connection closes: when this process exits or dies (the kernel closes its
+        sockets), or the connection is lost. The key says whether the holder is alive, as a
+        ZooKeeper ephemeral node does. ``keepalive_ms`` > 0: the server probes the idle
+        connection that often, so a holder behind a pulled cable is found gone in about
+        four periods. A lost connection is not re-leased by a reconnect: the holder counts
+        as gone from then on. Use a client of its own for it, that makes no other calls."""
+        self._call(Op.LEASE, int(keepalive_ms),
+                   [self._ck(key), self._cv(value), self._cv(on_close)], self._timeout)
+
     def ping(self) -> None:
         """One round trip to the server; raises if it is unreachable."""
         self._call(Op.PING, 0, [], self._timeout)

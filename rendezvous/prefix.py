@@ -74,6 +74,11 @@ class PrefixStore:
     def append(self, key: str, value: Value) -> None:
         self.underlying_store.append(self._k(key), value)
 
+    def lease(self, key: str, value: Value, on_close: Value, *,
+              keepalive_ms: int = 0) -> None:
+        """``TCPStore.lease`` under the prefix (AttributeError where the store has none)."""
+        self.underlying_store.lease(self._k(key), value, on_close, keepalive_ms=keepalive_ms)
+
     def multi_get(self, keys: Iterable[str], *, timeout: Timeout = None) -> list[bytes]:
         return self.underlying_store.multi_get(self._ks(keys), timeout=timeout)
 

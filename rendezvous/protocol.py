@@ -79,6 +79,8 @@ class Op(enum.IntEnum):
     APPEND = 9
     MULTI_GET = 10
     MULTI_SET = 11
+    #: set a key now and another value when this connection closes (``TCPStore.lease``)
+    LEASE = 12
 
 
 class Status(enum.IntEnum):

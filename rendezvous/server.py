@@ -69,6 +69,26 @@ def resolve_token(token: str | bytes | None) -> bytes | None:
     return bytes(token) or None
 
 
+#: leases one connection may hold (a lease costs the server a key and an entry per connection)
+MAX_LEASES = 64
+
+
+def _probe_idle(sock: socket.socket, every_ms: int) -> None:
+    """Keepalive probes on an idle connection every ``every_ms`` (at least 1 s, the kernel's
+    unit); three unanswered probes close it."""
+    seconds = max(1, int(every_ms) // 1000)
+    for level, name, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+                               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), seconds),
+                               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None),
+                                seconds),
+                               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 3)):
+        if name is not None:
+            try:
+                sock.setsockopt(level, name, value)
+            except OSError:
+                pass
+
+
 def _fmt_addr(addr: object) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
         host, port = addr[0], addr[1]
@@ -87,7 +107,7 @@ class _Reject(Exception):
 class _Conn:
     __slots__ = (
         "sock", "peer", "inbuf", "outbuf", "state", "nonce", "waiter",
-        "closed", "writing", "close_after_flush",
+        "closed", "writing", "close_after_flush", "leases",
     )
 
     def __init__(self, sock: socket.socket, peer: str, state: int) -> None:
@@ -101,6 +121,8 @@ class _Conn:
         self.closed = False
         self.writing = False
         self.close_after_flush = False
+        #: key -> value to set when this connection closes (``Op.LEASE``)
+        self.leases: dict[bytes, bytes] = {}
 
 
 class _Parked(Waiter[bytes]):
@@ -227,6 +249,7 @@ class StoreServer:
             Op.APPEND: self._op_append,
             Op.MULTI_GET: lambda c, a, b: self._op_wait_like(c, Op.MULTI_GET, a, b),
             Op.MULTI_SET: self._op_multi_set,
+            Op.LEASE: self._op_lease,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -535,6 +558,9 @@ class StoreServer:
             pass
         conn.inbuf = bytearray()
         conn.outbuf = bytearray()
+        leases, conn.leases = conn.leases, {}
+        for key, value in leases.items():      # the holder is gone: say so, waking waiters
+            self._kv.set(key, value)
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         if conn.closed:
@@ -773,6 +799,24 @@ class StoreServer:
         self._reply(conn)
 
     # ------------------------------------------------------------------ server-side waits
+
+    def _op_lease(self, conn: _Conn, arg: int, blobs: list[bytes]) -> None:
+        """``key = value`` now and ``key = on_close`` when this connection closes: a process
+        holding the connection is alive while the key says so (the kernel closes a dead
+        process's socket at once). ``arg`` > 0: probe the idle connection every ``arg`` ms
+        (TCP keepalive), so a holder behind a pulled cable is declared gone too."""
+        self._arity(blobs, 3, "LEASE")
+        key, value, on_close = blobs
+        self._check_key(key)
+        self._check_value(value)
+        self._check_value(on_close)
+        if key not in conn.leases and len(conn.leases) >= MAX_LEASES:
+            raise _Reject(f"a connection holds at most {MAX_LEASES} leases")
+        if arg > 0:
+            _probe_idle(conn.sock, arg)
+        self._kv.set(key, value)
+        conn.leases[key] = on_close
+        self._reply(conn)
 
     def _op_wait_like(self, conn: _Conn, op: int, arg: int, blobs: list[bytes]) -> None:
         if op == Op.GET:

@@ -25,6 +25,7 @@ from rendezvous import Store, StoreTimeout
 
 from .. import debug, fastpath
 from ..errors import InvalidArgument
+from ..timeouts import watched_multi_get
 from ..transports import registry
 from ..transports.base import Capabilities, Channel, OpenContext, PeerInfo, Transport
 from ..transports.progress import ProgressEngine, WaitPolicy
@@ -125,7 +126,11 @@ class Connections:
     @classmethod
     def bootstrap(cls, store: Store, rank: int, size: int, *, timeout: float,
                   token: str | None, master_addr: str | None,
-                  host: str | None = None) -> Connections:
+                  host: str | None = None,
+                  watch: Callable[[], None] | None = None) -> Connections:
+        """One store round: every rank publishes its hello, rank 0 builds the table, every
+        rank reads it. ``watch`` (while a shrink builds a communicator of survivors) is called
+        while waiting and raises when a rank the round waits for is gone."""
         deadline = time.monotonic() + timeout
         order = registry.allowed_transports()
         records, missing = registry.probe_all(order)
@@ -145,11 +150,12 @@ class Connections:
                      "addr": {n: t.address() for n, t in transports.items()}}
             store.set(f"hello/{rank}", json.dumps(hello))
             if rank == 0:
-                raw = _hellos(store, size, timeout, max(0.001, deadline - time.monotonic()))
+                raw = _hellos(store, size, timeout, max(0.001, deadline - time.monotonic()),
+                              watch)
                 recs = [json.loads(v) for v in raw]
                 store.set("table", _encode_table(recs, size))
             remaining = max(0.001, deadline - time.monotonic())
-            table = _decode_table(store.get("table", timeout=remaining),
+            table = _decode_table(watched_multi_get(store, ["table"], remaining, watch)[0],
                                   rank, size)
             conn = cls(rank, table, order, transports, missing, store, timeout)
             holder.append(conn)
@@ -290,12 +296,13 @@ class ChannelView(dict):
         return ch
 
 
-def _hellos(store: Store, size: int, timeout: float, remaining: float) -> list[bytes]:
+def _hellos(store: Store, size: int, timeout: float, remaining: float,
+            watch: Callable[[], None] | None) -> list[bytes]:
     """Every rank's hello (rank 0 waits for them), or a ``StoreTimeout`` naming the ranks
     that never joined and the usual reasons: not started, another store, another secret
     (the store's log says "authentication failed" for the last)."""
     try:
-        return store.multi_get([f"hello/{r}" for r in range(size)], timeout=remaining)
+        return watched_multi_get(store, [f"hello/{r}" for r in range(size)], remaining, watch)
     except StoreTimeout as e:
         missing = [r for r in range(size) if not store.check([f"hello/{r}"])]
         shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")

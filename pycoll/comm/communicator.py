@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -44,9 +44,11 @@ from ..transports import registry
 from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
+from .elastic import Elastic
 from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
+from .membership import Lease, Membership
 from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
@@ -73,7 +75,8 @@ class Communicator(Collectives, FusedCollectives):
                  token: str | None = None, master_addr: str | None = None,
                  hosts: Sequence[str] | None = None, comm_id: int = 0,
                  root_name: str | None = None, deterministic: bool | None = None,
-                 accumulate: str | None = None) -> None:
+                 accumulate: str | None = None, lease: Lease | None = None,
+                 watch: Callable[[], None] | None = None) -> None:
         self.rank = rank
         self.size = size
         self.name = name
@@ -122,10 +125,19 @@ class Communicator(Collectives, FusedCollectives):
         self._groups: GroupMaker[Communicator] = GroupMaker(
             rank, size, name, store, self._root_name, self._exec, self._plan.check_rank,
             self._child)
-        self._fast = self._fast_path()
+        #: this rank's lease on its alive key (root communicators over pycoll's store)
+        self._lease = lease
+        membership = (Membership(self._root_name, self._members, self._hosts[rank],
+                                 lambda w: connections.table.hosts[w],
+                                 lambda w: connections.table.records[w].get("pid"))
+                      if connections is not None and store is not None else None)
+        self._elastic: Elastic[Communicator] = Elastic(
+            rank, size, name, store, self._exec, failures, membership, self._make_shrunk,
+            self._release_shrunk)
+        self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
 
-    def _fast_path(self) -> FastPath | None:
+    def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and shm and can run
         it (each rank's limits are in its bootstrap record, so every rank decides alike)."""
         conn = self._conn
@@ -150,7 +162,7 @@ class Communicator(Collectives, FusedCollectives):
         # made now, while every member is here: a lazy segment would make the first fast
         # call wait for rank 0, which a rank stuck in another call never lets happen
         slots = SharedSlots.setup(PrefixStore(f"pycoll/{self.name}/fastpath/", self._store),
-                                  self.rank, self.size, limit, self.timeout)
+                                  self.rank, self.size, limit, self.timeout, watch)
         if slots is None:
             return None
         return FastPath(self._exec, self._peers, self._members, self._ops, limit, chunked, cma,
@@ -162,13 +174,16 @@ class Communicator(Collectives, FusedCollectives):
                timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
                master_addr: str | None = None, owns_store: bool = False,
                host: str | None = None, deterministic: bool | None = None,
-               accumulate: str | None = None) -> Communicator:
+               accumulate: str | None = None,
+               watch: Callable[[], None] | None = None) -> Communicator:
         """Join ``size`` ranks that share ``store``; every rank calls this collectively.
 
         One store round (see ``bootstrap``); no connection is opened until a collective
         needs it. ``host`` is this rank's node identity (default: detected).
         ``deterministic`` and ``accumulate``: the defaults of this communicator's reducing
         calls (default ``PYCOLL_DETERMINISTIC``, ``PYCOLL_ACCUMULATE``; docs/numerics.md).
+        ``watch``: called while the store round waits, raises when it is hopeless (a
+        shrink's build: a survivor died).
         """
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
         if (isinstance(size, bool) or isinstance(rank, bool) or size < 1
@@ -186,19 +201,27 @@ class Communicator(Collectives, FusedCollectives):
         from rendezvous import PrefixStore
 
         scoped = PrefixStore(f"pycoll/{name}/", store)
-        conn = Connections.bootstrap(scoped, rank, size, timeout=limit, token=token,
-                                     master_addr=master_addr, host=host)
+        # before the store round: once anyone can see this communicator, its ranks' deaths
+        # are visible to the elastic calls (comm/membership.py)
+        lease = Lease(store, name, rank, limit)
+        try:
+            conn = Connections.bootstrap(scoped, rank, size, timeout=limit, token=token,
+                                         master_addr=master_addr, host=host, watch=watch)
+        except BaseException:
+            lease.close()
+            raise
         debug.logger.info("communicator %s: %d ranks; transports in use: %s; allowed: %s",
                           name, size, ", ".join(conn.transports_in_use()) or "none",
                           ", ".join(conn.order))
         try:
             comm = cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
-                       master_addr=master_addr, **numerics)
+                       master_addr=master_addr, lease=lease, watch=watch, **numerics)
             comm._measure_links(scoped, limit)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
+            lease.close()
             raise
 
     # -- groups (comm/groups.py) ------------------------------------------------------------
@@ -242,6 +265,67 @@ class Communicator(Collectives, FusedCollectives):
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._exec.executor.idle())
         return child
+
+    # -- elastic (comm/elastic.py, docs/elastic.md) ------------------------------------------
+    def revoke(self, reason: str = "") -> None:
+        """Revoke this communicator: every pending and later call on it raises ``Revoked``
+        on every rank that can still be reached (a waiting rank within
+        ``PYCOLL_ABORT_POLL_MS``), naming this rank and ``reason``. Not collective: any rank
+        may call it, once or more. A failed collective revokes its communicator by itself.
+        """
+        self._elastic.revoke(str(reason) or f"rank {self.rank} called revoke()")
+
+    def agree(self, flag: int = 1, *, timeout: Timeout = None) -> tuple[int, frozenset[int]]:
+        """A fault-tolerant agreement (ULFM's ``MPIX_Comm_agree``), also on a failed or
+        revoked communicator: every surviving rank returns the same ``(value, gone)``:
+        ``value`` the bitwise AND of the flags of the ranks that took part, ``gone`` the
+        ranks (of this communicator) known dead, even when ranks die during the agreement.
+        Collective over the live ranks; it ends once each rank took part or died, or raises
+        ``CollectiveTimeout`` naming the ranks that did neither. ``Excluded`` on a rank the
+        others found gone (cut off from the store)."""
+        return self._elastic.agree(flag, as_seconds(timeout, "timeout") or self.timeout)
+
+    def shrink(self, exclude: Sequence[int] = (), *, timeout: Timeout = None) -> Communicator:
+        """A new communicator of the surviving ranks: every rank not known dead and not in
+        ``exclude``, renumbered in order (like ``MPIX_Comm_shrink``, ``ncclCommShrink``).
+
+        Call it on every surviving rank after a collective failed (``PeerLost``,
+        ``Aborted``, ``Revoked``), or on a working communicator to drop ranks (``exclude``,
+        the same list on every caller; excluded ranks do not call it). It revokes this
+        communicator, agrees on who is gone, builds the new communicator (its channels,
+        fast path and cost model) and checks that every survivor has it; a rank that dies
+        meanwhile is left out by a new attempt. This communicator and its groups then refuse
+        every call with ``Revoked``. A rank the others found gone gets ``Excluded``."""
+        return self._elastic.shrink(exclude, as_seconds(timeout, "timeout") or self.timeout)
+
+    def _make_shrunk(self, rank: int, size: int, name: str,
+                     watch: Callable[[], None]) -> Communicator:
+        """The survivors' communicator, for ``Elastic.shrink``: a fresh bootstrap among them
+        (new channels: a failed call leaves the pairs it used out of step)."""
+        return Communicator.create(self._store, rank, size, name=name, timeout=self.timeout,
+                                   token=self._token, master_addr=self._master_addr,
+                                   host=self._hosts[self.rank], watch=watch,
+                                   deterministic=self.deterministic, accumulate=self.accumulate)
+
+    def _release_shrunk(self, successor: Communicator) -> None:
+        """A shrink replaced this communicator by ``successor``: its groups are revoked
+        too, its channels, segments, lease and store client are let go, and the store
+        server it may host passes to the successor (which shuts it down at its finalize)."""
+        revoked = self._exec.failed
+        for child in self._groups.children:
+            if child._exec.failed is None:
+                child._exec.failed = revoked
+            child._release_shrunk(successor)
+        self._groups.children.clear()
+        successor._owns_store, self._owns_store = self._owns_store, False
+        self._exec.close()           # finalize has nothing left to do
+        if self._fast is not None:
+            self._fast.close()
+        if self._is_root and self._conn is not None:
+            self._conn.close()
+        self._exec.failures.close()
+        if self._lease is not None:
+            self._lease.close()
 
     def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> Communicator | None:
         """A communicator of ``ranks`` (this communicator's ranks, in that order).
@@ -457,6 +541,8 @@ class Communicator(Collectives, FusedCollectives):
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
         failures.close()
+        if self._lease is not None:
+            self._lease.close()
         if self._owns_store and store is not None:
             store.close()
         if disagreed is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from rendezvous import Store
 
 from .. import debug
 from ..errors import PycollError, TransportError
+from ..timeouts import watched_multi_get
 from ..transports.shm.segment import SHM_DIR, Segment, segment_prefix
 
 # layout (byte offsets; the kernels index the header as uint32 or uint64 words)
@@ -57,12 +59,13 @@ class SharedSlots:
         self.words[PID_BASE + rank] = os.getpid()
 
     @classmethod
-    def setup(cls, store: Store, rank: int, size: int, limit: int,
-              timeout: float) -> SharedSlots | None:
+    def setup(cls, store: Store, rank: int, size: int, limit: int, timeout: float,
+              watch: Callable[[], None] | None = None) -> SharedSlots | None:
         """Rank 0 creates and names the segment, the others map it (collective: every
         member calls this while the communicator is made). None on every rank when rank 0
         cannot make it (/dev/shm full): the fast path is an optimisation, the generic path
-        still works (or, if shared memory is short for it too, says so when it is used)."""
+        still works (or, if shared memory is short for it too, says so when it is used).
+        ``watch``: see ``timeouts.watched_multi_get``."""
         stride = stride_for(limit)
         slots = 2 * size
         if rank == 0:
@@ -76,7 +79,7 @@ class SharedSlots:
                 return None
             store.set("path", path)
         else:
-            path = store.get("path", timeout=timeout).decode()
+            path = watched_multi_get(store, ["path"], timeout, watch)[0].decode()
             if not path:
                 return None
             opened = Segment.open(path, slots, stride)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..algorithms import agreement
 from ..algorithms.primitives import Peers
-from ..errors import PycollError, TransportError
+from ..errors import PycollError, Revoked, TransportError
 from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
 from ..timeouts import as_seconds
 from .calls import CallInfo
@@ -97,16 +97,30 @@ class Execution:
         self._closed = value
         self._refusing = value or self._failed is not None
 
+    def refusal(self, collective: str, seq: int | None) -> PycollError:
+        """The error of a call refused because the communicator failed or was revoked: a
+        ``Revoked`` (the same type, so that elastic code catches it) or a ``PycollError``."""
+        failed = self.failed
+        call = collective if seq is None else f"{collective} #{seq}"
+        if isinstance(failed, Revoked):
+            return type(failed)(f"rank {self.rank}: {call} refused: {failed}",
+                                failed_rank=failed.failed_rank, lost_rank=failed.lost_rank,
+                                record=failed.record)
+        return PycollError(f"rank {self.rank}: {call} refused: this communicator failed "
+                           f"earlier ({failed}); shrink it (docs/elastic.md) or create a new "
+                           "one (re-init)")
+
     def deadline_of(self, timeout: Any) -> float:
         """Seconds a call may take: ``timeout`` (seconds or a timedelta) or the default."""
         return self.timeout if timeout is None else (as_seconds(timeout) or self.timeout)
 
     def refuse_if_unusable(self, collective: str) -> None:
+        if isinstance(self.failed, Revoked):    # also once a shrink let it go
+            raise self.refusal(collective, None)
         if self.closed:
             raise PycollError(f"rank {self.rank}: {collective} called after finalize()")
         if self.failed is not None:
-            raise PycollError(f"rank {self.rank}: {collective} refused: this communicator "
-                              f"failed earlier ({self.failed}); create a new one (re-init)")
+            raise self.refusal(collective, None)
 
     # -- calls with a body ---------------------------------------------------------------
     def execute(self, info: CallInfo, body: Body, timeout: Any, async_op: bool,
@@ -159,8 +173,7 @@ class Execution:
              fp: dict | None, generic: bool) -> None:
         collective = info.collective
         if self.failed is not None:   # queued before an earlier call failed
-            raise PycollError(f"rank {self.rank}: {collective} #{seq} refused: this "
-                              f"communicator failed earlier ({self.failed}); create a new one")
+            raise self.refusal(collective, seq)
         start = time.monotonic()
         deadline = start + limit
         self.current = None              # no call runs inline now (``running_inline``)

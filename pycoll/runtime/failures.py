@@ -26,6 +26,7 @@ from ..errors import (
     PeerLost,
     PeerLostAbort,
     PycollError,
+    Revoked,
     TransportError,
     describe,
 )
@@ -163,7 +164,8 @@ class Failures:
         text += (". Hint: the first failure is on rank "
                  f"{failed if lost is None else lost}; look at its output for the cause."
                  if failed is not None else "")
-        kind = PeerLostAbort if lost is not None else Aborted
+        kind: type[Aborted] = (Revoked if record.get("kind") == "Revoked"
+                               else PeerLostAbort if lost is not None else Aborted)
         # named as lost ranks are: in the tree's root communicator (a group's own rank
         # would name another process)
         failed_world = record.get("world_rank", failed)
@@ -268,6 +270,25 @@ class Failures:
             f"{describe(self.rank, collective, seq)}: collective mismatch at collective call {k} "
             f"(PYCOLL_DEBUG=DETAIL): {said}. They differ in: {', '.join(diffs)}. Hint: every "
             "rank must call the same collectives in the same order with matching tensors.")
+
+    # -- revoking ----------------------------------------------------------------------------
+    def revoke(self, reason: str, seq: int) -> Revoked:
+        """Post a revocation as the abort record (unless a failure is there already: then
+        the communicator is revoked by it) and return the error this rank's later calls
+        raise. Every other rank's wait loop sees the record within ``PYCOLL_ABORT_POLL_MS``."""
+        record: dict[str, Any] = {"collective": "revoke", "seq": seq, "kind": "Revoked",
+                                  "reason": reason, "lost": None,
+                                  "error": f"revoked the communicator: {reason}"}
+        winner = self.abort.post(record) if self.abort is not None else None
+        record = dict(record, rank=self.rank,
+                      world_rank=self.abort.world_rank if self.abort else self.rank)
+        if winner is not None and winner.get("rank") != self.rank:
+            record = winner         # a failure or another revocation came first
+        text = describe_record(record)
+        return Revoked(f"communicator {self.name} is revoked: {text}. Hint: shrink it "
+                       "(comm.shrink(), docs/elastic.md) or finalize it",
+                       failed_rank=record.get("world_rank", record.get("rank")),
+                       lost_rank=lost_rank(record), record=record)
 
     # -- leaving ----------------------------------------------------------------------------
     def announce_exit(self, err: BaseException | None, seq: int) -> None:

@@ -1,0 +1,73 @@
+"""A fault-tolerant agreement through the store (ULFM's ``MPIX_Comm_agree``; the protocol and
+why it is correct: docs/elastic.md, "Agreement").
+
+1. Every participant appends its vote to one key of the round (``votes``; ``append`` is
+   atomic at the server, so one read returns every vote so far).
+2. It then loops: if the round's ``decision`` key exists, that is the answer. Otherwise, once
+   every participant has voted or is gone (``Membership.gone``: its store lease was lost),
+   it computes a decision from the votes it read and the gone set it saw, and offers it with
+   ``compare_set(decision, "", proposal)``: the store keeps the first offer, and every
+   participant returns the value the store kept.
+
+So every participant that returns, returns the same decision (one key, written once); the
+loop ends as soon as every participant has voted or died (a dead rank's lease goes to "0"
+within milliseconds on one host, a few seconds behind a pulled cable), or at the deadline,
+naming the ranks that neither voted nor died (a live rank that never called).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import CollectiveTimeout
+
+#: pause between two looks at a round that is not decided yet (a local store round trip
+#: costs ~50 µs; ranks arrive within milliseconds of each other)
+POLL_SECONDS = 0.002
+
+Decide = Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]]
+
+
+def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
+          vote: dict[str, Any], gone: Callable[[Sequence[int]], set[int]], decide: Decide,
+          deadline: float, where: str) -> dict[str, Any]:
+    """Run one round named ``scope`` (unique per round) as participant ``rank``; the decision.
+
+    ``client``: a store with ``append`` (pycoll's stores have it). ``gone(ranks)``: which
+    of ``ranks`` are gone now. ``decide(votes, gone)``: the proposal
+    from the votes read (participant -> vote) and the gone participants; every participant
+    must pass the same function, since any of them may be the one whose offer is kept.
+    """
+    decision_key = f"{scope}/decision"
+    client.append(f"{scope}/votes", json.dumps(dict(vote, rank=rank)) + "\n")
+    while True:
+        if client.check([decision_key]):
+            return json.loads(client.get(decision_key))
+        votes = _votes(client.get(f"{scope}/votes"))
+        silent = [r for r in participants if r not in votes]
+        dead = gone(silent) if silent else set()
+        missing = [r for r in silent if r not in dead]
+        if not missing:
+            dead |= gone([r for r in participants if r in votes])
+            proposal = json.dumps(decide(votes, dead))
+            return json.loads(client.compare_set(decision_key, "", proposal))
+        if time.monotonic() >= deadline:
+            raise CollectiveTimeout(
+                f"{where}: rank(s) {missing} neither took part nor died before the deadline. "
+                "Hint: every surviving rank must call it (after catching the error of the "
+                "failed collective); a rank busy elsewhere holds everyone up")
+        time.sleep(POLL_SECONDS)
+
+
+def _votes(raw: bytes) -> dict[int, dict[str, Any]]:
+    votes: dict[int, dict[str, Any]] = {}
+    for line in bytes(raw).decode().splitlines():
+        try:
+            vote = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(vote, dict) and isinstance(vote.get("rank"), int):
+            votes.setdefault(vote["rank"], vote)
+    return votes
