@@ -13,8 +13,9 @@ from typing import Any
 
 from .buffers.reduction import OpLike
 from .comm.communicator import DEFAULT_TIMEOUT, Communicator
+from .envvars import env_bool
 from .errors import PycollError
-from .launch.join import join
+from .launch.join import join as join_job
 from .runtime.work import Work
 from .timeouts import as_seconds
 
@@ -24,7 +25,8 @@ _world: Communicator | None = None
 def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
          timeout: float | timedelta = DEFAULT_TIMEOUT, comm: Any = None,
-         deterministic: bool | None = None, accumulate: str | None = None) -> Communicator:
+         deterministic: bool | None = None, accumulate: str | None = None,
+         join: bool | None = None) -> Communicator:
     """Join the job and return the world communicator (also kept as the default).
 
     With no arguments everything comes from the launcher's environment; a process started
@@ -33,13 +35,27 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     MPI), which plain ``init()`` also uses under mpiexec on several hosts without MASTER_ADDR.
     ``deterministic``, ``accumulate``: the defaults of every reducing call
     (docs/numerics.md; default ``PYCOLL_DETERMINISTIC``, ``PYCOLL_ACCUMULATE``).
+    ``join`` (default ``PYCOLL_JOIN``, which ``pycoll.run --elastic --max-restarts`` sets in
+    a replacement): join the running job instead, once its ranks call ``grow``
+    (docs/elastic.md); this process's rank then follows theirs.
     """
     global _world
     seconds = as_seconds(timeout) or DEFAULT_TIMEOUT
     if _world is not None:
         raise PycollError("pycoll.init() was already called in this process; call "
                           "pycoll.finalize() first to start over")
-    store, r, n, secret, addr = join(rank, world_size, master_addr, master_port, seconds, comm)
+    joining = env_bool("PYCOLL_JOIN", False) if join is None else bool(join)
+    store, r, n, secret, addr = join_job(rank, world_size, master_addr, master_port, seconds,
+                                         comm, joining)
+    if joining:
+        assert store is not None
+        try:
+            _world = Communicator.join(store, timeout=seconds, token=secret, master_addr=addr)
+        except BaseException:
+            store.close()
+            raise
+        _register_finalize_last()
+        return _world
     try:
         _world = Communicator.create(store, r, n, timeout=seconds, token=secret,
                                      master_addr=addr, owns_store=store is not None,
@@ -184,5 +200,14 @@ def shrink(exclude: Any = (), *, timeout: float | None = None) -> Communicator:
     module-level calls use it from then on); docs/elastic.md."""
     global _world
     comm = world().shrink(exclude, timeout=timeout)
+    _world = comm
+    return comm
+
+
+def grow(count: int | None = None, *, timeout: float | None = None) -> Communicator:
+    """``Communicator.grow`` of the default communicator, which the result replaces;
+    docs/elastic.md."""
+    global _world
+    comm = world().grow(count, timeout=timeout)
     _world = comm
     return comm

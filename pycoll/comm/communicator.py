@@ -44,11 +44,11 @@ from ..transports import registry
 from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
-from .elastic import Elastic
+from .elastic import Elastic, base_name
 from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
-from .membership import Lease, Membership
+from .membership import Lease, Membership, alive_key
 from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
@@ -132,8 +132,8 @@ class Communicator(Collectives, FusedCollectives):
                                  lambda w: connections.table.records[w].get("pid"))
                       if connections is not None and store is not None else None)
         self._elastic: Elastic[Communicator] = Elastic(
-            rank, size, name, store, self._exec, failures, membership, self._make_shrunk,
-            self._release_shrunk)
+            rank, size, name, store, self._exec, failures, membership, self._make_successor,
+            self._release)
         self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
 
@@ -203,7 +203,7 @@ class Communicator(Collectives, FusedCollectives):
         scoped = PrefixStore(f"pycoll/{name}/", store)
         # before the store round: once anyone can see this communicator, its ranks' deaths
         # are visible to the elastic calls (comm/membership.py)
-        lease = Lease(store, name, rank, limit)
+        lease = Lease(store, alive_key(name, rank), limit)
         try:
             conn = Connections.bootstrap(scoped, rank, size, timeout=limit, token=token,
                                          master_addr=master_addr, host=host, watch=watch)
@@ -298,24 +298,53 @@ class Communicator(Collectives, FusedCollectives):
         every call with ``Revoked``. A rank the others found gone gets ``Excluded``."""
         return self._elastic.shrink(exclude, as_seconds(timeout, "timeout") or self.timeout)
 
-    def _make_shrunk(self, rank: int, size: int, name: str,
-                     watch: Callable[[], None]) -> Communicator:
-        """The survivors' communicator, for ``Elastic.shrink``: a fresh bootstrap among them
-        (new channels: a failed call leaves the pairs it used out of step)."""
+    def grow(self, count: int | None = None, *, timeout: Timeout = None) -> Communicator:
+        """A new communicator of this one's ranks (same numbers) plus processes waiting to
+        join (``Communicator.join`` / ``pycoll.init(join=True)``), numbered after them in
+        arrival order. Collective over this communicator's ranks, which must all be alive
+        (``shrink`` first). ``count``: admit that many, waiting for them until ``timeout``;
+        None: admit whoever waits now, and return this communicator itself when nobody
+        does (cheap enough to call every few steps). Like shrink, it commits only when every
+        participant built the new communicator; this one and its groups are then revoked."""
+        grown = self._elastic.grow(count, as_seconds(timeout, "timeout") or self.timeout)
+        return self if grown is None else grown
+
+    @classmethod
+    def join(cls, store: Store, *, name: str = "world", timeout: Timeout = DEFAULT_TIMEOUT,
+             token: str | None = None, master_addr: str | None = None,
+             host: str | None = None) -> Communicator:
+        """Join a running job's communicator ``name`` (its base name: "world" also finds
+        "world~3") from a new process: wait until its ranks call ``grow``, then return the
+        grown communicator (this process's rank follows theirs)."""
+        from .elastic import join
+
+        limit = as_seconds(timeout) or DEFAULT_TIMEOUT
+
+        def make(rank: int, size: int, full_name: str, watch: Callable[[], None]) -> Communicator:
+            return cls.create(store, rank, size, name=full_name, timeout=limit, token=token,
+                              master_addr=master_addr, host=host, watch=watch)
+
+        return join(store, base_name(name), make, limit)
+
+    def _make_successor(self, rank: int, size: int, name: str,
+                        watch: Callable[[], None]) -> Communicator:
+        """The communicator a shrink or grow builds: a fresh bootstrap among its ranks (new
+        channels: a failed call leaves the pairs it used out of step)."""
         return Communicator.create(self._store, rank, size, name=name, timeout=self.timeout,
                                    token=self._token, master_addr=self._master_addr,
                                    host=self._hosts[self.rank], watch=watch,
                                    deterministic=self.deterministic, accumulate=self.accumulate)
 
-    def _release_shrunk(self, successor: Communicator) -> None:
-        """A shrink replaced this communicator by ``successor``: its groups are revoked
-        too, its channels, segments, lease and store client are let go, and the store
-        server it may host passes to the successor (which shuts it down at its finalize)."""
+    def _release(self, successor: Communicator) -> None:
+        """A shrink or grow replaced this communicator by ``successor``: its groups are
+        revoked too, its channels, segments, lease and store client are let go, and the
+        store server it may host passes to the successor (which shuts it down at its
+        finalize)."""
         revoked = self._exec.failed
         for child in self._groups.children:
             if child._exec.failed is None:
                 child._exec.failed = revoked
-            child._release_shrunk(successor)
+            child._release(successor)
         self._groups.children.clear()
         successor._owns_store, self._owns_store = self._owns_store, False
         self._exec.close()           # finalize has nothing left to do

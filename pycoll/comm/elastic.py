@@ -1,4 +1,4 @@
-"""Revoke, agree and shrink: a job that survives a lost rank (docs/elastic.md).
+"""Revoke, agree, shrink and grow: a job that survives a lost rank (docs/elastic.md).
 
 ``Elastic`` is the communicator's part for them. It is given what it needs: the
 communicator's rank, size and name, its execution (to mark it revoked), its failures (the
@@ -17,18 +17,25 @@ dies meanwhile) and ``release(successor)`` lets the old one go.
    survivor died meanwhile, every survivor drops what it built and the next attempt starts
    from 1 with the deaths now known. So either every survivor returns the same new
    communicator, or none does.
+
+``grow`` is the same with newcomers: processes that called ``Communicator.join`` wait in the
+*lobby* (a ticket, a lease, a queue in the store); the members' first round picks the
+waiting ones, each gets its admission (the plan: name, its rank, every participant's lease
+key), and members and joiners build and commit together.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from rendezvous import Store, StoreError
 
-from ..errors import Excluded, InvalidArgument, PeerLost, PycollError, Revoked
+from ..errors import CollectiveTimeout, Excluded, InvalidArgument, PeerLost, PycollError, Revoked
 from .consensus import agree
-from .membership import Membership
+from .membership import Lease, Membership, gone_keys, watch_keys
 
 if TYPE_CHECKING:
     from ..runtime.execution import Execution
@@ -43,6 +50,9 @@ class _Finalizable(Protocol):
 Communicator = TypeVar("Communicator", bound=_Finalizable)
 
 Make = Callable[[int, int, str, Callable[[], None]], Communicator]
+
+#: pause between two looks at the lobby (joiners waiting, an admission)
+LOBBY_POLL_SECONDS = 0.005
 
 #: the failures a shrink attempt's build may meet when a survivor dies meanwhile
 BUILD_FAILURES = (PycollError, StoreError, OSError)
@@ -93,15 +103,16 @@ class Elastic(Generic[Communicator]):
                 value &= int(vote["flag"])
             return {"flag": value, "gone": sorted(gone)}
 
-        decision = self._round(f"agree/{self.agreements}", range(self.size), {"flag": flag},
-                               decide, timeout, where)
+        decision = self._round(f"pycoll/{self.name}/agree/{self.agreements}",
+                               range(self.size), {"flag": flag}, decide,
+                               time.monotonic() + timeout, where)
         return int(decision["flag"]), frozenset(decision["gone"])
 
     # -- shrink ------------------------------------------------------------------------------
     def shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
         """``Communicator.shrink``."""
         excluded = self._check_exclude(exclude)
-        if self.size == 1 or self.store is None:
+        if self.size == 1 or self.store is None or self.membership is None:
             raise InvalidArgument(f"rank {self.rank}: shrink: a communicator of one rank "
                                   "has nobody to lose")
         self.revoke(f"rank {self.rank} shrinks it")
@@ -110,34 +121,20 @@ class Elastic(Generic[Communicator]):
             self.attempts += 1
             where = (f"rank {self.rank}: shrink (attempt {self.attempts}) of communicator "
                      f"{self.name}")
+            scope = f"pycoll/{self.name}/shrink/{self.attempts}"
             members = [r for r in range(self.size) if r not in excluded]
-            who = self._round(f"shrink/{self.attempts}", members,
-                              {"exclude": sorted(excluded)}, self._decide_who, deadline, where,
-                              absolute=True)
+            who = self._round(scope, members, {"exclude": sorted(excluded)}, self._decide_who,
+                              deadline, where)
             if who.get("error"):
                 raise InvalidArgument(f"{where}: {who['error']}")
             survivors = [r for r in members if r not in set(who["gone"])]
-            built: Communicator | None = None
-            try:
-                assert self.membership is not None
-                watch = self.membership.watch(self.failures_client(), survivors,
-                                              f"{where}: building the new communicator")
-                built = self.make(survivors.index(self.rank), len(survivors), who["name"],
-                                  watch)
-            except BUILD_FAILURES:
-                built = None     # a survivor died meanwhile: the commit round says so
-            commit = self._round(f"shrink/{self.attempts}/commit", survivors,
-                                 {"ok": int(built is not None)}, _decide_commit, deadline,
-                                 where, absolute=True)
-            if commit["ok"] and not commit["gone"]:
-                assert built is not None
+            built = self._build(Plan(scope, who["name"], survivors.index(self.rank),
+                                     self.membership.keys(survivors),
+                                     [f"rank {r}" for r in survivors]), deadline, where)
+            if built is not None:
                 self.release(built)
                 return built
-            if built is not None:
-                built.finalize(timeout=1.0)
-            if time.monotonic() >= deadline:
-                raise PeerLost(f"{where}: survivors kept dying or failing to connect until "
-                               "the deadline", peer=None)
+            self._give_up_at(deadline, where)
 
     def _decide_who(self, votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
         """The first round's decision: who is gone, and the new communicator's name
@@ -146,10 +143,73 @@ class Elastic(Generic[Communicator]):
         if len(excludes) > 1:
             return {"error": "the ranks passed different exclude lists "
                              f"({sorted(excludes)}); pass the same list on every rank"}
+        return {"gone": sorted(gone), "name": self._next_name()}
+
+    def _next_name(self) -> str:
         assert self.store is not None
         base = base_name(self.name)
-        generation = int(self.store.add(f"pycoll/{base}/generations", 1))
-        return {"gone": sorted(gone), "name": f"{base}~{generation}"}
+        return f"{base}~{int(self.store.add(f'pycoll/{base}/generations', 1))}"
+
+    # -- grow --------------------------------------------------------------------------------
+    def grow(self, count: int | None, timeout: float) -> Communicator | None:
+        """``Communicator.grow``; None when nobody was admitted (nobody waiting)."""
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or count < 1):
+            raise InvalidArgument(f"rank {self.rank}: grow: count must be an int >= 1 or "
+                                  f"None (whoever is waiting), not {count!r}")
+        if self.store is None or self.membership is None:
+            raise InvalidArgument(f"rank {self.rank}: grow: a communicator without a store "
+                                  "cannot admit anyone")
+        if self.execution.failed is not None:
+            raise PycollError(f"rank {self.rank}: grow: communicator {self.name} failed "
+                              f"({self.execution.failed}); shrink it first, then grow the "
+                              "shrunk one")
+        deadline = time.monotonic() + timeout
+        lobby = Lobby(self.failures_client(), base_name(self.name))
+        while True:
+            if count is not None:
+                lobby.wait_for(count, deadline, f"rank {self.rank}: grow of {self.name}")
+            self.attempts += 1
+            where = (f"rank {self.rank}: grow (attempt {self.attempts}) of communicator "
+                     f"{self.name}")
+            scope = f"pycoll/{self.name}/grow/{self.attempts}"
+
+            def decide(votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
+                if gone:
+                    return {"error": f"ranks {sorted(gone)} are gone: shrink first"}
+                tickets = lobby.waiting()[:count]
+                return {"tickets": tickets, "name": self._next_name() if tickets else ""}
+
+            who = self._round(scope, range(self.size), {}, decide, deadline, where)
+            if who.get("error"):
+                self.revoke(who["error"])
+                raise PeerLost(f"{where}: {who['error']}", peer=None)
+            tickets = who["tickets"]
+            if not tickets:
+                return None
+            plan = Plan(scope, who["name"], self.rank,
+                        self.membership.keys(range(self.size)) + lobby.keys(tickets),
+                        [f"rank {r}" for r in range(self.size)]
+                        + [f"joiner {t}" for t in tickets])
+            lobby.admit(tickets, plan, self.size)
+            built = self._build(plan, deadline, where)
+            if built is not None:
+                lobby.joined(tickets)
+                self.revoke(f"grown into {plan.name}")
+                self.release(built)
+                return built
+            self._give_up_at(deadline, where)
+
+    def _build(self, plan: Plan, deadline: float, where: str) -> Communicator | None:
+        """Build the planned communicator and commit it: every participant (the ranks of the
+        new communicator) votes whether its build worked; None (the build is dropped) when
+        any failed or died meanwhile."""
+        return build_and_commit(self.failures_client(), self.make, plan, deadline, where)
+
+    def _give_up_at(self, deadline: float, where: str) -> None:
+        if time.monotonic() >= deadline:
+            raise PeerLost(f"{where}: ranks kept dying or failing to connect until the "
+                           "deadline", peer=None)
 
     # -- the rounds --------------------------------------------------------------------------
     def failures_client(self) -> Store:
@@ -159,19 +219,17 @@ class Elastic(Generic[Communicator]):
                                   "to agree through")
         return abort.client()
 
-    def _round(self, label: str, participants: Sequence[int], vote: dict[str, Any],
+    def _round(self, scope: str, participants: Sequence[int], vote: dict[str, Any],
                decide: Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]],
-               timeout: float, where: str, absolute: bool = False) -> dict[str, Any]:
-        """One agreement among ``participants`` (``timeout``: seconds, or with ``absolute``
-        a deadline); raises ``Excluded`` when the decision counts this rank as gone."""
+               deadline: float, where: str) -> dict[str, Any]:
+        """One agreement among ``participants`` (ranks of this communicator), gone ones found
+        by the membership; raises ``Excluded`` when the decision counts this rank as gone."""
         if self.membership is None:
             raise InvalidArgument(f"{where}: needs a store (a communicator of one has none)")
         client = self.failures_client()
-        deadline = timeout if absolute else time.monotonic() + timeout
         membership = self.membership
-        decision = agree(client, f"pycoll/{self.name}/{label}", self.rank, list(participants),
-                         vote, lambda ranks: membership.gone(client, ranks), decide, deadline,
-                         where)
+        decision = agree(client, scope, self.rank, list(participants), vote,
+                         lambda ranks: membership.gone(client, ranks), decide, deadline, where)
         if self.rank in decision.get("gone", ()):
             raise Excluded(f"{where}: the other ranks found this rank gone (its connection to "
                            "the store was lost) and go on without it. Hint: finalize and exit; "
@@ -194,5 +252,132 @@ class Elastic(Generic[Communicator]):
         return excluded
 
 
-def _decide_commit(votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
-    return {"ok": int(all(int(v["ok"]) for v in votes.values())), "gone": sorted(gone)}
+@dataclass
+class Plan:
+    """A communicator to build: the round's ``scope``, its ``name``, this participant's
+    ``rank`` in it, and every participant's lease key (in rank order) with a name for
+    messages. It travels to joiners as JSON (their admission)."""
+    scope: str
+    name: str
+    rank: int
+    keys: list[str]
+    names: list[str]
+
+
+def build_and_commit(client: Any, make: Make, plan: Plan, deadline: float,
+                     where: str) -> Any:
+    """Build ``plan``'s communicator (watching the other participants' leases), then the
+    commit round: the communicator, or None on every participant when any build failed or a
+    participant died meanwhile (the next attempt starts over)."""
+    size = len(plan.keys)
+    watch = watch_keys(client, plan.keys, plan.names, f"{where}: building {plan.name}")
+    try:
+        built = make(plan.rank, size, plan.name, watch)
+    except BUILD_FAILURES:
+        built = None     # a participant died meanwhile: the commit round says so
+
+    def gone(ranks: Sequence[int]) -> set[int]:
+        found = gone_keys(client, [plan.keys[r] for r in ranks])
+        return {ranks[i] for i in found}
+
+    def decide(votes: dict[int, dict[str, Any]], dead: set[int]) -> dict[str, Any]:
+        return {"ok": int(all(int(v["ok"]) for v in votes.values())), "gone": sorted(dead)}
+
+    commit = agree(client, f"{plan.scope}/commit", plan.rank, range(size),
+                   {"ok": int(built is not None)}, gone, decide, deadline, where)
+    if commit["ok"] and not commit["gone"]:
+        return built
+    if built is not None:
+        built.finalize(timeout=1.0)
+    return None
+
+
+class Lobby:
+    """Processes waiting to join the communicators named ``base`` ("world", "world~3", ...):
+    each holds a ticket, a lease on its joiner key, and waits for its admission."""
+
+    def __init__(self, client: Any, base: str) -> None:
+        self.client = client
+        self.prefix = f"pycoll/{base}/lobby"
+
+    def key(self, ticket: int) -> str:
+        return f"{self.prefix}/alive/{ticket}"
+
+    def keys(self, tickets: Sequence[int]) -> list[str]:
+        return [self.key(t) for t in tickets]
+
+    # -- the members' side -------------------------------------------------------------------
+    def waiting(self) -> list[int]:
+        """Tickets of live joiners not admitted yet, in arrival order."""
+        if not self.client.check([f"{self.prefix}/queue"]):
+            return []
+        tickets = [int(t) for t in bytes(self.client.get(f"{self.prefix}/queue")).split()]
+        open_ = [t for t in tickets if not self.client.check([f"{self.prefix}/joined/{t}"])]
+        dead = set(gone_keys(self.client, self.keys(open_)))
+        return [t for i, t in enumerate(open_) if i not in dead]
+
+    def wait_for(self, count: int, deadline: float, where: str) -> None:
+        while len(self.waiting()) < count:
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(
+                    f"{where}: {len(self.waiting())} of the {count} processes to admit are "
+                    "waiting at the deadline. Hint: start them with pycoll.init(join=True) "
+                    "(PYCOLL_JOIN=1), pointed at this job's store and secret")
+            time.sleep(LOBBY_POLL_SECONDS)
+
+    def admit(self, tickets: Sequence[int], plan: Plan, size: int) -> None:
+        """Tell each admitted joiner its plan (every member writes the same values)."""
+        for i, t in enumerate(tickets):
+            mine = Plan(plan.scope, plan.name, size + i, plan.keys, plan.names)
+            self.client.set(f"{self.prefix}/admit/{t}", json.dumps(mine.__dict__))
+
+    def joined(self, tickets: Sequence[int]) -> None:
+        for t in tickets:
+            self.client.set(f"{self.prefix}/joined/{t}", "1")
+
+    # -- the joiner's side -------------------------------------------------------------------
+    def enter(self, store: Store, timeout: float) -> tuple[int, Lease]:
+        """Take a ticket, hold its lease, queue up."""
+        ticket = int(self.client.add(f"{self.prefix}/tickets", 1))
+        lease = Lease(store, self.key(ticket), timeout)
+        self.client.append(f"{self.prefix}/queue", f"{ticket} ")
+        return ticket, lease
+
+    def admission(self, ticket: int, tried: str, deadline: float) -> Plan:
+        """The next admission of ``ticket`` (one for another round than ``tried``)."""
+        key = f"{self.prefix}/admit/{ticket}"
+        while True:
+            if self.client.check([key]):
+                plan = Plan(**json.loads(self.client.get(key)))
+                if plan.scope != tried:
+                    return plan
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(
+                    f"joiner {ticket}: no running job admitted this process before the "
+                    "deadline. Hint: the job's ranks must call grow() (pycoll.grow()); is "
+                    "this process pointed at the job's store, with its secret?")
+            time.sleep(LOBBY_POLL_SECONDS)
+
+
+def join(store: Store, base: str, make: Make, timeout: float) -> Any:
+    """``Communicator.join``: wait in the lobby of ``base`` until the members' ``grow``
+    admits this process, build the new communicator with them, and return it."""
+    from ..runtime.abort import clone_client
+
+    client = clone_client(store, timeout)
+    lobby = Lobby(client, base)
+    deadline = time.monotonic() + timeout
+    ticket, lease = lobby.enter(store, timeout)
+    tried = ""
+    try:
+        while True:
+            plan = lobby.admission(ticket, tried, deadline)
+            tried = plan.scope
+            built = build_and_commit(client, make, plan, deadline,
+                                     f"joiner {ticket} (rank {plan.rank} of {plan.name})")
+            if built is not None:
+                return built
+    finally:
+        lease.close()
+        if client is not store:
+            client.close()

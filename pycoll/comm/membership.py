@@ -44,11 +44,12 @@ def _store_errors() -> tuple[type[BaseException], ...]:
 
 
 class Lease:
-    """This process's lease on its rank's alive key, on a connection of its own that makes
-    no other call (a reconnect would not renew it: the rank would count as gone)."""
+    """This process's lease on ``key`` (its rank's alive key, or a joiner's), on a
+    connection of its own that makes no other call (a reconnect would not renew it: the
+    holder would count as gone)."""
 
-    def __init__(self, store: Store, root_name: str, world_rank: int, timeout: float) -> None:
-        self.key = alive_key(root_name, world_rank)
+    def __init__(self, store: Store, key: str, timeout: float) -> None:
+        self.key = key
         self.client: Any = None
         try:
             client: Any = clone_client(store, timeout)
@@ -66,7 +67,7 @@ class Lease:
         self.client = client
 
     def close(self) -> None:
-        """Give the lease up: the key reads "0" (this rank left)."""
+        """Give the lease up: the key reads "0" (the holder left)."""
         client, self.client = self.client, None
         if client is not None:
             _close(client)
@@ -96,25 +97,36 @@ class Membership:
     def gone(self, client: Store, ranks: Sequence[int] | None = None) -> set[int]:
         """The ranks of this communicator (0 .. size-1; ``ranks``: only these) that are gone:
         their lease says so, or, without a lease, their process on this host has exited."""
-        ranks = range(len(self.members)) if ranks is None else ranks
-        keys = {r: alive_key(self.root_name, self.members[r]) for r in ranks}
-        leased = [r for r in ranks if client.check([keys[r]])]
-        values = client.multi_get([keys[r] for r in leased], timeout=1.0) if leased else []
-        gone = {r for r, v in zip(leased, values) if bytes(v) == GONE}
-        for r in set(ranks) - set(leased):
+        ranks = list(range(len(self.members)) if ranks is None else ranks)
+        keys = self.keys(ranks)
+        leased = {r for r, k in zip(ranks, keys) if client.check([k])}
+        gone = {ranks[i] for i in gone_keys(client, keys)}
+        for r in set(ranks) - leased:
             w = self.members[r]
             pid = self.pids(w)
             if self.hosts(w) == self.my_host and pid is not None and process_exited(pid):
                 gone.add(r)
         return gone
 
-    def watch(self, client: Store, ranks: Sequence[int], what: str) -> Callable[[], None]:
-        """A ``watch`` for ``timeouts.watched_multi_get``: raises ``PeerLost`` naming the
-        first of ``ranks`` found gone (``what``: the wait, for the message)."""
-        def check() -> None:
-            gone = self.gone(client, ranks)
-            if gone:
-                first = min(gone)
-                raise PeerLost(f"{what}: rank {first} is gone (its store lease was lost)",
-                               peer=first)
-        return check
+    def keys(self, ranks: Sequence[int]) -> list[str]:
+        """The alive keys of ``ranks`` (of this communicator)."""
+        return [alive_key(self.root_name, self.members[r]) for r in ranks]
+
+
+def gone_keys(client: Store, keys: Sequence[str]) -> list[int]:
+    """Which of ``keys`` (lease keys) say their holder is gone (absent keys do not)."""
+    present = [i for i, k in enumerate(keys) if client.check([k])]
+    values = client.multi_get([keys[i] for i in present], timeout=1.0) if present else []
+    return [i for i, v in zip(present, values) if bytes(v) == GONE]
+
+
+def watch_keys(client: Store, keys: Sequence[str], names: Sequence[str],
+               what: str) -> Callable[[], None]:
+    """A ``watch`` for ``timeouts.watched_multi_get``: raises ``PeerLost`` naming the first
+    holder of ``keys`` (described by ``names``) found gone; ``what``: the wait."""
+    def check() -> None:
+        gone = gone_keys(client, keys)
+        if gone:
+            raise PeerLost(f"{what}: {names[gone[0]]} is gone (its store lease was lost)",
+                           peer=None)
+    return check

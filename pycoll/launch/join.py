@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 
 def join(rank: int | None, world_size: int | None, master_addr: str | None,
-          master_port: int | None, seconds: float,
-          comm: Any) -> tuple[Store | None, int, int, str | None, str | None]:
+          master_port: int | None, seconds: float, comm: Any,
+          joining: bool = False) -> tuple[Store | None, int, int, str | None, str | None]:
     """(store, rank, size, job secret, store address) of this process: over MPI, over
-    torchrun's agent store, or from the launcher's environment with pycoll's own store."""
+    torchrun's agent store, or from the launcher's environment with pycoll's own store.
+    ``joining``: a process joining a running job (``init(join=True)``): a client of the
+    job's store, never its server, whatever rank the environment names."""
     from ..envvars import env_tls
     from . import mpi as mpi_boot
     from .environment import launcher_name, resolve_launch
@@ -39,7 +41,7 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
 
     info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
                           master_port=master_port)
-    many = info.world_size > 1
+    many = info.world_size > 1 or joining
     agent = agent_store(seconds) if many and info.launcher == "torchrun" else None
     secret, source = job_secret(info, seconds, agent)
     warn_if_open(info, secret, source)
@@ -61,6 +63,6 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
     from rendezvous import TCPStore
 
     store = TCPStore(info.master_addr, info.master_port,
-                     is_server=info.rank == 0 and not info.store_is_external,
+                     is_server=info.rank == 0 and not info.store_is_external and not joining,
                      token=secret or "", timeout=seconds)
     return store, info.rank, info.world_size, secret, info.master_addr

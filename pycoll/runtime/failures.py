@@ -156,6 +156,14 @@ class Failures:
         ``record``, seen by this rank at ``where``."""
         lost = lost_rank(record)
         failed = record.get("rank")
+        failed_world = record.get("world_rank", failed)
+        if record.get("kind") == "Revoked":
+            host = f" (host {record.get('host')}, pid {record.get('pid')})"
+            return Revoked(f"{where}: the communicator was revoked by rank {failed}{host}: "
+                           f"{record.get('reason')}. Hint: shrink it (comm.shrink(), "
+                           "docs/elastic.md) or finalize it",
+                           failed_rank=failed_world if isinstance(failed_world, int) else None,
+                           record=record)
         text = f"{where}: aborted: {describe_record(record)}"
         if lost is not None:
             text += f". Rank {lost} is gone (lost by rank {failed})"
@@ -164,11 +172,9 @@ class Failures:
         text += (". Hint: the first failure is on rank "
                  f"{failed if lost is None else lost}; look at its output for the cause."
                  if failed is not None else "")
-        kind: type[Aborted] = (Revoked if record.get("kind") == "Revoked"
-                               else PeerLostAbort if lost is not None else Aborted)
         # named as lost ranks are: in the tree's root communicator (a group's own rank
         # would name another process)
-        failed_world = record.get("world_rank", failed)
+        kind = PeerLostAbort if lost is not None else Aborted
         return kind(text, failed_rank=failed_world if isinstance(failed_world, int) else None,
                     lost_rank=lost, record=record)
 
