@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from .outcomes import describe_exit, exit_code, notice, signal_name
+
 if TYPE_CHECKING:
     from rendezvous import StoreServer
 
@@ -40,18 +42,8 @@ EXIT_TIMEOUT = 124
 GRACE_PERIOD = 5.0
 _POLL_INTERVAL = 0.02
 
-_PREFIX = "pycoll.run"
 #: the world communicator's abort record (``runtime.abort``): the first failing collective
 _ABORT_KEY = "pycoll/world/abort"
-
-
-def notice(msg: str) -> None:
-    """One line on the launcher's stderr, as ``pycoll.run: msg``."""
-    try:
-        sys.stderr.write(f"{_PREFIX}: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,23 +73,6 @@ def _make_preexec() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by signal {-code} ({_signal_name(-code)})"
-    return f"exited with code {code}"
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,13 +283,13 @@ class Supervisor:
         live = len(self.running())
         where = f" on {socket.gethostname()}" if self.control is not None else ""
         notice(f"rank {self.first_rank + failed}{where} (pid {self.procs[failed].pid}) "
-               f"{_describe_exit(rc)}; terminating the other {live} running rank(s)")
+               f"{describe_exit(rc)}; terminating the other {live} running rank(s)")
         if self.control is not None:
-            self.control.report_failure(self.first_rank + failed, _describe_exit(rc),
-                                        _exit_code(rc) or 1)
+            self.control.report_failure(self.first_rank + failed, describe_exit(rc),
+                                        exit_code(rc) or 1)
         self._report_first_failure()
         self.teardown()
-        return _exit_code(rc) or 1
+        return exit_code(rc) or 1
 
     def _remote_failure(self) -> int | None:
         """The exit code for a rank another host's launcher reported failed, or None."""
@@ -333,7 +308,7 @@ class Supervisor:
         while True:
             if self.signals:
                 sig = self.signals[0]
-                notice(f"received {_signal_name(sig)}; forwarding it to "
+                notice(f"received {signal_name(sig)}; forwarding it to "
                        f"{len(self.running())} running rank(s) and shutting down")
                 self.teardown(first_signal=sig)
                 return 128 + int(sig)
