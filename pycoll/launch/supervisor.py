@@ -10,7 +10,9 @@ supervisor watches them:
 * SIGINT / SIGTERM / SIGHUP to the launcher -> forwarded to every rank, then the same
   tear-down; exit code 128 + signal number. A second signal skips the grace period;
 * ``timeout`` seconds elapse -> tear-down, exit code 124;
-* a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code.
+* a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code;
+* ``--elastic`` (``elastic.ElasticPolicy``): a failing rank is lost, not the job's end, while
+  enough ranks run on; the policy judges every rank's end and says when the job is over.
 
 Ranks also die with the launcher if it is killed with SIGKILL (``PR_SET_PDEATHSIG`` on Linux).
 """
@@ -32,6 +34,7 @@ from .outcomes import describe_exit, exit_code, notice, signal_name
 if TYPE_CHECKING:
     from rendezvous import StoreServer
 
+    from .elastic import ElasticPolicy
     from .nodes import JobControl
 
 __all__ = ["Supervisor", "notice", "EXIT_TIMEOUT", "GRACE_PERIOD"]
@@ -126,14 +129,18 @@ class Supervisor:
 
     ``server`` is the job's store when this host runs it, ``control`` the link to the other
     hosts' launchers (several hosts); either names the first failure (the abort record).
+    ``elastic`` judges the ranks' ends under ``--elastic``; without it the first failure
+    ends the job.
     """
 
     def __init__(self, nprocs: int, grace: float, *, first_rank: int = 0,
-                 server: StoreServer | None = None) -> None:
+                 server: StoreServer | None = None,
+                 elastic: ElasticPolicy | None = None) -> None:
         self.nprocs = nprocs
         self.grace = grace
         self.first_rank = first_rank         # global rank of this host's first rank
         self.server = server
+        self.elastic = elastic
         self.control: JobControl | None = None
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
@@ -291,6 +298,16 @@ class Supervisor:
         self.teardown()
         return exit_code(rc) or 1
 
+    def _elastic_end(self) -> int | None:
+        """The exit code once the elastic policy says the job is over (tearing down the
+        ranks still running: fewer than ``--min-ranks`` are left), else None."""
+        assert self.elastic is not None
+        code = self.elastic.judge(self.procs)
+        if code is not None and self.running():
+            self._report_first_failure()
+            self.teardown()
+        return code
+
     def _remote_failure(self) -> int | None:
         """The exit code for a rank another host's launcher reported failed, or None."""
         remote = self.control.failure_elsewhere() if self.control is not None else None
@@ -312,7 +329,7 @@ class Supervisor:
                        f"{len(self.running())} running rank(s) and shutting down")
                 self.teardown(first_signal=sig)
                 return 128 + int(sig)
-            code = self._local_failure()
+            code = self._local_failure() if self.elastic is None else self._elastic_end()
             if code is not None:
                 return code
             if len(self.procs) == self.nprocs and all(p.returncode is not None
