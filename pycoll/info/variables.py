@@ -38,6 +38,8 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"),
         ("PYCOLL_MASTER_PORT", "", "rendezvous store port (overrides MASTER_PORT)"),
         ("PYCOLL_STORE_EXTERNAL", "0", "1: a store already runs there; rank 0 starts none"),
+        ("PYCOLL_ELASTIC", "", "1: a lost rank does not end the job (set by python -m "
+                               "pycoll.run --elastic)"),
         ("PYCOLL_TOKEN", "", "job secret: store authentication, HMAC of TCP connections"),
         ("PYCOLL_TLS_CERT", "", "PEM certificate of this process (TLS with KEY and CA)"),
         ("PYCOLL_TLS_KEY", "", "PEM private key of this process"),

@@ -31,7 +31,12 @@ its environment, or --token-file (never put it on a command line).
 
 Exit code: 0 if every rank exits 0; else the first failing rank's exit code (128+signal if it
 was killed by a signal), 124 on timeout, 128+signal if the launcher was interrupted, 2 for a
-usage error, 1 if the launcher could not start."""
+usage error, 1 if the launcher could not start.
+
+--elastic (one host): a rank that fails is lost and the job goes on while at least
+--min-ranks ranks still run; the survivors must catch the error and shrink their
+communicator (docs/elastic.md). Exit code 0 when every rank that was not lost exits 0; fewer
+than M ranks left: the others are torn down, exit code the failing rank's."""
 
 
 class _UsageError(Exception):
@@ -109,6 +114,12 @@ def _parser() -> _Parser:
                  "--master-addr:--master-port (both required with K > 1)")
     _option(p, "--token-file", metavar="F",
             help="a file holding the job secret (default: PYCOLL_TOKEN)")
+    _option(p, "--elastic", action="store_true",
+            help="a rank that fails does not end the job while at least M ranks still run "
+                 "(one host; ranks get PYCOLL_ELASTIC=1)")
+    _option(p, "--min-ranks", type=_count, metavar="M",
+            help="with --elastic: the fewest running ranks the job goes on with, 1..N "
+                 "(default 1)")
     p.add_argument("-m", dest="module", action="store_true",
                    help="run the program as a module (python -m module)")
     p.add_argument("-h", "--help", action="store_true", help="show this help")
@@ -159,6 +170,22 @@ def _read_token_file(path: str) -> str:
     return text.decode("ascii")
 
 
+def _elastic_min_ranks(elastic: bool, min_ranks: int | None, nprocs: int, nnodes: int) -> int:
+    """``--min-ranks`` (default 1), checked against ``-n`` and the job's hosts."""
+    if not elastic:
+        if min_ranks is not None:
+            raise _UsageError("--min-ranks applies to elastic jobs only: add --elastic")
+        return 1
+    if nnodes > 1:
+        raise _UsageError("--elastic runs on one host for now; multi-host elastic jobs are "
+                          "issue 27's next step")
+    if min_ranks is None:
+        return 1
+    if min_ranks > nprocs:
+        raise _UsageError(f"--min-ranks must be in [1, {nprocs}] (-n), got {min_ranks}")
+    return min_ranks
+
+
 def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
     """``launch``'s keyword arguments from the command line; None for ``--help``."""
     parser = _parser()
@@ -179,6 +206,7 @@ def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
     nnodes, node_rank = args.nnodes, args.node_rank
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise _UsageError(f"--node-rank must be in [0, --nnodes), got {node_rank} of {nnodes}")
+    min_ranks = _elastic_min_ranks(args.elastic, args.min_ranks, args.nprocs, nnodes)
     token = os.environ.get("PYCOLL_TOKEN") or None
     if args.token_file is not None:
         token = _read_token_file(args.token_file)
@@ -196,6 +224,8 @@ def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
         "nnodes": nnodes,
         "node_rank": node_rank,
         "token": token,
+        "elastic": args.elastic,
+        "min_ranks": min_ranks,
     }
 
 

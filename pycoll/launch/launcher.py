@@ -13,6 +13,7 @@ import secrets
 import socket
 from collections.abc import Mapping, Sequence
 
+from .elastic import ElasticPolicy
 from .supervisor import EXIT_TIMEOUT, GRACE_PERIOD, Supervisor
 
 __all__ = ["launch", "EXIT_TIMEOUT", "GRACE_PERIOD"]
@@ -40,7 +41,8 @@ def _free_port(host: str) -> int:
 
 
 def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nnodes: int,
-                     node_rank: int, token: str | None, master_port: int) -> None:
+                     node_rank: int, token: str | None, master_port: int, elastic: bool,
+                     min_ranks: int) -> None:
     if not command:
         raise ValueError("launch: command is empty (expected e.g. ['script.py'] or "
                          "['-m', 'module'])")
@@ -50,6 +52,16 @@ def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nno
         raise ValueError(f"launch: timeout must be positive, got {timeout!r}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"launch: node_rank {node_rank} is not in [0, {nnodes})")
+    if elastic and nnodes > 1:
+        raise ValueError("launch: elastic jobs run on one host for now (nnodes=1); multi-host "
+                         "elastic jobs are issue 27's next step")
+    if elastic and (isinstance(min_ranks, bool) or not isinstance(min_ranks, int)
+                    or not 1 <= min_ranks <= nprocs):
+        raise ValueError(f"launch: min_ranks must be an integer in [1, {nprocs}] (nprocs), "
+                         f"got {min_ranks!r}")
+    if not elastic and min_ranks != 1:
+        raise ValueError(f"launch: min_ranks={min_ranks!r} applies to elastic jobs only: "
+                         "pass elastic=True too")
     from ..envvars import env_tls
     env_tls()    # TLS: all three files or none, said before a store or a rank starts
     if nnodes > 1 and (not token or not master_port):
@@ -62,9 +74,12 @@ def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nno
 
 def _rank_environment(base: Mapping[str, str], *, rank: int, world: int, local: int,
                       nprocs: int, node_rank: int, host: str, store_port: int,
-                      torch_port: int, token: str) -> dict[str, str]:
+                      torch_port: int, token: str, elastic: bool) -> dict[str, str]:
     """``base`` plus what tells a rank its place in the job and where the store is."""
     env = dict(base)
+    env.pop("PYCOLL_ELASTIC", None)          # this launcher's mode, not an outer job's
+    if elastic:
+        env["PYCOLL_ELASTIC"] = "1"
     env.update({
         "PYCOLL_RANK": str(rank),
         "PYCOLL_WORLD_SIZE": str(world),
@@ -100,6 +115,8 @@ def launch(
     nnodes: int = 1,
     node_rank: int = 0,
     token: str | None = None,
+    elastic: bool = False,
+    min_ranks: int = 1,
 ) -> int:
     """Run ``sys.executable *command`` as ``nprocs`` ranks on this host; return the exit code.
 
@@ -116,9 +133,15 @@ def launch(
     same ``nprocs``, ``master_addr:master_port`` (node 0's store, which node 0's launcher
     hosts) and ``token`` (the job secret, from each launcher's environment; see ``nodes.py``).
     Ranks are numbered across hosts; a failing rank on any host ends the job on every host.
+
+    ``elastic`` (one host): a rank that fails is lost, not the job's end, while at least
+    ``min_ranks`` ranks still run (``elastic.py``); the ranks get ``PYCOLL_ELASTIC=1``.
+    Every rank ended: 0 when every rank that was not lost exited 0, else the first such
+    failure's code; fewer than ``min_ranks`` left: tear-down, the failing rank's code.
     """
     command = list(command)
-    _check_arguments(command, nprocs, timeout, nnodes, node_rank, token, master_port)
+    _check_arguments(command, nprocs, timeout, nnodes, node_rank, token, master_port, elastic,
+                     min_ranks)
 
     import rendezvous  # imported here so that `import pycoll.launch` stays cheap
 
@@ -127,7 +150,9 @@ def launch(
     if node_rank == 0:
         server = rendezvous.StoreServer(master_addr, master_port, token=token)
         server.start()
-    supervisor = Supervisor(nprocs, grace_period, first_rank=node_rank * nprocs, server=server)
+    policy = ElasticPolicy(nprocs, min_ranks, first_rank=node_rank * nprocs) if elastic else None
+    supervisor = Supervisor(nprocs, grace_period, first_rank=node_rank * nprocs, server=server,
+                            elastic=policy)
     try:
         host = _connect_host(master_addr)
         store_port = int(server.port) if server is not None else master_port
@@ -146,7 +171,7 @@ def launch(
         envs = [_rank_environment(base, rank=node_rank * nprocs + local,
                                   world=nnodes * nprocs, local=local, nprocs=nprocs,
                                   node_rank=node_rank, host=host, store_port=store_port,
-                                  torch_port=torch_port, token=token)
+                                  torch_port=torch_port, token=token, elastic=elastic)
                 for local in range(nprocs)]
         supervisor.start(command, envs, prefix_output)
         return supervisor.watch(timeout)

@@ -10,7 +10,9 @@ supervisor watches them:
 * SIGINT / SIGTERM / SIGHUP to the launcher -> forwarded to every rank, then the same
   tear-down; exit code 128 + signal number. A second signal skips the grace period;
 * ``timeout`` seconds elapse -> tear-down, exit code 124;
-* a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code.
+* a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code;
+* ``--elastic`` (``elastic.ElasticPolicy``): a failing rank is lost, not the job's end, while
+  enough ranks run on; the policy judges every rank's end and says when the job is over.
 
 Ranks also die with the launcher if it is killed with SIGKILL (``PR_SET_PDEATHSIG`` on Linux).
 """
@@ -27,9 +29,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from .outcomes import describe_exit, exit_code, notice, signal_name
+
 if TYPE_CHECKING:
     from rendezvous import StoreServer
 
+    from .elastic import ElasticPolicy
     from .nodes import JobControl
 
 __all__ = ["Supervisor", "notice", "EXIT_TIMEOUT", "GRACE_PERIOD"]
@@ -40,18 +45,8 @@ EXIT_TIMEOUT = 124
 GRACE_PERIOD = 5.0
 _POLL_INTERVAL = 0.02
 
-_PREFIX = "pycoll.run"
 #: the world communicator's abort record (``runtime.abort``): the first failing collective
 _ABORT_KEY = "pycoll/world/abort"
-
-
-def notice(msg: str) -> None:
-    """One line on the launcher's stderr, as ``pycoll.run: msg``."""
-    try:
-        sys.stderr.write(f"{_PREFIX}: {msg}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,23 +76,6 @@ def _make_preexec() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by signal {-code} ({_signal_name(-code)})"
-    return f"exited with code {code}"
-
-
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,14 +129,18 @@ class Supervisor:
 
     ``server`` is the job's store when this host runs it, ``control`` the link to the other
     hosts' launchers (several hosts); either names the first failure (the abort record).
+    ``elastic`` judges the ranks' ends under ``--elastic``; without it the first failure
+    ends the job.
     """
 
     def __init__(self, nprocs: int, grace: float, *, first_rank: int = 0,
-                 server: StoreServer | None = None) -> None:
+                 server: StoreServer | None = None,
+                 elastic: ElasticPolicy | None = None) -> None:
         self.nprocs = nprocs
         self.grace = grace
         self.first_rank = first_rank         # global rank of this host's first rank
         self.server = server
+        self.elastic = elastic
         self.control: JobControl | None = None
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
@@ -308,13 +290,23 @@ class Supervisor:
         live = len(self.running())
         where = f" on {socket.gethostname()}" if self.control is not None else ""
         notice(f"rank {self.first_rank + failed}{where} (pid {self.procs[failed].pid}) "
-               f"{_describe_exit(rc)}; terminating the other {live} running rank(s)")
+               f"{describe_exit(rc)}; terminating the other {live} running rank(s)")
         if self.control is not None:
-            self.control.report_failure(self.first_rank + failed, _describe_exit(rc),
-                                        _exit_code(rc) or 1)
+            self.control.report_failure(self.first_rank + failed, describe_exit(rc),
+                                        exit_code(rc) or 1)
         self._report_first_failure()
         self.teardown()
-        return _exit_code(rc) or 1
+        return exit_code(rc) or 1
+
+    def _elastic_end(self) -> int | None:
+        """The exit code once the elastic policy says the job is over (tearing down the
+        ranks still running: fewer than ``--min-ranks`` are left), else None."""
+        assert self.elastic is not None
+        code = self.elastic.judge(self.procs)
+        if code is not None and self.running():
+            self._report_first_failure()
+            self.teardown()
+        return code
 
     def _remote_failure(self) -> int | None:
         """The exit code for a rank another host's launcher reported failed, or None."""
@@ -333,11 +325,11 @@ class Supervisor:
         while True:
             if self.signals:
                 sig = self.signals[0]
-                notice(f"received {_signal_name(sig)}; forwarding it to "
+                notice(f"received {signal_name(sig)}; forwarding it to "
                        f"{len(self.running())} running rank(s) and shutting down")
                 self.teardown(first_signal=sig)
                 return 128 + int(sig)
-            code = self._local_failure()
+            code = self._local_failure() if self.elastic is None else self._elastic_end()
             if code is not None:
                 return code
             if len(self.procs) == self.nprocs and all(p.returncode is not None
