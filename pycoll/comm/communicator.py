@@ -309,6 +309,12 @@ class Communicator(Collectives, FusedCollectives):
         grown = self._elastic.grow(count, as_seconds(timeout, "timeout") or self.timeout)
         return self if grown is None else grown
 
+    def joiners_waiting(self) -> int:
+        """How many processes wait to join (``join``) this communicator's family now: one
+        look at the store, not collective (ranks may see different counts: let ``grow``,
+        which agrees, decide)."""
+        return self._elastic.waiting()
+
     @classmethod
     def join(cls, store: Store, *, name: str = "world", timeout: Timeout = DEFAULT_TIMEOUT,
              token: str | None = None, master_addr: str | None = None,

@@ -200,6 +200,12 @@ class Elastic(Generic[Communicator]):
                 return built
             self._give_up_at(deadline, where)
 
+    def waiting(self) -> int:
+        """How many processes wait in this communicator's lobby (not collective)."""
+        if self.store is None or self.failures.abort is None:
+            return 0
+        return len(Lobby(self.failures_client(), base_name(self.name)).waiting())
+
     def _build(self, plan: Plan, deadline: float, where: str) -> Communicator | None:
         """Build the planned communicator and commit it: every participant (the ranks of the
         new communicator) votes whether its build worked; None (the build is dropped) when
@@ -362,11 +368,16 @@ class Lobby:
 def join(store: Store, base: str, make: Make, timeout: float) -> Any:
     """``Communicator.join``: wait in the lobby of ``base`` until the members' ``grow``
     admits this process, build the new communicator with them, and return it."""
+    from .. import fastpath
     from ..runtime.abort import clone_client
 
+    deadline = time.monotonic() + timeout
+    if fastpath.probe_limit():
+        # what a rank's first fast calls would load (numba, the kernels: about a second)
+        # is loaded before this process queues up, not while the members wait for it
+        fastpath.warm()
     client = clone_client(store, timeout)
     lobby = Lobby(client, base)
-    deadline = time.monotonic() + timeout
     ticket, lease = lobby.enter(store, timeout)
     tried = ""
     try:

@@ -127,6 +127,9 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
     WaitPolicy.configure(1)
     for var in ("PYCOLL_RANK", "PYCOLL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
+    index = rank                     # where the result goes
+    if rank >= size:                 # a joiner (``joiners``): its rank comes from grow
+        rank, size = 0, 1
     try:
         import pycoll
         comm = pycoll.init(rank, size, master_addr="127.0.0.1", master_port=port, timeout=timeout)
@@ -134,10 +137,10 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
             value = fn(comm, *args)
         finally:
             pycoll.finalize()
-        outcome = (rank, "ok", value)
+        outcome = (index, "ok", value)
         code = 0
     except BaseException as e:  # reported to the parent, which raises RankFailure
-        outcome = (rank, type(e).__name__, traceback.format_exc())
+        outcome = (index, type(e).__name__, traceback.format_exc())
         code = 1
     results.put(outcome)
     results.close()
@@ -149,7 +152,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,
               rank_env: Mapping[int, Mapping[str, str]] | None = None,
-              start_method: str = "fork") -> list[Any]:
+              start_method: str = "fork", joiners: int = 0) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` forked ranks; return results by rank.
 
     ``fn`` must be a module-level function. ``collective_timeout`` is the communicators'
@@ -157,7 +160,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     outcomes are returned (``("ok", value)`` or ``(exception name, traceback)``) instead of
     raising. ``rank_env`` adds variables for some ranks only (rank -> variables).
     ``start_method="spawn"`` starts fresh interpreters instead (CUDA cannot be used in a
-    process forked from one that initialised it).
+    process forked from one that initialised it). ``joiners``: that many more processes
+    call ``pycoll.init(join=True)`` (they join when the ranks call ``grow``) and then ``fn``;
+    their results follow the ranks'.
     """
     from rendezvous import StoreServer
 
@@ -165,11 +170,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     server.start()
     ctx: Any = mp.get_context(start_method)
     results = ctx.Queue()
+    joining = {"PYCOLL_JOIN": "1"}
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(fn, r, world_size, server.port,
-                               {**(env or {}), **(rank_env or {}).get(r, {})}, results, args,
+                               {**(env or {}), **(rank_env or {}).get(r, {}),
+                                **(joining if r >= world_size else {})}, results, args,
                                collective_timeout))
-             for r in range(world_size)]
+             for r in range(world_size + joiners)]
+    world_size += joiners        # results: the ranks', then the joiners'
     outcomes: dict[int, tuple[str, Any]] = {}
     deadline = time.monotonic() + timeout
     try:

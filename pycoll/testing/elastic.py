@@ -2,12 +2,13 @@
 
 One trial: ``n`` ranks run a loop of mixed collectives (allreduce, broadcast, allgather,
 reduce_scatter, alltoall, a send/recv ring, agree), every result checked; a victim rank
-SIGKILLs itself at a random moment; every survivor catches the error, shrinks, and runs
-checked collectives on the shrunk communicator. A second victim may die *during* the
-recovery (``mode="shrink"``: while the survivors shrink; ``mode="agree"``: inside an agree of
-the loop). A trial passes when every survivor ends on a communicator of the same size,
-renumbered 0..m-1, whose collectives gave the right results; a wrong result anywhere fails
-it (``WrongResult``), a hang is cut by the run's timeout.
+SIGKILLs itself at a random moment ("loop"), or inside an agree ("agree"); every survivor
+catches the error, shrinks, and runs checked collectives and a closing agree on the shrunk
+communicator. "shrink": a second victim dies while the survivors shrink. "grow": the
+survivors then grow by a joiner that waited since the start; "growkill": and a second victim
+dies during that grow. A trial passes when every survivor ends on a communicator of the same
+size, renumbered 0..m-1, whose collectives gave the right results; a wrong result anywhere
+fails it (``WrongResult``), a hang is cut by the run's timeout.
 """
 from __future__ import annotations
 
@@ -118,6 +119,9 @@ def trial_rank(comm: Any, plan: Plan) -> dict[str, Any]:
     import pycoll
 
     me = comm.rank
+    if os.environ.get("PYCOLL_JOIN") == "1":          # the joiner of "grow" modes
+        comm, report = recover(comm, plan, -1, need_shrink=False, grown=True)
+        return dict(report, rank=-1, joined=True, final_size=comm.size, final_rank=comm.rank)
     start = time.monotonic()
     armed = False
 
@@ -131,8 +135,6 @@ def trial_rank(comm: Any, plan: Plan) -> dict[str, Any]:
         _kill_later(plan.delay, plan.kill_log)
     hook = arm_in_agree if me == plan.victim and plan.mode == "agree" else None
     step = 0
-    failed_at: float | None = None
-    error = ""
     while time.monotonic() - start < plan.loop_seconds:
         try:
             mixed_step(comm, step, before_agree=hook)
@@ -140,35 +142,66 @@ def trial_rank(comm: Any, plan: Plan) -> dict[str, Any]:
             raise
         except pycoll.PycollError as e:
             failed_at, failed_wall = time.monotonic(), time.time()
-            error = type(e).__name__
-            break
+            comm, report = recover(comm, plan, me, need_shrink=True,
+                                   grown=not plan.mode.startswith("grow"))
+            first_ok = report.pop("first_ok")
+            return dict(report, rank=me, steps=step, error=type(e).__name__ + report["error"],
+                        final_size=comm.size, final_rank=comm.rank, failed_wall=failed_wall,
+                        recovery_s=None if first_ok is None else first_ok - failed_at)
         step += 1
-    if failed_at is None:
-        return {"rank": me, "steps": step, "error": "", "final_size": comm.size,
-                "recoveries": 0}
-    recoveries, first_ok, size_after = 0, None, None
-    while recoveries < MAX_RECOVERIES:
-        recoveries += 1
-        if plan.mode == "shrink" and me == plan.second and recoveries == 1:
-            _kill_later(plan.second_delay)     # dies while the survivors shrink
+    return {"rank": me, "steps": step, "error": "", "final_size": comm.size, "recoveries": 0}
+
+
+def recover(comm: Any, plan: Plan, me: int, need_shrink: bool,
+            grown: bool) -> tuple[Any, dict]:
+    """Shrink (and for "grow" modes grow by the waiting joiner) until checked steps and a
+    closing agree go through with nobody gone: the ULFM pattern, where the agreement makes
+    every survivor leave the loop in the same state. ``me``: this rank in the first
+    communicator (-1: the joiner)."""
+    import pycoll
+
+    report: dict[str, Any] = {"error": "", "first_ok": None, "grow_s": None,
+                              "final_ok": False, "recoveries": 0}
+    armed = False
+    while report["recoveries"] < MAX_RECOVERIES:
+        report["recoveries"] += 1
+        if plan.second == me and not armed and plan.mode in ("shrink", "growkill"):
+            # dies while the survivors shrink ("shrink") or grow ("growkill")
+            armed = True
+            if plan.mode == "shrink":
+                _kill_later(plan.second_delay)
         try:
-            comm = comm.shrink()
-            for k in range(AFTER_STEPS):     # numbered alike on every survivor
-                mixed_step(comm, 100_000 * recoveries + k, agree_every=0)
-                if first_ok is None:
-                    first_ok = time.monotonic()
-                    size_after = comm.size
-            break
+            if need_shrink:
+                comm = comm.shrink()
+                need_shrink = False
+            grew_at = None
+            if not grown:
+                if armed and plan.mode == "growkill":
+                    _kill_later(plan.second_delay)
+                wait_until = time.monotonic() + 60.0      # the joiner's start is not timed
+                while comm.joiners_waiting() < 1 and time.monotonic() < wait_until:
+                    time.sleep(0.01)
+                grew_at = time.monotonic()
+                comm = comm.grow(1, timeout=60.0)
+                grown = True
+            base = 100_000 * int(comm.name.rsplit("~", 1)[-1]) if "~" in comm.name else 0
+            for k in range(AFTER_STEPS):       # numbered alike on every member
+                mixed_step(comm, base + k, agree_every=0)
+                if report["first_ok"] is None:
+                    report["first_ok"] = time.monotonic()
+                if grew_at is not None and report["grow_s"] is None:
+                    report["grow_s"] = time.monotonic() - grew_at
+            _, gone = comm.agree(1)
+            if not gone:
+                report["final_ok"] = True
+                return comm, report
+            need_shrink = True
         except WrongResult:
             raise
         except pycoll.PycollError as e:
-            error += f" -> {type(e).__name__}"
-            continue
-    return {"rank": me, "steps": step, "error": error, "final_size": comm.size,
-            "final_rank": comm.rank, "recoveries": recoveries,
-            "recovery_s": None if first_ok is None else first_ok - failed_at,
-            "first_size": size_after, "failed_wall": failed_wall,
-            "final_ok": first_ok is not None}
+            report["error"] += f" -> {type(e).__name__}"
+            need_shrink = True
+    return comm, report
 
 
 @dataclass
@@ -180,11 +213,15 @@ class TrialResult:
     recovery_s: list[float]
     #: seconds from the first victim's SIGKILL to each survivor's error (None: no kill log)
     detection_s: list[float] | None = None
+    #: "grow" modes: seconds from a member's grow call to its first collective on the
+    #: grown communicator (the joiner waited in the lobby: its start is not in it)
+    grow_s: list[float] | None = None
 
 
 def judge(outcomes: list[tuple[str, Any]], plan: Plan, n: int) -> TrialResult:
     """Whether a trial (``run_ranks(..., expect_failure=True)``'s outcomes) passed."""
     dead = [r for r, (kind, _) in enumerate(outcomes) if kind == "missing"]
+    joiners = len(outcomes) - n
     expected_dead = {plan.victim} | ({plan.second} if plan.second is not None else set())
     errors = {r: o for r, o in enumerate(outcomes) if o[0] not in ("ok", "missing")}
     survivors = [v for k, v in outcomes if k == "ok"]
@@ -196,7 +233,7 @@ def judge(outcomes: list[tuple[str, Any]], plan: Plan, n: int) -> TrialResult:
     if not set(dead) <= expected_dead or plan.victim not in dead:
         return TrialResult(False, f"dead ranks {dead}, expected {sorted(expected_dead)}",
                            survivors, dead, recovery)
-    want = n - len(dead)
+    want = n + joiners - len(dead)
     sizes = {s["final_size"] for s in survivors}
     ranks = sorted(s.get("final_rank", -1) for s in survivors)
     if sizes != {want} or ranks != list(range(want)):
@@ -206,17 +243,20 @@ def judge(outcomes: list[tuple[str, Any]], plan: Plan, n: int) -> TrialResult:
     if not all(s.get("final_ok") for s in survivors):
         return TrialResult(False, "a survivor never completed a collective after shrinking",
                            survivors, dead, recovery)
-    return TrialResult(True, "", survivors, dead, recovery)
+    grow = [s["grow_s"] for s in survivors if s.get("grow_s") is not None]
+    return TrialResult(True, "", survivors, dead, recovery, grow_s=grow or None)
 
 
 def random_plan(n: int, mode: str, rng: random.Random) -> Plan:
     """A victim at a random moment of the loop (after a short warm-up; "agree": inside an
-    agree, a few milliseconds after it starts), and for "shrink" a second victim, another
-    rank, dying a few milliseconds into the survivors' shrink."""
+    agree, a few milliseconds after it starts); "shrink"/"growkill": a second victim,
+    another rank, dying a few milliseconds into the survivors' shrink / grow ("grow",
+    "growkill": the survivors then admit a joiner that waited since the start)."""
     victim = rng.randrange(n)
-    second = rng.choice([r for r in range(n) if r != victim]) if mode == "shrink" else None
+    second = (rng.choice([r for r in range(n) if r != victim])
+              if mode in ("shrink", "growkill") else None)
     return Plan(victim=victim, delay=rng.uniform(0.2, 0.8), second=second, mode=mode,
-                second_delay=rng.uniform(0.0, 0.02 if mode == "shrink" else 0.003))
+                second_delay=rng.uniform(0.0, 0.003 if mode == "agree" else 0.02))
 
 
 def run_trial(n: int, transport: str, mode: str, seed: int,
@@ -231,7 +271,8 @@ def run_trial(n: int, transport: str, mode: str, seed: int,
     with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as tmp:
         plan.kill_log = os.path.join(tmp, "kills")
         outcomes = run_ranks(trial_rank, n, plan, env={"PYCOLL_TRANSPORTS": transport},
-                             expect_failure=True, timeout=timeout, collective_timeout=30.0)
+                             expect_failure=True, timeout=timeout, collective_timeout=30.0,
+                             joiners=1 if mode.startswith("grow") else 0)
         result = judge(outcomes, plan, n)
         result.detection_s = detection(plan.kill_log, result.survivors)
     return result

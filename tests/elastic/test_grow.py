@@ -1,0 +1,95 @@
+"""grow and join: processes join a running communicator (docs/elastic.md)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll.testing import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _grow_by_two(comm: pycoll.Communicator) -> tuple:
+    """Ranks 0-2 grow by the two joiners (which run this function with the grown world)."""
+    joined = os.environ.get("PYCOLL_JOIN") == "1"   # the joiners arrive already grown
+    if not joined:
+        same = comm.grow()                           # nobody may be waiting yet: no-op
+        assert same is comm or same.size > 3
+        comm = comm.grow(2, timeout=60) if same is comm else same
+    x = np.full(4, float(comm.rank + 1))
+    comm.allreduce(x)
+    flag, gone = comm.agree(1)
+    return comm.rank, comm.size, float(x[0]), flag, sorted(gone), joined
+
+
+def test_two_processes_join_and_compute_with_the_ranks() -> None:
+    out = run_ranks(_grow_by_two, 3, joiners=2)
+    ranks = sorted(o[0] for o in out)
+    assert ranks == [0, 1, 2, 3, 4]
+    for rank, size, total, flag, gone, _ in out:
+        assert (size, total, flag, gone) == (5, 15.0, 1, []), out
+    assert [o[0] for o in out[:3]] == [0, 1, 2]      # the members keep their numbers
+
+
+def _grow_with_nobody_waiting(comm: pycoll.Communicator) -> bool:
+    return comm.grow() is comm
+
+
+def test_grow_with_nobody_waiting_returns_the_same_communicator() -> None:
+    assert run_ranks(_grow_with_nobody_waiting, 3) == [True] * 3
+
+
+def _shrink_then_grow(comm: pycoll.Communicator) -> tuple:
+    if os.environ.get("PYCOLL_JOIN") != "1":      # the original ranks, not the joiner
+        if comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            for _ in range(100):
+                comm.allreduce(np.ones(2))
+                time.sleep(0.01)
+        except pycoll.PycollError:
+            pass
+        comm = comm.shrink()
+        comm = comm.grow(1, timeout=60)
+    x = np.full(2, float(comm.rank))
+    comm.allreduce(x)
+    return comm.size, float(x[0])
+
+
+def test_a_replacement_joins_the_shrunk_communicator() -> None:
+    out = run_ranks(_shrink_then_grow, 4, joiners=1, expect_failure=True)
+    assert out[2][0] == "missing"
+    for k in (0, 1, 3, 4):
+        assert out[k] == ("ok", (4, 6.0)), out[k]
+
+
+def _bad_count(comm: pycoll.Communicator) -> list[str]:
+    errors = []
+    for count in (0, -1, "2", True):
+        try:
+            comm.grow(count)                 # type: ignore[arg-type]
+        except pycoll.InvalidArgument as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_grow_refuses_a_bad_count() -> None:
+    for errors in run_ranks(_bad_count, 2):
+        assert len(errors) == 4 and all("count" in e for e in errors)
+
+
+def _join_times_out(comm: pycoll.Communicator) -> str:
+    return "member"
+
+
+def test_a_joiner_nobody_admits_times_out_with_a_hint() -> None:
+    out = run_ranks(_join_times_out, 2, joiners=1, expect_failure=True,
+                    collective_timeout=2.0)
+    assert out[:2] == [("ok", "member")] * 2
+    kind, text = out[2]
+    assert kind == "CollectiveTimeout" and "grow()" in text
