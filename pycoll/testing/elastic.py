@@ -146,6 +146,7 @@ def trial_rank(comm: Any, plan: Plan) -> dict[str, Any]:
                                    grown=not plan.mode.startswith("grow"))
             first_ok = report.pop("first_ok")
             return dict(report, rank=me, steps=step, error=type(e).__name__ + report["error"],
+                        first_error=str(e)[:600],
                         final_size=comm.size, final_rank=comm.rank, failed_wall=failed_wall,
                         recovery_s=None if first_ok is None else first_ok - failed_at)
         step += 1

@@ -5,10 +5,12 @@ steps as possible (docs/torch.md, Performance).
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 
 from ..buffers.reduction import ReduceOp as PycollReduceOp
 from ..errors import InvalidArgument
@@ -72,3 +74,15 @@ def one_tensor(tensors: Any, what: str) -> torch.Tensor:
         raise InvalidArgument(f"pycoll backend: {what} takes exactly one tensor per process, "
                               f"got {len(tensors)}")
     return tensors[0]
+
+
+def group_timeout(timeout: Any, pg_options: Any) -> timedelta:
+    """The group's deadline: ``pg_options._timeout`` when torch passed a ``Backend.Options``
+    (the more specific setting; torch fills ``timeout`` with its default whether the user gave
+    one or not), else torch's ``timeout``. Anything else as options is refused."""
+    if pg_options is None:
+        return timeout
+    if not isinstance(pg_options, _c10d.Backend.Options):
+        raise InvalidArgument(f"pycoll backend: pg_options must be torch._C._distributed_c10d."
+                              f"Backend.Options or None, not {type(pg_options).__name__}")
+    return pg_options._timeout

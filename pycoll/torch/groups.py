@@ -11,27 +11,14 @@ bootstraps its own communicator, as the default group does.
 """
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from torch._C import _distributed_c10d as _c10d
 
 from ..comm.communicator import Communicator
 from ..errors import InvalidArgument
+from .arguments import group_timeout
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
-
-
-def group_timeout(timeout: Any, pg_options: Any) -> timedelta:
-    """The group's deadline: ``pg_options._timeout`` when torch passed a ``Backend.Options``
-    (the more specific setting; torch fills ``timeout`` with its default whether the user gave
-    one or not), else torch's ``timeout``. Anything else as options is refused."""
-    if pg_options is None:
-        return timeout
-    if not isinstance(pg_options, _c10d.Backend.Options):
-        raise InvalidArgument(f"pycoll backend: pg_options must be torch._C._distributed_c10d."
-                              f"Backend.Options or None, not {type(pg_options).__name__}")
-    return pg_options._timeout
 
 
 def world_communicator() -> Communicator | None:

@@ -22,15 +22,29 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from ..comm.communicator import Communicator
+from ..envvars import env_bool
 from ..errors import InvalidArgument, PycollError
+from ..launch.join import join as join_job
 from ..launch.torch_store import TorchStoreAdapter
 from . import sparse
-from .arguments import deterministic, one_tensor, op_timeout, reduce_op, tensor_list
+from .arguments import (
+    deterministic,
+    group_timeout,
+    one_tensor,
+    op_timeout,
+    reduce_op,
+    tensor_list,
+)
 from .contiguous import ContiguousStandIns
 from .p2p import DeferredP2P
 from .work import EVENT_NAMES, PycollWork, _disable_compile, begin_record, end_record, issue_parts
 
 BACKEND_NAME = "pycoll"
+
+def elastic_job() -> bool:
+    """Whether this process runs under ``pycoll.run --elastic`` (pycoll's store at hand)."""
+    return env_bool("PYCOLL_ELASTIC", False) and bool(os.environ.get("PYCOLL_MASTER_PORT"))
+
 
 def _after_calls(post: Callable[[], None] | None,
                  stand_ins: ContiguousStandIns | None) -> Callable[[], None] | None:
@@ -64,7 +78,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         if seconds <= 0:
             seconds = 1800.0
         self._timeout = seconds
-        self._adapter: TorchStoreAdapter | None = None
+        #: the store client this group owns and closes (torch's store adapted, or pycoll's)
+        self._adapter: Any = None
+        if comm is None and size > 1 and elastic_job():
+            # under pycoll.run --elastic: pycoll's store, which lives in the launcher (rank
+            # 0 may die too) and has the leases that find dead ranks (docs/elastic.md)
+            own, _, _, token, addr = join_job(rank, size, None, None, seconds, None)
+            self._adapter = own
+            comm = Communicator.create(own, rank, size, timeout=seconds, name="torch",
+                                       token=token, master_addr=addr)
         if comm is None:
             adapter = TorchStoreAdapter(store, seconds)
             token = None
@@ -117,7 +139,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     supports_coalescing = False
     #: no ``split_group``/``perform_nocolor_split``; ``new_group`` shares channels instead
     supports_splitting = False
-    #: not yet (issue 27)
+    #: False: ``dist.shrink_group`` registers what a backend's ``shrink`` returns as a C++
+    #: ``Backend``, which a Python process group cannot be; ``pycoll.torch.shrink_group``
+    #: (same arguments) does it for pycoll's groups, through ``shrink`` below
     supports_shrinking = False
 
     def _get_sequence_number_for_group(self) -> int:
@@ -454,6 +478,33 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _refuse_if_shut(self, kind: str) -> None:
         if self._shut:
             raise PycollError(f"rank {self._rank}: {kind} on a process group that was shut down")
+
+    # -- elastic ------------------------------------------------------------------------------
+    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
+               pg_options: Any = None) -> ProcessGroupPycoll:
+        """A backend's ``shrink`` as torch defines it (``pycoll.torch.shrink_group`` calls it
+        on the survivors): the group of this group's ranks but ``ranks_to_exclude`` (group
+        ranks), from ``Communicator.shrink``.
+        Both flags behave alike: the shrink revokes this group first, so that a call still
+        pending on it (``SHRINK_ABORT``'s "terminate ongoing operations") raises
+        ``pycoll.Revoked``. ``pg_options``: a ``Backend.Options`` whose timeout the new
+        group takes. The new group owns the store adapter from now on (torch destroys this
+        group next)."""
+        timeout = group_timeout(timedelta(seconds=self._timeout), pg_options).total_seconds()
+        excluded = sorted(int(r) for r in ranks_to_exclude)
+        comm = self.comm.shrink(excluded, timeout=timeout)
+        expected = self._size - len(excluded)
+        if comm.size != expected:
+            gone = self._size - comm.size - len(excluded)
+            raise PycollError(
+                f"rank {self._rank}: shrink_group: {gone} more rank(s) than ranks_to_exclude "
+                f"{excluded} are gone; the shrunk communicator has {comm.size} ranks, torch "
+                f"expects {expected}. Hint: call comm.agree() to learn who is gone, and pass "
+                "all of them")
+        group = ProcessGroupPycoll(None, comm.rank, comm.size, timedelta(seconds=timeout),
+                                   comm=comm)
+        group._adapter, self._adapter = self._adapter, None
+        return group
 
     # -- teardown -----------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -62,6 +62,22 @@ def test_peer_death_mid_training_raises_from_backward():
     assert survivor["leftovers"] == {}, describe(results)
 
 
+@pytest.mark.parametrize("flags", [0, 1], ids=["SHRINK_DEFAULT", "SHRINK_ABORT"])
+def test_shrink_group_after_a_rank_dies(flags):
+    """4 ranks; rank 3 is SIGKILLed in step 3; the survivors' backward raises, they call
+    pycoll.torch.shrink_group([3]) (torch's shrink_group for pycoll groups) and train on
+    as 3 ranks with identical replicas, on the new default group."""
+    results = run_scenario("shrink_group", 4, timeout=90, env={"SHRINK_FLAGS": str(flags)})
+    assert results[3]["status"] == "missing", describe(results)
+    for res in results[:3]:
+        assert res.get("status") == "ok", describe(results)
+        assert res["is_default"] and res["backend"] == "pycoll", describe(results)
+        assert res["failed_step"] == 3 and "PeerLost" in res["error"], describe(results)
+        assert res["new_size"] == 3 and res["replicas_equal"], describe(results)
+        assert res["sum"] == [3.0, 3.0, 3.0]
+    assert sorted(res["new_rank"] for res in results[:3]) == [0, 1, 2]
+
+
 def test_timeouts_are_enforced():
     """init_process_group(timeout=3 s) bounds a collective a peer never joins (raised from
     get_future().wait() and wait()); barrier(timeout=1 s) on a group with the default 1800 s."""
