@@ -49,6 +49,8 @@ class _Finalizable(Protocol):
 #: the communicator class (a type parameter: this module does not import it)
 Communicator = TypeVar("Communicator", bound=_Finalizable)
 
+T = TypeVar("T")
+
 Make = Callable[[int, int, str, Callable[[], None]], Communicator]
 
 #: pause between two looks at the lobby (joiners waiting, an admission)
@@ -323,13 +325,10 @@ class Lobby:
         return [t for i, t in enumerate(open_) if i not in dead]
 
     def wait_for(self, count: int, deadline: float, where: str) -> None:
-        while len(self.waiting()) < count:
-            if time.monotonic() >= deadline:
-                raise CollectiveTimeout(
-                    f"{where}: {len(self.waiting())} of the {count} processes to admit are "
-                    "waiting at the deadline. Hint: start them with pycoll.init(join=True) "
-                    "(PYCOLL_JOIN=1), pointed at this job's store and secret")
-            time.sleep(LOBBY_POLL_SECONDS)
+        poll_until(lambda: len(self.waiting()) >= count or None, deadline, lambda: (
+            f"{where}: {len(self.waiting())} of the {count} processes to admit are waiting "
+            "at the deadline. Hint: start them with pycoll.init(join=True) (PYCOLL_JOIN=1), "
+            "pointed at this job's store and secret"))
 
     def admit(self, tickets: Sequence[int], plan: Plan, size: int) -> None:
         """Tell each admitted joiner its plan (every member writes the same values)."""
@@ -352,17 +351,29 @@ class Lobby:
     def admission(self, ticket: int, tried: str, deadline: float) -> Plan:
         """The next admission of ``ticket`` (one for another round than ``tried``)."""
         key = f"{self.prefix}/admit/{ticket}"
-        while True:
-            if self.client.check([key]):
-                plan = Plan(**json.loads(self.client.get(key)))
-                if plan.scope != tried:
-                    return plan
-            if time.monotonic() >= deadline:
-                raise CollectiveTimeout(
-                    f"joiner {ticket}: no running job admitted this process before the "
-                    "deadline. Hint: the job's ranks must call grow() (pycoll.grow()); is "
-                    "this process pointed at the job's store, with its secret?")
-            time.sleep(LOBBY_POLL_SECONDS)
+
+        def admitted() -> Plan | None:
+            if not self.client.check([key]):
+                return None
+            plan = Plan(**json.loads(self.client.get(key)))
+            return plan if plan.scope != tried else None
+
+        return poll_until(admitted, deadline, lambda: (
+            f"joiner {ticket}: no running job admitted this process before the deadline. "
+            "Hint: the job's ranks must call grow() (pycoll.grow()); is this process pointed "
+            "at the job's store, with its secret?"))
+
+
+def poll_until(look: Callable[[], T | None], deadline: float, why: Callable[[], str]) -> T:
+    """``look()`` every ``LOBBY_POLL_SECONDS`` until it returns something;
+    ``CollectiveTimeout(why())`` at the deadline."""
+    while True:
+        found = look()
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            raise CollectiveTimeout(why())
+        time.sleep(LOBBY_POLL_SECONDS)
 
 
 def join(store: Store, base: str, make: Make, timeout: float) -> Any:

@@ -40,8 +40,10 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_STORE_EXTERNAL", "0", "1: a store already runs there; rank 0 starts none"),
         ("PYCOLL_ELASTIC", "", "1: a lost rank does not end the job (set by python -m "
                                "pycoll.run --elastic)"),
-        ("PYCOLL_JOIN", "", "1: init() joins the running job when its ranks grow (a "
-                            "replacement)"),
+        ("PYCOLL_JOIN", "0", "1: pycoll.init() joins the running job once its ranks call "
+                             "grow() (set in a pycoll.run --max-restarts replacement)"),
+        ("PYCOLL_REPLACES", "", "the rank a pycoll.run --max-restarts replacement replaces "
+                                "(information for the program)"),
         ("PYCOLL_TOKEN", "", "job secret: store authentication, HMAC of TCP connections"),
         ("PYCOLL_TLS_CERT", "", "PEM certificate of this process (TLS with KEY and CA)"),
         ("PYCOLL_TLS_KEY", "", "PEM private key of this process"),

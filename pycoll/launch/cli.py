@@ -36,7 +36,9 @@ usage error, 1 if the launcher could not start.
 --elastic (one host): a rank that fails is lost and the job goes on while at least
 --min-ranks ranks still run; the survivors must catch the error and shrink their
 communicator (docs/elastic.md). Exit code 0 when every rank that was not lost exits 0; fewer
-than M ranks left: the others are torn down, exit code the failing rank's."""
+than M ranks left: the others are torn down, exit code the failing rank's. --max-restarts K:
+up to K lost ranks are replaced by a new process (PYCOLL_JOIN=1) that joins the job when the
+survivors call grow(); it counts as running for --min-ranks."""
 
 
 class _UsageError(Exception):
@@ -53,6 +55,13 @@ def _integer(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _at_least_zero(text: str) -> int:
+    n = _integer(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
 
 
 def _count(text: str) -> int:
@@ -120,6 +129,9 @@ def _parser() -> _Parser:
     _option(p, "--min-ranks", type=_count, metavar="M",
             help="with --elastic: the fewest running ranks the job goes on with, 1..N "
                  "(default 1)")
+    _option(p, "--max-restarts", type=_at_least_zero, metavar="K",
+            help="with --elastic: start a replacement for each lost rank, K in all "
+                 "(default 0); it joins when the survivors call grow()")
     p.add_argument("-m", dest="module", action="store_true",
                    help="run the program as a module (python -m module)")
     p.add_argument("-h", "--help", action="store_true", help="show this help")
@@ -207,6 +219,8 @@ def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise _UsageError(f"--node-rank must be in [0, --nnodes), got {node_rank} of {nnodes}")
     min_ranks = _elastic_min_ranks(args.elastic, args.min_ranks, args.nprocs, nnodes)
+    if args.max_restarts is not None and not args.elastic:
+        raise _UsageError("--max-restarts applies to elastic jobs only: add --elastic")
     token = os.environ.get("PYCOLL_TOKEN") or None
     if args.token_file is not None:
         token = _read_token_file(args.token_file)
@@ -226,6 +240,7 @@ def _parse_args(argv: Sequence[str]) -> dict[str, Any] | None:
         "token": token,
         "elastic": args.elastic,
         "min_ranks": min_ranks,
+        "max_restarts": args.max_restarts or 0,
     }
 
 

@@ -42,7 +42,7 @@ def _free_port(host: str) -> int:
 
 def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nnodes: int,
                      node_rank: int, token: str | None, master_port: int, elastic: bool,
-                     min_ranks: int) -> None:
+                     min_ranks: int, max_restarts: int) -> None:
     if not command:
         raise ValueError("launch: command is empty (expected e.g. ['script.py'] or "
                          "['-m', 'module'])")
@@ -62,6 +62,11 @@ def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nno
     if not elastic and min_ranks != 1:
         raise ValueError(f"launch: min_ranks={min_ranks!r} applies to elastic jobs only: "
                          "pass elastic=True too")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"launch: max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if not elastic and max_restarts:
+        raise ValueError(f"launch: max_restarts={max_restarts!r} applies to elastic jobs only: "
+                         "pass elastic=True too")
     from ..envvars import env_tls
     env_tls()    # TLS: all three files or none, said before a store or a rank starts
     if nnodes > 1 and (not token or not master_port):
@@ -77,7 +82,8 @@ def _rank_environment(base: Mapping[str, str], *, rank: int, world: int, local: 
                       torch_port: int, token: str, elastic: bool) -> dict[str, str]:
     """``base`` plus what tells a rank its place in the job and where the store is."""
     env = dict(base)
-    env.pop("PYCOLL_ELASTIC", None)          # this launcher's mode, not an outer job's
+    for inherited in ("PYCOLL_ELASTIC", "PYCOLL_JOIN", "PYCOLL_REPLACES"):
+        env.pop(inherited, None)             # this launcher's mode, not an outer job's
     if elastic:
         env["PYCOLL_ELASTIC"] = "1"
     env.update({
@@ -117,6 +123,7 @@ def launch(
     token: str | None = None,
     elastic: bool = False,
     min_ranks: int = 1,
+    max_restarts: int = 0,
 ) -> int:
     """Run ``sys.executable *command`` as ``nprocs`` ranks on this host; return the exit code.
 
@@ -138,10 +145,12 @@ def launch(
     ``min_ranks`` ranks still run (``elastic.py``); the ranks get ``PYCOLL_ELASTIC=1``.
     Every rank ended: 0 when every rank that was not lost exited 0, else the first such
     failure's code; fewer than ``min_ranks`` left: tear-down, the failing rank's code.
+    ``max_restarts`` (elastic): up to that many lost ranks are replaced by a new process
+    that joins the job (``PYCOLL_JOIN=1``) once the survivors call ``grow``.
     """
     command = list(command)
     _check_arguments(command, nprocs, timeout, nnodes, node_rank, token, master_port, elastic,
-                     min_ranks)
+                     min_ranks, max_restarts)
 
     import rendezvous  # imported here so that `import pycoll.launch` stays cheap
 
@@ -150,7 +159,8 @@ def launch(
     if node_rank == 0:
         server = rendezvous.StoreServer(master_addr, master_port, token=token)
         server.start()
-    policy = ElasticPolicy(nprocs, min_ranks, first_rank=node_rank * nprocs) if elastic else None
+    policy = (ElasticPolicy(nprocs, min_ranks, first_rank=node_rank * nprocs,
+                            max_restarts=max_restarts) if elastic else None)
     supervisor = Supervisor(nprocs, grace_period, first_rank=node_rank * nprocs, server=server,
                             elastic=policy)
     try:

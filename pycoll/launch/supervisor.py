@@ -13,6 +13,8 @@ supervisor watches them:
 * a rank of another host fails (``nodes.JobControl``) -> tear-down, that rank's exit code;
 * ``--elastic`` (``elastic.ElasticPolicy``): a failing rank is lost, not the job's end, while
   enough ranks run on; the policy judges every rank's end and says when the job is over.
+  With ``--max-restarts`` it has the supervisor start replacements (``_start_replacement``),
+  supervised like the ranks.
 
 Ranks also die with the launcher if it is killed with SIGKILL (``PR_SET_PDEATHSIG`` on Linux).
 """
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from .elastic import replacement_environment
 from .outcomes import describe_exit, exit_code, notice, signal_name
 
 if TYPE_CHECKING:
@@ -143,6 +146,10 @@ class Supervisor:
         self.elastic = elastic
         self.control: JobControl | None = None
         self.procs: list[subprocess.Popen] = []
+        self.envs: list[Mapping[str, str]] = []   # each process's environment
+        self.command: list[str] = []
+        self._preexec: Callable[[], None] | None = None
+        self._outs: tuple[_Output, _Output] | None = None  # stdout, stderr when prefixing
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []  # received by the launcher, in order
         self._old_handlers: dict[int, Any] = {}
@@ -174,34 +181,47 @@ class Supervisor:
         """Spawn ``sys.executable *command`` once per environment (local rank order). The
         signal handlers go in first, so that a signal during startup is not lost."""
         self._install_handlers()
-        preexec = _make_preexec()
-        outs = (_Output(sys.stdout), _Output(sys.stderr)) if prefix_output else None
-        pipe = subprocess.PIPE if prefix_output else None
+        self.command = list(command)
+        self._preexec = _make_preexec()
+        self._outs = (_Output(sys.stdout), _Output(sys.stderr)) if prefix_output else None
         for local, env in enumerate(envs):
             if self.signals:
                 break
             rank = self.first_rank + local
-            proc = subprocess.Popen(
-                [sys.executable, *command],
-                env=dict(env),
-                stdin=None if rank == 0 else subprocess.DEVNULL,
-                stdout=pipe,
-                stderr=pipe,
-                start_new_session=True,
-                preexec_fn=preexec,
-                close_fds=True,
-            )
-            self.procs.append(proc)
-            if outs is not None:
-                for stream, out in ((proc.stdout, outs[0]), (proc.stderr, outs[1])):
-                    t = threading.Thread(
-                        target=_pump,
-                        args=(stream, f"[rank {rank}] ".encode(), out),
-                        name=f"pycoll.run-output-{rank}",
-                        daemon=True,
-                    )
-                    t.start()
-                    self.pumps.append(t)
+            self._spawn(env, f"rank {rank}", stdin=rank == 0)
+
+    def _spawn(self, env: Mapping[str, str], label: str, *,
+               stdin: bool = False) -> subprocess.Popen:
+        """One process of the job, its output prefixed with ``[label] `` when asked."""
+        pipe = subprocess.PIPE if self._outs is not None else None
+        proc = subprocess.Popen(
+            [sys.executable, *self.command],
+            env=dict(env),
+            stdin=None if stdin else subprocess.DEVNULL,
+            stdout=pipe,
+            stderr=pipe,
+            start_new_session=True,
+            preexec_fn=self._preexec,
+            close_fds=True,
+        )
+        self.procs.append(proc)
+        self.envs.append(env)
+        if self._outs is not None:
+            for stream, out in ((proc.stdout, self._outs[0]), (proc.stderr, self._outs[1])):
+                t = threading.Thread(
+                    target=_pump,
+                    args=(stream, f"[{label}] ".encode(), out),
+                    name=f"pycoll.run-output-{label}",
+                    daemon=True,
+                )
+                t.start()
+                self.pumps.append(t)
+        return proc
+
+    def _start_replacement(self, index: int, label: str, rank: int) -> subprocess.Popen:
+        """A replacement for process ``index`` (``--max-restarts``): its command and
+        environment, joining the running job (``elastic.replacement_environment``)."""
+        return self._spawn(replacement_environment(self.envs[index], rank), label)
 
     def running(self) -> list[subprocess.Popen]:
         return [p for p in self.procs if p.poll() is None]
@@ -299,14 +319,24 @@ class Supervisor:
         return exit_code(rc) or 1
 
     def _elastic_end(self) -> int | None:
-        """The exit code once the elastic policy says the job is over (tearing down the
-        ranks still running: fewer than ``--min-ranks`` are left), else None."""
+        """The exit code once the elastic policy says the job is over, else None. It tears
+        down what still runs then: the ranks when fewer than ``--min-ranks`` are left,
+        replacements nobody is left to admit."""
         assert self.elastic is not None
-        code = self.elastic.judge(self.procs)
+        lobby = None if self.server is None else self._waiting_joiners
+        code = self.elastic.judge(self.procs, self._start_replacement, lobby)
         if code is not None and self.running():
-            self._report_first_failure()
+            if code:
+                self._report_first_failure()
             self.teardown()
         return code
+
+    def _waiting_joiners(self) -> int:
+        """Processes waiting to join the job now (in the lobby of this host's store)."""
+        from .lobby import waiting_joiners
+
+        assert self.server is not None
+        return waiting_joiners(self.server)
 
     def _remote_failure(self) -> int | None:
         """The exit code for a rank another host's launcher reported failed, or None."""

@@ -3,30 +3,22 @@
 Real launchers on 127.0.0.1, four real ranks each. Rank 2 SIGKILLs itself; the survivors
 wait until the launcher has *reaped* it (its ``/proc`` entry is gone: the launcher has seen
 and judged its end), so what the launcher decides never depends on how fast a loaded machine
-runs the ranks. Every launcher runs in its own session and is SIGKILLed with its ranks
-(PR_SET_PDEATHSIG) if a test fails before it exits; every wait has a deadline.
+runs the ranks. The launcher runs under conftest.py's ``run_job``.
 """
 from __future__ import annotations
 
+import functools
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from pycoll.launch.cli import _parse_args, _UsageError
-from pycoll.transports.shm.cma import process_exited
 
 pytestmark = pytest.mark.timeout(120)
-
-REPO = Path(__file__).resolve().parents[2]
-DEADLINE = 60.0                 # "did not hang"
 
 # argv: outdir, then actions. "init": every rank calls pycoll.init() first; "after=S": the
 # survivors sleep S seconds once the victim is reaped; "store": they then write and read the
@@ -94,43 +86,10 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
-    # ranks must import pycoll / rendezvous from this checkout whatever the install state
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
 @pytest.fixture
-def job(tmp_path):
-    """``job(*launcher_args, *actions)`` runs the launcher on the rank script; returns its
-    exit code, its stderr and the output folder. Reaps the launcher whatever happens."""
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    outdir = tmp_path / "out"
-    outdir.mkdir()
-    started: list[subprocess.Popen] = []
-
-    def run(launcher_args, *actions):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pycoll.run", *map(str, launcher_args), str(script),
-             str(outdir), *actions],
-            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True)
-        started.append(proc)
-        try:
-            out, err = proc.communicate(timeout=DEADLINE)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"launcher did not exit within {DEADLINE} s\n{out}\n{err}")
-        return proc.returncode, err, outdir
-
-    yield run
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)     # its ranks die with it (PDEATHSIG)
-            proc.wait()
+def job(run_job):
+    """``job(*launcher_args, *actions)``: the launcher on RANK_SCRIPT."""
+    return functools.partial(run_job, RANK_SCRIPT)
 
 
 def _pid(outdir: Path, rank: int) -> int:
@@ -142,22 +101,11 @@ def _ends(outdir: Path) -> dict[int, dict]:
             if p.suffix[1:].isdigit()}
 
 
-def _assert_all_gone(outdir: Path, within: float = 10.0) -> None:
-    pids = [int(p.read_text()) for p in outdir.glob("pid.*") if p.suffix[1:].isdigit()]
-    deadline = time.monotonic() + within
-    while any(not process_exited(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    alive = [p for p in pids if not process_exited(p)]
-    for p in alive:         # never leave them behind, even when failing
-        os.kill(p, signal.SIGKILL)
-    assert not alive, f"ranks still alive: {alive}"
-
-
 # --------------------------------------------------------------------------------------------
 # whole jobs
 
 
-def test_lost_rank_the_others_run_to_completion(job):
+def test_lost_rank_the_others_run_to_completion(job, all_gone):
     rc, err, outdir = job(["-n", 4, "--elastic"], "after=1")
     assert rc == 0, err
     assert (f"pycoll.run: rank 2 (pid {_pid(outdir, 2)}) was killed by signal 9 (SIGKILL); "
@@ -165,10 +113,10 @@ def test_lost_rank_the_others_run_to_completion(job):
     assert "pycoll.run: elastic job done: ranks [2] lost, 3 finished with 0" in err
     assert sorted(_ends(outdir)) == [0, 1, 3]       # the survivors really finished
     assert all(rec["elastic"] == "1" for rec in _ends(outdir).values())
-    _assert_all_gone(outdir)
+    all_gone(outdir)
 
 
-def test_fewer_than_min_ranks_left_tears_the_job_down(job):
+def test_fewer_than_min_ranks_left_tears_the_job_down(job, all_gone):
     rc, err, outdir = job(["-n", 4, "--elastic", "--min-ranks", 4], "after=30")
     assert rc == 128 + signal.SIGKILL, err
     assert "rank 2" in err and "SIGKILL" in err
@@ -176,10 +124,10 @@ def test_fewer_than_min_ranks_left_tears_the_job_down(job):
             in err)
     assert "elastic job done" not in err
     assert _ends(outdir) == {}                      # torn down before they finished
-    _assert_all_gone(outdir)
+    all_gone(outdir)
 
 
-def test_the_last_survivor_failing_is_the_jobs_exit_code(job):
+def test_the_last_survivor_failing_is_the_jobs_exit_code(job, all_gone):
     # ranks 0 and 1 finish with 0; rank 3 ends after them with code 3: nobody outlives it
     rc, err, outdir = job(["-n", 4, "--elastic"], "after=0.2", "exit@3:3", "wait@3:0",
                           "wait@3:1")
@@ -187,10 +135,10 @@ def test_the_last_survivor_failing_is_the_jobs_exit_code(job):
     assert ("elastic job done: ranks [2] lost, 2 finished with 0, rank 3 exited with code 3"
             in err)
     assert sorted(_ends(outdir)) == [0, 1, 3]
-    _assert_all_gone(outdir)
+    all_gone(outdir)
 
 
-def test_a_survivor_failing_while_others_run_on_is_lost_too(job):
+def test_a_survivor_failing_while_others_run_on_is_lost_too(job, all_gone):
     # rank 1 exits 3 while ranks 0 and 3 run on: the job outlives it as it outlived rank 2
     rc, err, outdir = job(["-n", 4, "--elastic", "--min-ranks", 2], "after=0.2", "exit@1:3",
                           "wait@0:1", "wait@3:1")
@@ -198,10 +146,10 @@ def test_a_survivor_failing_while_others_run_on_is_lost_too(job):
     assert (f"rank 1 (pid {_pid(outdir, 1)}) exited with code 3; 2 of 4 ranks run on "
             "(--elastic, --min-ranks 2)") in err
     assert "elastic job done: ranks [2, 1] lost, 2 finished with 0" in err
-    _assert_all_gone(outdir)
+    all_gone(outdir)
 
 
-def test_the_store_is_served_after_a_rank_died(job):
+def test_the_store_is_served_after_a_rank_died(job, all_gone):
     # every rank joined through the launcher's store; after rank 2's death the survivors
     # still add, set, wait and get there
     rc, err, outdir = job(["-n", 4, "--elastic"], "init", "after=0.2", "store")
@@ -211,19 +159,16 @@ def test_the_store_is_served_after_a_rank_died(job):
     assert sorted(ends) == [0, 1, 3]
     assert sorted(rec["added"] for rec in ends.values()) == [1, 2, 3]
     assert all(rec["read"] == ["0", "1", "3"] for rec in ends.values())
-    _assert_all_gone(outdir)
+    all_gone(outdir)
 
 
 # --------------------------------------------------------------------------------------------
 # what is refused, before anything starts
 
 
-def test_elastic_on_several_hosts_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "2", "--elastic",
-                        "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-                        "--master-port", "29999", "x.py"],
-                       cwd=tmp_path, env={**_env(), "PYCOLL_TOKEN": "f" * 32},
-                       capture_output=True, text=True, timeout=DEADLINE)
+def test_elastic_on_several_hosts_is_refused(run_cli):
+    r = run_cli("-n", "2", "--elastic", "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                "127.0.0.1", "--master-port", "29999", "x.py", PYCOLL_TOKEN="f" * 32)
     assert r.returncode == 2, r.stderr
     assert ("--elastic runs on one host for now; multi-host elastic jobs are issue 27's next "
             "step") in r.stderr

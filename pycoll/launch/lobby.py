@@ -1,0 +1,46 @@
+"""How many processes wait to join the job, read from the launcher's own store server.
+
+A replacement that ``pycoll.run --max-restarts`` started joins with ``pycoll.init()`` under
+``PYCOLL_JOIN=1``: it waits in the lobby of the world communicator (``comm/elastic.py``'s
+``Lobby``) until the survivors call ``grow``. Once only such waiting processes are left,
+nobody can admit them, and the elastic policy ends them instead of letting each wait for its
+``init`` deadline. The launcher hosts the store, so it reads the lobby without a connection
+(``StoreServer.peek``), through the same ``Lobby`` the ranks use.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rendezvous import StoreServer
+
+#: the communicator a joiner started by ``pycoll.init(join=True)`` waits for
+WORLD = "world"
+
+
+class _PeekStore:
+    """The reads ``Lobby.waiting`` makes, answered from the server's own table."""
+
+    def __init__(self, server: StoreServer) -> None:
+        self.server = server
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return all(self.server.peek(k) is not None for k in keys)
+
+    def get(self, key: str) -> bytes:
+        value = self.server.peek(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        del timeout                  # a read of the table never waits
+        return [self.get(k) for k in keys]
+
+
+def waiting_joiners(server: StoreServer) -> int:
+    """Processes in the world communicator's lobby now: queued, alive, not admitted."""
+    from ..comm.elastic import Lobby
+
+    return len(Lobby(_PeekStore(server), WORLD).waiting())
