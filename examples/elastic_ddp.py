@@ -1,7 +1,7 @@
 """DDP training that survives a killed rank and grows back (docs/elastic.md).
 
     python -m pycoll.run --elastic --max-restarts 1 -n 4 examples/elastic_ddp.py \\
-        --steps 40 --kill-rank 2 --kill-step 10 --out losses.txt
+        --steps 40 --kill-rank 2 --kill-step 10 --replacements 1 --out losses.txt
 
 Every step trains on the same global batch (``--batch`` samples, split evenly over the ranks
 there are), so the loss curve does not depend on how many ranks share the work: it matches
@@ -10,7 +10,8 @@ SIGKILLs itself in step ``--kill-step``, after its forward pass. The survivors' 
 raises; they agree on who is gone, shrink the default group (``pycoll.torch.shrink_group``),
 redo the step as 3 ranks (nobody applied it: a gradient allreduce that failed on one rank
 failed on all), and every few steps call ``pycoll.torch.grow_group()``, which admits the
-replacement the launcher started (``--max-restarts``); it joins with
+replacement the launcher started (``--max-restarts``; ``--replacements``: wait for it at
+the next grow after a loss); it joins with
 ``pycoll.torch.join_group()`` and gets the model and the step from rank 0 (DDP replicas are
 identical: no checkpoint needed). Rank 0 of the group appends "step loss ranks" to ``--out``.
 """
@@ -62,6 +63,8 @@ def main() -> int:
     ap.add_argument("--kill-rank", type=int, default=-1)
     ap.add_argument("--kill-step", type=int, default=10)
     ap.add_argument("--grow-every", type=int, default=5)
+    ap.add_argument("--replacements", type=int, default=0, help="replacements the launcher "
+                    "starts (its --max-restarts): after a shrink, the next grow waits for one")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -73,6 +76,7 @@ def main() -> int:
         dist.init_process_group("pycoll")
     first_rank = -1 if joining else dist.get_rank()
     step = sync_from_rank0(net, 0) if joining else 0
+    expected = 0                           # replacements to wait for at the next grow
     model = DDP(net)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
     while step < args.steps:
@@ -94,6 +98,9 @@ def main() -> int:
                   f"{sorted(gone)} are gone: shrinking", file=sys.stderr, flush=True)
             pycoll.torch.shrink_group(sorted(gone))
             model = DDP(net)
+            if args.replacements > 0:
+                args.replacements -= 1
+                expected += 1
             continue                       # redo this step with the survivors
         opt.step()
         opt.zero_grad()
@@ -104,7 +111,9 @@ def main() -> int:
         if args.grow_every and step % args.grow_every == 0 and step < args.steps:
             before = dist.group.WORLD
             started = time.monotonic()
-            pycoll.torch.grow_group()      # admits whoever waits (a replacement)
+            # admit whoever waits; after a loss with a replacement coming, wait for it
+            pycoll.torch.grow_group(expected or None, timeout=120)
+            expected = 0
             if dist.group.WORLD is not before:
                 step = sync_from_rank0(net, step)
                 model = DDP(net)

@@ -1,10 +1,11 @@
 """How many processes wait to join the job, read from the launcher's own store server.
 
 A replacement that ``pycoll.run --max-restarts`` started joins with ``pycoll.init()`` under
-``PYCOLL_JOIN=1``: it waits in the lobby of the world communicator (``comm/elastic.py``'s
-``Lobby``) until the survivors call ``grow``. Once only such waiting processes are left,
-nobody can admit them, and the elastic policy ends them instead of letting each wait for its
-``init`` deadline. The launcher hosts the store, so it reads the lobby without a connection
+``PYCOLL_JOIN=1`` (or ``pycoll.torch.join_group()``): it waits in the lobby of the world
+communicator (or the torch backend's; ``comm/elastic.py``'s ``Lobby``) until the
+survivors call ``grow``. Once only such waiting processes are left, nobody can admit them,
+and the elastic policy ends them instead of letting each wait for its ``init`` deadline.
+The launcher hosts the store, so it reads the lobby without a connection
 (``StoreServer.peek``), through the same ``Lobby`` the ranks use.
 """
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rendezvous import StoreServer
 
-#: the communicator a joiner started by ``pycoll.init(join=True)`` waits for
-WORLD = "world"
+#: the communicators a replacement joins: ``pycoll.init(join=True)``'s default world, and
+#: the torch backend's default group (``pycoll.torch.join_group``)
+JOINABLE = ("world", "torch")
 
 
 class _PeekStore:
@@ -40,7 +42,7 @@ class _PeekStore:
 
 
 def waiting_joiners(server: StoreServer) -> int:
-    """Processes in the world communicator's lobby now: queued, alive, not admitted."""
+    """Processes in the joinable communicators' lobbies now: queued, alive, not admitted."""
     from ..comm.elastic import Lobby
 
-    return len(Lobby(_PeekStore(server), WORLD).waiting())
+    return sum(len(Lobby(_PeekStore(server), name).waiting()) for name in JOINABLE)

@@ -36,7 +36,7 @@ def _run(tmp_path: Path, name: str, launcher: list[str], *extra: str) -> tuple[d
 def test_killed_rank_replaced_and_loss_curve_unchanged(tmp_path: Path) -> None:
     plain, _ = _run(tmp_path, "plain", [])
     elastic, stderr = _run(tmp_path, "elastic", ["--elastic", "--max-restarts", "1"],
-                           "--kill-rank", "2", "--kill-step", "4")
+                           "--kill-rank", "2", "--kill-step", "4", "--replacements", "1")
     assert sorted(plain) == sorted(elastic) == list(range(14))
     sizes = [elastic[s][1] for s in range(14)]
     assert sizes[:4] == [4] * 4 and sizes[4] == 3, sizes     # shrunk at the killed step
