@@ -267,6 +267,10 @@ def run_trial(n: int, transport: str, mode: str, seed: int,
 
     from . import run_ranks
 
+    from .. import fastpath
+
+    if fastpath.probe_limit():
+        fastpath.warm()      # once per process: forked ranks inherit the loaded kernels
     rng = random.Random(seed)
     plan = random_plan(n, mode, rng)
     with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as tmp:
