@@ -12,7 +12,9 @@ why it is correct: docs/elastic.md, "Agreement").
 So every participant that returns, returns the same decision (one key, written once); the
 loop ends as soon as every participant has voted or died (a dead rank's lease goes to "0"
 within milliseconds on one host, a few seconds behind a pulled cable), or at the deadline,
-naming the ranks that neither voted nor died (a live rank that never called).
+naming the ranks that neither voted nor died (a live rank that never called), or when
+``interrupted`` says so: a rank failed elsewhere meanwhile (its failure, not this round, is
+what the participants that have not voted are busy with), decided as such for everyone.
 """
 from __future__ import annotations
 
@@ -32,13 +34,18 @@ Decide = Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]]
 
 def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
           vote: dict[str, Any], gone: Callable[[Sequence[int]], set[int]], decide: Decide,
-          deadline: float, where: str) -> dict[str, Any]:
+          deadline: float, where: str,
+          interrupted: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """Run one round named ``scope`` (unique per round) as participant ``rank``; the decision.
 
     ``client``: a store with ``append`` (pycoll's stores have it). ``gone(ranks)``: which
     of ``ranks`` are gone now. ``decide(votes, gone)``: the proposal
     from the votes read (participant -> vote) and the gone participants; every participant
     must pass the same function, since any of them may be the one whose offer is kept.
+    ``interrupted()``: a reason to give the round up while some participant has not voted
+    (another rank failed meanwhile: it handles that failure instead of voting); it is
+    offered as the decision ``{"interrupted": reason}``, so that every participant, late
+    ones included, gets the same answer.
     """
     decision_key = f"{scope}/decision"
     client.append(f"{scope}/votes", json.dumps(dict(vote, rank=rank)) + "\n")
@@ -52,6 +59,10 @@ def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
         if not missing:
             dead |= gone([r for r in participants if r in votes])
             proposal = json.dumps(decide(votes, dead))
+            return json.loads(client.compare_set(decision_key, "", proposal))
+        reason = interrupted() if interrupted is not None else None
+        if reason is not None:
+            proposal = json.dumps({"interrupted": reason, "missing": missing})
             return json.loads(client.compare_set(decision_key, "", proposal))
         if time.monotonic() >= deadline:
             raise CollectiveTimeout(

@@ -105,9 +105,27 @@ class Elastic(Generic[Communicator]):
                 value &= int(vote["flag"])
             return {"flag": value, "gone": sorted(gone)}
 
+        abort = self.failures.abort
+        healthy = self.execution.failed is None
+
+        def interrupted() -> dict[str, Any] | None:
+            """On a communicator this rank still thinks healthy, another rank's failure (its
+            abort record): the ranks that have not voted are busy with that failure and will
+            not vote here, so the round is given up, for everyone alike. An agree on a
+            failed or revoked communicator (the recovery's) is never given up."""
+            if not healthy or abort is None:
+                return None
+            record = abort.fetch()
+            return record if record is not None and record.get("rank") != self.rank else None
+
         decision = self._round(f"pycoll/{self.name}/agree/{self.agreements}",
                                range(self.size), {"flag": flag}, decide,
-                               time.monotonic() + timeout, where)
+                               time.monotonic() + timeout, where, interrupted)
+        if "interrupted" in decision:
+            err = self.failures.aborted(where, decision["interrupted"])
+            if self.execution.failed is None:
+                self.execution.failed = err
+            raise err
         return int(decision["flag"]), frozenset(decision["gone"])
 
     # -- shrink ------------------------------------------------------------------------------
@@ -229,7 +247,9 @@ class Elastic(Generic[Communicator]):
 
     def _round(self, scope: str, participants: Sequence[int], vote: dict[str, Any],
                decide: Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]],
-               deadline: float, where: str) -> dict[str, Any]:
+               deadline: float, where: str,
+               interrupted: Callable[[], dict[str, Any] | None] | None = None
+               ) -> dict[str, Any]:
         """One agreement among ``participants`` (ranks of this communicator), gone ones found
         by the membership; raises ``Excluded`` when the decision counts this rank as gone."""
         if self.membership is None:
@@ -237,7 +257,8 @@ class Elastic(Generic[Communicator]):
         client = self.failures_client()
         membership = self.membership
         decision = agree(client, scope, self.rank, list(participants), vote,
-                         lambda ranks: membership.gone(client, ranks), decide, deadline, where)
+                         lambda ranks: membership.gone(client, ranks), decide, deadline, where,
+                         interrupted)
         if self.rank in decision.get("gone", ()):
             raise Excluded(f"{where}: the other ranks found this rank gone (its connection to "
                            "the store was lost) and go on without it. Hint: finalize and exit; "

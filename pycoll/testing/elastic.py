@@ -265,9 +265,8 @@ def run_trial(n: int, transport: str, mode: str, seed: int,
     """One trial on ``n`` forked ranks of this host over ``transport``."""
     import tempfile
 
-    from . import run_ranks
-
     from .. import fastpath
+    from . import run_ranks
 
     if fastpath.probe_limit():
         fastpath.warm()      # once per process: forked ranks inherit the loaded kernels
