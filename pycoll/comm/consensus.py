@@ -12,7 +12,9 @@ why it is correct: docs/elastic.md, "Agreement").
 So every participant that returns, returns the same decision (one key, written once); the
 loop ends as soon as every participant has voted or died (a dead rank's lease goes to "0"
 within milliseconds on one host, a few seconds behind a pulled cable), or at the deadline,
-naming the ranks that neither voted nor died (a live rank that never called), or when
+naming the ranks that neither voted nor died (a live rank that never called): the timeout is
+offered as the decision too, so that a participant that arrives later gets the same
+``CollectiveTimeout`` and every participant has consumed the round alike; or when
 ``interrupted`` says so: a rank failed elsewhere meanwhile (its failure, not this round, is
 what the participants that have not voted are busy with), decided as such for everyone.
 """
@@ -51,7 +53,10 @@ def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
     client.append(f"{scope}/votes", json.dumps(dict(vote, rank=rank)) + "\n")
     while True:
         if client.check([decision_key]):
-            return json.loads(client.get(decision_key))
+            decision = json.loads(client.get(decision_key))
+            if "timeout" in decision:
+                raise timed_out(where, decision["timeout"])
+            return decision
         votes = _votes(client.get(f"{scope}/votes"))
         silent = [r for r in participants if r not in votes]
         dead = gone(silent) if silent else set()
@@ -64,12 +69,21 @@ def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
         if reason is not None:
             proposal = json.dumps({"interrupted": reason, "missing": missing})
             return json.loads(client.compare_set(decision_key, "", proposal))
-        if time.monotonic() >= deadline:
-            raise CollectiveTimeout(
-                f"{where}: rank(s) {missing} neither took part nor died before the deadline. "
-                "Hint: every surviving rank must call it (after catching the error of the "
-                "failed collective); a rank busy elsewhere holds everyone up")
+        if time.monotonic() >= deadline:    # decided as timed out for everyone alike
+            proposal = json.dumps({"timeout": missing})
+            decision = json.loads(client.compare_set(decision_key, "", proposal))
+            if "timeout" in decision:
+                raise timed_out(where, decision["timeout"])
+            return decision
         time.sleep(POLL_SECONDS)
+
+
+def timed_out(where: str, missing: list[int]) -> CollectiveTimeout:
+    """The error every participant of a round decided as timed out raises."""
+    return CollectiveTimeout(
+        f"{where}: rank(s) {missing} neither took part nor died before the deadline (decided "
+        "for every participant). Hint: every surviving rank must call it (after catching "
+        "the error of the failed collective); a rank busy elsewhere holds everyone up")
 
 
 def _votes(raw: bytes) -> dict[int, dict[str, Any]]:

@@ -154,7 +154,8 @@ class Elastic(Generic[Communicator]):
             if built is not None:
                 self.release(built)
                 return built
-            self._give_up_at(deadline, where)
+            # no local deadline check here: the next attempt's first round decides a
+            # timeout for everyone alike (a rank giving up alone would split the survivors)
 
     def _decide_who(self, votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
         """The first round's decision: who is gone, and the new communicator's name
@@ -187,20 +188,29 @@ class Elastic(Generic[Communicator]):
         deadline = time.monotonic() + timeout
         lobby = Lobby(self.failures_client(), base_name(self.name))
         while True:
-            if count is not None:
-                lobby.wait_for(count, deadline, f"rank {self.rank}: grow of {self.name}")
             self.attempts += 1
             where = (f"rank {self.rank}: grow (attempt {self.attempts}) of communicator "
                      f"{self.name}")
             scope = f"pycoll/{self.name}/grow/{self.attempts}"
+            late = ""
+            if count is not None:
+                try:
+                    lobby.wait_for(count, deadline, where)
+                except CollectiveTimeout as e:    # said in the round: everyone raises it
+                    late = str(e)
 
             def decide(votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
                 if gone:
                     return {"error": f"ranks {sorted(gone)} are gone: shrink first"}
+                waited = [v["late"] for v in votes.values() if v.get("late")]
+                if waited:
+                    return {"timeout": waited[0]}
                 tickets = lobby.waiting()[:count]
                 return {"tickets": tickets, "name": self._next_name() if tickets else ""}
 
-            who = self._round(scope, range(self.size), {}, decide, deadline, where)
+            who = self._round(scope, range(self.size), {"late": late}, decide, deadline, where)
+            if who.get("timeout"):
+                raise CollectiveTimeout(who["timeout"])
             if who.get("error"):
                 self.revoke(who["error"])
                 raise PeerLost(f"{where}: {who['error']}", peer=None)
@@ -218,7 +228,6 @@ class Elastic(Generic[Communicator]):
                 self.revoke(f"grown into {plan.name}")
                 self.release(built)
                 return built
-            self._give_up_at(deadline, where)
 
     def waiting(self) -> int:
         """How many processes wait in this communicator's lobby (not collective)."""
@@ -231,11 +240,6 @@ class Elastic(Generic[Communicator]):
         new communicator) votes whether its build worked; None (the build is dropped) when
         any failed or died meanwhile."""
         return build_and_commit(self.failures_client(), self.make, plan, deadline, where)
-
-    def _give_up_at(self, deadline: float, where: str) -> None:
-        if time.monotonic() >= deadline:
-            raise PeerLost(f"{where}: ranks kept dying or failing to connect until the "
-                           "deadline", peer=None)
 
     # -- the rounds --------------------------------------------------------------------------
     def failures_client(self) -> Store:
