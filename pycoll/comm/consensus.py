@@ -27,9 +27,11 @@ from typing import Any
 
 from ..errors import CollectiveTimeout
 
-#: pause between two looks at a round that is not decided yet (a local store round trip
-#: costs ~50 µs; ranks arrive within milliseconds of each other)
+#: pauses between two looks at a round that is not decided yet: from the first (a local
+#: store round trip costs ~50 µs; ranks arrive within milliseconds of each other) growing to
+#: the last, so that many waiting ranks do not flood the store
 POLL_SECONDS = 0.002
+POLL_MAX_SECONDS = 0.02
 
 Decide = Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]]
 
@@ -41,41 +43,68 @@ def agree(client: Any, scope: str, rank: int, participants: Sequence[int],
     """Run one round named ``scope`` (unique per round) as participant ``rank``; the decision.
 
     ``client``: a store with ``append`` (pycoll's stores have it). ``gone(ranks)``: which
-    of ``ranks`` are gone now. ``decide(votes, gone)``: the proposal
-    from the votes read (participant -> vote) and the gone participants; every participant
-    must pass the same function, since any of them may be the one whose offer is kept.
-    ``interrupted()``: a reason to give the round up while some participant has not voted
-    (another rank failed meanwhile: it handles that failure instead of voting); it is
-    offered as the decision ``{"interrupted": reason}``, so that every participant, late
-    ones included, gets the same answer.
+    of ``ranks`` are gone now. ``decide(votes, gone)``: the proposal from the votes of the
+    participants (participant -> vote; a vote from anyone else is ignored) and the gone
+    participants; every participant must pass the same function, since any of them may be
+    the one whose offer is kept. ``interrupted()``: a reason to give the round up while some
+    participant has not voted (another rank failed meanwhile: it handles that failure
+    instead of voting); it is offered as the decision ``{"interrupted": reason}``, so that
+    every participant, late ones included, gets the same answer. A decided timeout raises
+    ``CollectiveTimeout`` on every participant. A store call that fails for a moment (a slow
+    or crowded store) is retried until the deadline: one rank must not leave a round alone.
     """
     decision_key = f"{scope}/decision"
-    client.append(f"{scope}/votes", json.dumps(dict(vote, rank=rank)) + "\n")
+    members = set(participants)
+    _retrying(lambda: client.append(f"{scope}/votes", json.dumps(dict(vote, rank=rank)) + "\n"),
+              deadline)
+    pause = POLL_SECONDS
     while True:
-        if client.check([decision_key]):
-            decision = json.loads(client.get(decision_key))
+        decision = _retrying(lambda: _look(client, scope, decision_key, participants, members,
+                                           gone, decide, interrupted, deadline), deadline)
+        if decision is not None:
             if "timeout" in decision:
                 raise timed_out(where, decision["timeout"])
             return decision
-        votes = _votes(client.get(f"{scope}/votes"))
-        silent = [r for r in participants if r not in votes]
-        dead = gone(silent) if silent else set()
-        missing = [r for r in silent if r not in dead]
-        if not missing:
-            dead |= gone([r for r in participants if r in votes])
-            proposal = json.dumps(decide(votes, dead))
-            return json.loads(client.compare_set(decision_key, "", proposal))
-        reason = interrupted() if interrupted is not None else None
-        if reason is not None:
-            proposal = json.dumps({"interrupted": reason, "missing": missing})
-            return json.loads(client.compare_set(decision_key, "", proposal))
-        if time.monotonic() >= deadline:    # decided as timed out for everyone alike
-            proposal = json.dumps({"timeout": missing})
-            decision = json.loads(client.compare_set(decision_key, "", proposal))
-            if "timeout" in decision:
-                raise timed_out(where, decision["timeout"])
-            return decision
-        time.sleep(POLL_SECONDS)
+        time.sleep(pause)
+        pause = min(POLL_MAX_SECONDS, pause * 1.5)
+
+
+def _look(client: Any, scope: str, decision_key: str, participants: Sequence[int],
+          members: set[int], gone: Callable[[Sequence[int]], set[int]], decide: Decide,
+          interrupted: Callable[[], dict[str, Any] | None] | None,
+          deadline: float) -> dict[str, Any] | None:
+    """One look at the round: its decision, one offered now, or None (not decided yet)."""
+    if client.check([decision_key]):
+        return json.loads(client.get(decision_key))
+    votes = {r: v for r, v in _votes(client.get(f"{scope}/votes")).items() if r in members}
+    silent = [r for r in participants if r not in votes]
+    dead = gone(silent) if silent else set()
+    missing = [r for r in silent if r not in dead]
+    if not missing:
+        dead |= gone([r for r in participants if r in votes])
+        proposal = decide(votes, dead)
+    elif interrupted is not None and (reason := interrupted()) is not None:
+        proposal = {"interrupted": reason, "missing": missing}
+    elif time.monotonic() >= deadline:          # decided as timed out for everyone alike
+        proposal = {"timeout": missing}
+    else:
+        return None
+    return json.loads(client.compare_set(decision_key, "", json.dumps(proposal)))
+
+
+def _retrying(call: Callable[[], Any], deadline: float) -> Any:
+    """``call()``, retried on a store error that is not the store's end until ``deadline``."""
+    from rendezvous import StoreConnectError, StoreError
+
+    while True:
+        try:
+            return call()
+        except StoreConnectError:
+            raise                            # refused: the store is gone
+        except StoreError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(POLL_SECONDS)
 
 
 def timed_out(where: str, missing: list[int]) -> CollectiveTimeout:
