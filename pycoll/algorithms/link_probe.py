@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from rendezvous import Store
 from ..envvars import env_bool, env_float
 from ..errors import PycollError
 from ..tags import collective_tag, tag_low_bits
+from ..timeouts import watched_multi_get
 
 #: bytes streamed one way to measure a link's bandwidth
 PROBE_BYTES = 8 << 20
@@ -100,10 +102,12 @@ def _measure(peers: Any, peer: int, leader: bool, tag: int) -> Measured | None:
 
 
 def probe_links(peers: Any, store: Store, rank: int, layout: list[tuple[int, int]],
-                comm_id: int, timeout: float) -> dict[str, Measured]:
+                comm_id: int, timeout: float,
+                watch: Callable[[], None] | None = None) -> dict[str, Measured]:
     """Measure (rank 0) or wait for (everyone else) the intra- and inter-node links of a
     layout of several equal nodes; every rank returns the same numbers. ``store``: this
-    communicator's scoped store; ``peers``: its primitives (deadline set here)."""
+    communicator's scoped store; ``peers``: its primitives (deadline set here); ``watch``:
+    see ``timeouts.watched_multi_get``."""
     tag = collective_tag(0, tag_low_bits("link_probe", comm_id), 0)
     local_peer = next(r for r, (n, lo) in enumerate(layout) if n == layout[0][0] and lo == 1)
     remote_peer = next(r for r, (n, lo) in enumerate(layout) if n == 1 and lo == 0)
@@ -125,7 +129,7 @@ def probe_links(peers: Any, store: Store, rank: int, layout: list[tuple[int, int
         result = {k: [v.alpha, v.beta] for k, v in found.items() if v is not None}
         store.set("link_probe", json.dumps(result))
     else:
-        result = json.loads(store.get("link_probe", timeout=timeout))
+        result = json.loads(watched_multi_get(store, ["link_probe"], timeout, watch)[0])
         if "error" in result:
             raise PycollError(f"rank {rank}: measuring the links at init failed on rank 0: "
                               f"{result['error']} (PYCOLL_LINK_PROBE=0 skips the measurement)")

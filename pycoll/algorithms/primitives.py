@@ -15,7 +15,7 @@ import numpy as np
 
 from ..buffers.memops import MemoryOps, ReduceSpec
 from ..errors import CollectiveMismatch, TransportError
-from ..transports.base import Channel, Request
+from ..transports.base import Channel, Request, peer_lost
 from ..transports.matching import AnySource
 from ..transports.progress import ProgressEngine, WaitTimeout
 
@@ -32,14 +32,15 @@ class Peers:
     """
 
     __slots__ = ("rank", "size", "channels", "deadline", "segment_bytes", "ops", "engine",
-                 "check", "layout", "_subgroup", "tag", "_lock", "_ref", "posted")
+                 "check", "absent", "layout", "_subgroup", "tag", "_lock", "_ref", "posted")
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel], deadline: float,
                  segment_bytes: int, ops: MemoryOps, engine: ProgressEngine,
                  check: Callable[[], None] | None = None,
                  layout: Sequence[tuple[int, int]] = (),
                  subgroup: Callable[[str], Peers | None] | None = None,
-                 tag: int | None = None) -> None:
+                 tag: int | None = None,
+                 absent: Callable[[list[int]], list[int]] | None = None) -> None:
         self.rank = rank
         self.size = size
         self.channels = channels
@@ -50,6 +51,10 @@ class Peers:
         self.engine = engine
         self._lock = engine.lock
         self.check = check
+        #: which of these peers (as the channels number them), which never opened their
+        #: side of a channel this call waits on, are known gone (the store's leases): a
+        #: peer that died before it connected is named at once, not at the deadline
+        self.absent = absent
         self.layout = layout          # (node index, local index) of every rank
         self._subgroup = subgroup
         self.tag = tag or 0           # this call's tag; primitives use it unless told otherwise
@@ -154,6 +159,13 @@ class Peers:
         of rooted calls posts its first receive before the data moves: ``agreement.py``)."""
         if self.check is not None:
             self.check()
+        if self.absent is not None:
+            never = sorted({r.channel.peer for r in self.posted
+                            if not r.done and not r.channel.peer_joined()})
+            gone = self.absent(never) if never else []
+            if gone:
+                raise peer_lost(gone[0], "it died before it opened its side of the channel "
+                                         "to this rank (its store lease was lost)")
         pending = [r for r in self.posted if not r.done and r.kind == "recv"]
         if pending:
             with self._lock:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
-from rendezvous import Store
+from rendezvous import Store, StoreError
 
 from .. import debug, fastpath
 from ..algorithms import ALGORITHMS, link_probe
@@ -48,7 +48,7 @@ from .elastic import Elastic, base_name
 from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
-from .membership import Lease, Membership, alive_key
+from .membership import Lease, Membership, alive_key, gone_keys
 from .planning import Planner, reduction_defaults
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
@@ -120,7 +120,8 @@ class Communicator(Collectives, FusedCollectives):
             from ..transports.progress import ProgressEngine
             channels, engine = {}, ProgressEngine()
         self._peers = Peers(rank, size, channels, 0.0, self._segment_bytes, self._ops, engine,
-                            check=failures.check, layout=self._layout, subgroup=self._subgroup)
+                            check=failures.check, layout=self._layout, subgroup=self._subgroup,
+                            absent=self._absent_peers if failures.abort is not None else None)
         self._exec = Execution(rank, size, name, self.timeout, comm_id, self._peers, failures)
         self._groups: GroupMaker[Communicator] = GroupMaker(
             rank, size, name, store, self._root_name, self._exec, self._plan.check_rank,
@@ -220,7 +221,7 @@ class Communicator(Collectives, FusedCollectives):
             comm = cls(rank, size, store=store, name=name, connections=conn, timeout=limit,
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
                        master_addr=master_addr, lease=lease, watch=watch, **numerics)
-            comm._measure_links(scoped, limit)
+            comm._measure_links(scoped, limit, watch)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
@@ -336,6 +337,18 @@ class Communicator(Collectives, FusedCollectives):
                               **extra.get("numerics", {}))
 
         return join(store, base_name(name), make, limit)
+
+    def _absent_peers(self, world_ranks: list[int]) -> list[int]:
+        """Which of ``world_ranks`` the store's leases say are gone (``Peers.absent``)."""
+        abort = self._exec.failures.abort
+        if abort is None:
+            return []
+        try:
+            keys = [alive_key(self._root_name, w) for w in world_ranks]
+            return [world_ranks[i] for i in gone_keys(abort.client(), keys)]
+        except (StoreError, OSError) as e:
+            debug.logger.info("lease check failed (%s); the deadline decides", e)
+            return []
 
     def _make_successor(self, rank: int, size: int, name: str, watch: Callable[[], None],
                         extra: dict) -> Communicator:
@@ -456,14 +469,15 @@ class Communicator(Collectives, FusedCollectives):
                          LinkModel.from_capabilities([caps(intra).capabilities]),
                          LinkModel.from_capabilities([caps(inter).capabilities]))
 
-    def _measure_links(self, store: Store, limit: float) -> None:
+    def _measure_links(self, store: Store, limit: float,
+                       watch: Callable[[], None] | None = None) -> None:
         """On several equal nodes, feed the cost model measured (or declared) intra- and
         inter-node links (``link_probe``): what decides flat against hierarchical."""
         model = self._plan.selector.hierarchy
         if model is None or not link_probe.enabled():
             return
         links = link_probe.probe_links(self._peers, store, self.rank, self._layout,
-                                       self._comm_id, limit)
+                                       self._comm_id, limit, watch)
         intra = replace(model.intra, alpha=links["intra"].alpha, beta=links["intra"].beta)
         inter = replace(model.inter, alpha=links["inter"].alpha, beta=links["inter"].beta)
         self._plan.selector.hierarchy = replace(model, intra=intra, inter=inter)

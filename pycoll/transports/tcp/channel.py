@@ -108,6 +108,11 @@ class TcpChannel(Channel):
     def ready(self) -> bool:
         return self._attached == self.streams
 
+    def peer_joined(self) -> bool:
+        """Whether a socket of the pair is up (False: the peer, which dials this rank, has
+        not yet: it runs other code, or it died before it did)."""
+        return self._attached > 0
+
     # -- sending -------------------------------------------------------------------------
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "send")
