@@ -290,9 +290,11 @@ def machine() -> dict:
 def markdown(result: dict) -> str:
     a, s, m, trials = result["args"], result["summary"], result["machine"], result["trials"]
     store = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (each generation's rank 0 hosts a new "
-             "store; torchrun's default shared store fails restarts, see the script's "
-             "docstring)" if a["store"] == "private"
-             else "torchrun's default store (the agent's, shared across restarts)")
+             "store; torchrun's default store fails the restarts, "
+             "see torchrun-gloo-restart-shared-store.md)" if a["store"] == "private"
+             else "torchrun's default store, the agent's: it outlives the restart, and the "
+             "restarted ranks can read the killed generation's Gloo addresses from it "
+             "(pytorch/pytorch#135712)")
     lines = [
         "# torchrun --max-restarts: a Gloo DDP job after kill -9 of one rank", "",
         f"`{result['command']}`", "",
