@@ -126,6 +126,21 @@ def failure(what: str, log: str) -> TrialError:
     return TrialError(what + (f": {errors[0][:300]}" if errors else ""), out[-3000:])
 
 
+def exit_note(rc: int, log: str) -> str:
+    """Why torchrun exited with `rc` after every rank's last step: its root-cause rank and
+    exit code, and a C++ runtime's last words if there were any."""
+    with open(log, errors="replace") as fh:
+        out = fh.read()
+    root = out.split("Root Cause", 1)[-1]
+    rank = re.search(r"rank\s*:\s*(\d+)", root)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)[^\n]*?(\(SIG\w+\))?[ \t]*$", root, re.M)
+    words = re.search(r"^terminate called.*$", out, re.M)
+    return (f"torchrun exited with {rc} after every rank's last step"
+            + (f"; rank {rank.group(1)} exit code {code.group(1)} {code.group(2) or ''}"
+               .rstrip() if rank and code else "")
+            + (f"; {words.group(0)!r}" if words else ""))
+
+
 def wait_until(what: str, done: Callable[[], bool], job: subprocess.Popen, deadline: float,
                log: str) -> None:
     while not done():
@@ -174,7 +189,11 @@ def run_trial(args: argparse.Namespace, victim: int) -> dict:
             pid = next(e[2] for e in read_events(folder)
                        if e[1] == "script" and e[3] == victim and e[4] == 0)
             t_kill = time.time()
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                raise TrialError(f"rank {victim} had finished before its kill: raise "
+                                 "--steps-after") from None
 
             def all_restarted() -> bool:
                 return {e[3] for e in read_events(folder)
@@ -186,9 +205,16 @@ def run_trial(args: argparse.Namespace, victim: int) -> dict:
             except subprocess.TimeoutExpired:
                 raise failure("the restarted job did not finish within --trial-timeout",
                               log) from None
-            if rc != 0:
+            events = read_events(folder)
+            total = args.kill_after + args.steps_after
+            trained = {e[3] for e in events if e[1] == "step" and e[2] == total and e[4] == 1}
+            if rc != 0 and len(trained) < args.nproc:
                 raise failure(f"torchrun exited with {rc} after the restart", log)
-            return timeline(read_events(folder), t_kill, victim, args.nproc)
+            t = timeline(events, t_kill, victim, args.nproc)
+            # the restart worked, and what happened after the last step is not recovery
+            # time, but a user sees the job fail: each such exit is counted in the report
+            t["exit"] = exit_note(rc, log) if rc != 0 else None
+            return t
         except TrialError as exc:
             exc.reason += "; last logged: " + last_logged(read_events(folder))
             raise
@@ -312,6 +338,12 @@ def markdown(result: dict) -> str:
     ]
     for f in result["failures"]:
         lines.append(f"- trial {f['trial']} failed: {f['reason']}")
+    exits = [t["exit"] for t in trials if t["exit"]]
+    if exits:
+        lines += ["", f"Jobs that trained to their last step after the restart and then "
+                      f"exited non-zero all the same: {len(exits)} (torchrun reports the job "
+                      "failed; their recovery times are in the tables):",
+                  *(f"- {e}" for e in exits)]
     if not trials:
         return "\n".join([*lines, ""])
 

@@ -23,7 +23,7 @@ def test_one_trial_recovers_from_the_checkpoint(tmp_path):
     scratch.mkdir()
     res = run([PY, os.path.join(ROOT, "benchmarks", "elastic_restart_baseline.py"),
                "--nproc", "2", "--trials", "1", "--kill-after", "7", "--ckpt-every", "3",
-               "--steps-after", "20", "--trial-timeout", "300", "--out", str(out)],
+               "--steps-after", "40", "--trial-timeout", "300", "--out", str(out)],
               timeout=360, env=clean_env(TMPDIR=str(scratch)))
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads((out / "torchrun-gloo-restart.json").read_text())
@@ -76,3 +76,20 @@ def test_timeline_from_event_lines():
     # a rank that never logged after the restart is an error, not a number
     with pytest.raises(bench.TrialError, match="incomplete"):
         bench.timeline([e for e in events if not (e[3] == 1 and e[4] == 1)], kill, 1, 2)
+
+
+def test_exit_note_names_the_root_cause(tmp_path):
+    """A job that trained to the end after the restart but whose worker aborted at exit: the
+    note names torchrun's root-cause rank, its signal and the C++ runtime's last words."""
+    bench = benchmark_module("elastic_restart_baseline")
+    log = tmp_path / "torchrun.out"
+    log.write_text("E1125 api.py:1002] failed (exitcode: -9) local_rank: 3 (pid: 18922)\n"
+                   "terminate called without an active exception\n"
+                   "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n"
+                   "  exitcode  : -15 (pid: 19025)  (SIGTERM)\n"
+                   "Root Cause (first observed failure):\n[0]:\n"
+                   "  rank      : 2 (local_rank: 2)\n"
+                   "  exitcode  : -6 (pid: 19024)  (SIGABRT)\n")
+    note = bench.exit_note(1, str(log))
+    assert note == ("torchrun exited with 1 after every rank's last step; rank 2 exit code -6 "
+                    "(SIGABRT); 'terminate called without an active exception'")
