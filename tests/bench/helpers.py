@@ -79,11 +79,15 @@ def parse_nccl_like_a_user(text: str):
     return rows, avg
 
 
-def compare_module():
-    """benchmarks/compare.py, imported as a module (it is a script, not a package member)."""
+def benchmark_module(script: str):
+    """benchmarks/<script>.py, imported as a module (it is a script, not a package member)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_compare",
-                                                  os.path.join(ROOT, "benchmarks", "compare.py"))
+    spec = importlib.util.spec_from_file_location(f"bench_{script}",
+                                                  os.path.join(ROOT, "benchmarks", f"{script}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def compare_module():
+    return benchmark_module("compare")
