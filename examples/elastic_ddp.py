@@ -77,6 +77,7 @@ def main() -> int:
     first_rank = -1 if joining else dist.get_rank()
     step = sync_from_rank0(net, 0) if joining else 0
     expected = 0                           # replacements to wait for at the next grow
+    recovering = False                     # the next step is the first after a shrink
     model = DDP(net)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
     while step < args.steps:
@@ -86,6 +87,7 @@ def main() -> int:
             mine = slice(rank * args.batch // size, (rank + 1) * args.batch // size)
             loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
             if step == args.kill_step and first_rank == args.kill_rank:
+                print(f"rank {rank}: SIGKILL at {time.time():.6f}", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
             total = loss.detach() * (args.batch // size)     # sum of squared errors here
@@ -95,6 +97,10 @@ def main() -> int:
             if rank == 0 and args.out:
                 with open(args.out, "a") as f:
                     f.write(f"{step} {total.item() / args.batch:.9g} {size}\n")
+            if recovering:
+                recovering = False
+                print(f"rank {rank}: first step after shrinking done at {time.time():.6f}",
+                      file=sys.stderr, flush=True)
             step += 1
             if args.grow_every and step % args.grow_every == 0 and step < args.steps:
                 before = dist.group.WORLD
@@ -119,6 +125,7 @@ def main() -> int:
             pycoll.torch.shrink_group(sorted(gone))
             step = sync_from_rank0(net, step)
             model = DDP(net)
+            recovering = True
             if args.replacements > 0:
                 args.replacements -= 1
                 expected += 1
