@@ -1,0 +1,237 @@
+"""Elastic trials across namespace hosts: ranks are lost, the survivors shrink and go on.
+
+Shared by ``test_elastic_hosts.py`` and ``benchmarks/elastic_hosts.py``. A trial runs
+``elastic_rank.py`` on ``HOSTS`` x ``PER_HOST`` ranks (ranks of one host talk shm, of
+different hosts tcp) with the store in a namespace host of its own (``python -m rendezvous
+serve``, ``PYCOLL_STORE_EXTERNAL=1``): it is no rank's process, so it outlives any of them,
+and no rank's fault can cut it off from the others. Once every rank finished its first
+checked steps, after a random 50-1000 ms more of the loop, one fault:
+
+* ``kill``: SIGKILL to one rank, drawn at random;
+* ``host``: SIGKILL to every rank of one host, drawn at random;
+* ``cable``: one host's ``eth0`` goes down (``NamespaceHosts.link``): its ranks are cut off
+  from the store and from the other hosts. They are lost, not survivors: they must end by
+  themselves (``Excluded`` or another error), never hang.
+
+The judge (``ElasticTrial.problems``): every survivor ended on a shrunk communicator of the
+same size (the world less the lost ranks), ranked 0..m-1, whose checked collectives and
+closing agree went through; no collective anywhere returned a wrong result; every survivor
+exited 0 and every cut-off rank exited by itself within ``EXIT_LIMIT`` s of the fault (a
+process still running then is a hang: its stacks are dumped into its log, then it is killed).
+
+Measured per survivor: *detection*, the fault to the survivor's first error (for a pulled
+cable that is the link-down detection), and *recovery*, that error to its first successful
+collective on the shrunk communicator (``time.monotonic``: one clock for every namespace).
+
+Every process is SIGKILLed (its process group) and reaped, and the cable plugged in again,
+before a trial returns, so one ``NamespaceHosts(HOSTS + 1)`` serves many trials.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pycoll.testing.hosts import NamespaceHosts, stop_group, wait_for_text
+
+from .jobs import DEAD_MS, _env, _not_ready, _rank_env, _reap, _start_logged, _tail
+
+ELASTIC_JOB = Path(__file__).with_name("elastic_rank.py")
+FAULTS = ("kill", "host", "cable")
+HOSTS, PER_HOST = 4, 2
+#: the namespace host of the store (after the ranks' hosts)
+STORE_HOST = HOSTS
+#: the ranks' collective and shrink deadline: far above any recovery, so that a wait that
+#: ends at it shows as a failure, not as a slow recovery
+TIMEOUT = 30.0
+#: seconds after the fault by which every survivor has recovered and exited, and every
+#: cut-off rank has exited by itself; a process still running then is hung
+EXIT_LIMIT = 60.0
+#: ranks waiting in a collective when the fault comes: a random moment in this range (s)
+#: after the last rank said it was ready
+FAULT_DELAY = (0.05, 1.0)
+
+
+@dataclass
+class ElasticTrial:
+    """What one trial did and saw (see the module docstring)."""
+
+    fault: str
+    world: int
+    lost: list[int] = field(default_factory=list)       # ranks killed or cut off
+    target: str = ""                                     # "rank 5", "host 2"
+    injected: float = 0.0                                # time.monotonic() of the fault
+    results: dict[int, dict] = field(default_factory=dict)   # rank -> elastic<rank>.json
+    #: rank -> (exit code, seconds from the fault); (None, None): was still running
+    exits: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)
+    logs: dict[int, str] = field(default_factory=dict)   # tails of the problem ranks' logs
+    setup_error: str = ""
+
+    @property
+    def survivors(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.lost]
+
+    def detection(self) -> list[float]:
+        """Seconds from the fault to each survivor's first error."""
+        return [self.results[r]["t_error"] - self.injected for r in self.survivors
+                if self.results.get(r, {}).get("t_error") is not None]
+
+    def recovery(self) -> list[float]:
+        """Seconds from each survivor's first error to its first collective on the shrunk
+        communicator."""
+        return [res["t_first_ok"] - res["t_error"]
+                for res in (self.results.get(r, {}) for r in self.survivors)
+                if res.get("t_first_ok") is not None and res.get("t_error") is not None]
+
+    def cutoff_exits(self) -> list[float]:
+        """Seconds from a pulled cable to the exit of each of its host's ranks."""
+        if self.fault != "cable":
+            return []
+        seconds = (self.exits.get(r, (None, None))[1] for r in self.lost)
+        return [t for t in seconds if t is not None]
+
+    def problems(self) -> list[str]:
+        if self.setup_error:
+            return [f"{self.fault}: setup: {self.setup_error}"]
+        bad = []
+        want = self.world - len(self.lost)
+        for r in self.survivors:
+            res = self.results.get(r)
+            code, seconds = self.exits.get(r, (None, None))
+            if res is None:
+                bad.append(f"survivor rank {r}: no result; exit code {code}: "
+                           f"{self.logs.get(r, '')[-2000:]}")
+                continue
+            if res["outcome"] != "recovered":
+                bad.append(f"survivor rank {r}: {res['outcome']} (first error {res['error']}: "
+                           f"{res['message'][:400]}; recovering: {res['recover_errors']}; "
+                           f"{res.get('last_error', '')[:600]}) "
+                           f"{res.get('traceback', '')[-800:]}")
+            elif code != 0:
+                bad.append(f"survivor rank {r}: recovered but exit code {code} "
+                           f"({seconds} s after the fault): {self.logs.get(r, '')[-1500:]}")
+        for r in self.lost:
+            res = self.results.get(r) or {}
+            if res.get("outcome") in ("recovered", "wrong", "no-fault"):
+                bad.append(f"lost rank {r} ({self.target}): {res['outcome']} on a communicator "
+                           f"of {res.get('final_size')}: {res.get('error')}")
+            if self.fault == "cable" and self.exits.get(r, (None, None))[0] is None:
+                bad.append(f"cut-off rank {r}: still running {EXIT_LIMIT:g} s after the "
+                           f"cable was pulled (killed); its log: {self.logs.get(r, '')[-2000:]}")
+        ended = [self.results[r] for r in self.survivors
+                 if self.results.get(r, {}).get("outcome") == "recovered"]
+        if len(ended) == len(self.survivors):
+            sizes = {res["final_size"] for res in ended}
+            ranks = sorted(res["final_rank"] for res in ended)
+            if sizes != {want} or ranks != list(range(want)):
+                bad.append(f"survivors ended on sizes {sorted(sizes)} with ranks {ranks}, "
+                           f"expected {want} ranks 0..{want - 1}")
+        return [f"{self.fault} ({self.target}): {p}" for p in bad]
+
+
+def start_store(hosts: NamespaceHosts, out: Path, token: str) -> tuple[subprocess.Popen, int]:
+    """``python -m rendezvous serve`` on the store's namespace host; (process, port)."""
+    log_path = out / "store.txt"
+    argv = [sys.executable, "-m", "rendezvous", "serve", "--host",
+            hosts.addresses[STORE_HOST], "--port", "0", "--log-level", "WARNING"]
+    with open(log_path, "w") as log:
+        proc = hosts.popen(STORE_HOST, argv, env=_env(PYCOLL_TOKEN=token), stdout=log,
+                           stderr=subprocess.STDOUT)
+    try:
+        wait_for_text(log_path, "rendezvous listening on", proc, 30.0)
+    except BaseException:
+        stop_group(proc, grace=2.0)
+        raise
+    line = next(ln for ln in log_path.read_text().splitlines() if "listening on" in ln)
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def elastic_trial(hosts: NamespaceHosts, fault: str, out: Path,
+                  rng: random.Random | None = None, dead_ms: int = DEAD_MS) -> ElasticTrial:
+    """One trial of ``fault`` on ``hosts`` (``HOSTS`` + 1 namespace hosts: the last one
+    holds the store); ``out``: an empty directory for the ranks' files and logs."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+    if hosts.k != HOSTS + 1:
+        raise ValueError(f"an elastic trial needs {HOSTS + 1} namespace hosts, not {hosts.k}")
+    rng = rng or random.Random()
+    world = HOSTS * PER_HOST
+    trial = ElasticTrial(fault, world)
+    token = "elastic-hosts-secret"
+    procs: dict[int, subprocess.Popen] = {}
+    store: subprocess.Popen | None = None
+    cut: int | None = None
+    try:
+        store, port = start_store(hosts, out, token)
+        for h in range(HOSTS):
+            for local in range(PER_HOST):
+                r = h * PER_HOST + local
+                env = _rank_env(hosts, r, local, PER_HOST, world, port, PYCOLL_TOKEN=token,
+                                PYCOLL_STORE_EXTERNAL="1", PYCOLL_SOCKET_DEAD_MS=str(dead_ms),
+                                ELASTIC_TIMEOUT=str(TIMEOUT),
+                                ELASTIC_LOOP_SECONDS=str(120 + 5 * world),
+                                PYCOLL_MASTER_ADDR=hosts.addresses[STORE_HOST],
+                                PYCOLL_MASTER_PORT=str(port))
+                procs[r] = _start_logged(hosts, h, ELASTIC_JOB, out, r, env)
+        trial.setup_error = _not_ready(out, procs)
+        if trial.setup_error:
+            return trial
+        time.sleep(rng.uniform(*FAULT_DELAY))
+        if fault == "kill":
+            trial.lost = [rng.randrange(world)]
+            trial.target = f"rank {trial.lost[0]}"
+        else:
+            h = rng.randrange(HOSTS)
+            trial.lost = list(range(h * PER_HOST, (h + 1) * PER_HOST))
+            trial.target = f"host {h}"
+        trial.injected = time.monotonic()
+        if fault == "cable":
+            cut = trial.lost[0] // PER_HOST
+            hosts.link(cut, up=False)
+        else:
+            for r in trial.lost:
+                os.killpg(procs[r].pid, signal.SIGKILL)
+        _watch_exits(trial, procs)
+        for r in range(world):
+            path = out / f"elastic{r}.json"
+            if path.exists():
+                trial.results[r] = json.loads(path.read_text())
+        for r in range(world):
+            if r in trial.survivors or fault == "cable":
+                res = trial.results.get(r)
+                if res is None or res["outcome"] != "recovered" or trial.exits[r][0] != 0:
+                    trial.logs[r] = _tail(out / f"log{r}.txt", 6000)
+    finally:
+        _reap(list(procs.values()))
+        if store is not None:
+            stop_group(store, grace=2.0)
+        if cut is not None:
+            hosts.link(cut, up=True)
+    return trial
+
+
+def _watch_exits(trial: ElasticTrial, procs: dict[int, subprocess.Popen]) -> None:
+    """Record every rank's exit (code, seconds after the fault) until all exited or
+    ``EXIT_LIMIT``; a rank still running then gets SIGUSR1 (its stacks into its log,
+    ``elastic_rank.py`` registers faulthandler for it) a moment before it is killed."""
+    deadline = trial.injected + EXIT_LIMIT
+    while len(trial.exits) < len(procs) and time.monotonic() < deadline:
+        for r, p in procs.items():
+            if r not in trial.exits and p.poll() is not None:
+                trial.exits[r] = (p.returncode, time.monotonic() - trial.injected)
+        time.sleep(0.02)
+    for r, p in procs.items():
+        if r not in trial.exits:
+            trial.exits[r] = (None, None)
+            try:
+                os.kill(p.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+    if any(code is None for code, _ in trial.exits.values()):
+        time.sleep(1.0)            # the stacks reach the logs
