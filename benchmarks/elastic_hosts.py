@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -57,18 +58,24 @@ def record(trial: ElasticTrial, seed: int, wall: float) -> dict:
     outcomes = {r: res["outcome"] for r, res in sorted(trial.results.items())}
     errors = {r: res["error"] for r, res in sorted(trial.results.items())
               if r in trial.survivors}
-    return {"seed": seed, "target": trial.target, "lost": trial.lost,
+    messages = {r: res["message"].split("\n")[0][:400] for r, res in sorted(trial.results.items())
+                if r in trial.survivors}
+    return {"seed": seed, "target": trial.target,
             "problems": trial.problems(), "wall_s": round(wall, 2),
             "detection_s": [round(x, 4) for x in trial.detection()],
             "recovery_s": [round(x, 4) for x in trial.recovery()],
             "recoveries": {r: res["recoveries"] for r, res in sorted(trial.results.items())
                            if r in trial.survivors},
-            "first_errors": errors, "outcomes": outcomes,
+            "first_errors": errors, "first_messages": messages, "outcomes": outcomes,
+            "lost": trial.lost_details(),
             "exits": {r: [code, None if t is None else round(t, 3)]
                       for r, (code, t) in sorted(trial.exits.items())}}
 
 
-def run_fault(hosts: NamespaceHosts, fault: str, trials: int, seed: int) -> dict:
+def run_fault(hosts: NamespaceHosts, fault: str, trials: int, seed: int,
+              keep: Path | None = None) -> dict:
+    """``trials`` trials of ``fault``; ``keep``: where the files and logs of the ranks of a
+    failed trial are copied (``<fault>-<seed>``)."""
     rows, detection, recovery, cutoff = [], [], [], []
     started = time.monotonic()
     for k in range(trials):
@@ -76,6 +83,8 @@ def run_fault(hosts: NamespaceHosts, fault: str, trials: int, seed: int) -> dict
             t0 = time.monotonic()
             trial = elastic_trial(hosts, fault, Path(tmp), random.Random(f"{fault}-{seed + k}"))
             row = record(trial, seed + k, time.monotonic() - t0)
+            if keep is not None and row["problems"]:
+                shutil.copytree(tmp, keep / f"{fault}-{seed + k}")
         rows.append(row)
         if not row["problems"]:
             detection += trial.detection()
@@ -116,8 +125,15 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     for r in rows:
         c = r["cutoff_exit_s"]
         if c is not None:
+            ends: dict[str, int] = {}
+            for t in r["trial_details"]:
+                for lost in t["lost"].values():
+                    end = f"{lost['outcome']} ({(lost['last_error'] or lost['error'] or '')[:40]})"
+                    ends[end] = ends.get(end, 0) + 1
             md.append(f"* {r['fault']}: the cut-off ranks exited by themselves {fmt(c['p50'])} "
-                      f"(p50) / {fmt(c['max'])} (max) after the cable was pulled.")
+                      f"(p50) / {fmt(c['p99'])} (p99) / {fmt(c['max'])} (max) after the cable "
+                      "was pulled; how they ended: "
+                      + ", ".join(f"{k} x{n}" for k, n in sorted(ends.items())))
         kinds: dict[str, int] = {}
         for t in r["trial_details"]:
             for e in t["first_errors"].values():
@@ -139,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the first trial's seed")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="folder for the json and md")
     ap.add_argument("--name", default="hosts", help="their file name, less the suffix")
+    ap.add_argument("--keep", default="", help="copy the ranks' files and logs of every "
+                    "failed trial into this folder")
     args = ap.parse_args(argv)
     ok, why = available()
     if not ok:
@@ -155,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with NamespaceHosts(HOSTS + 1) as hosts:
         for fault in faults:
-            rows.append(run_fault(hosts, fault, args.trials, args.seed))
+            rows.append(run_fault(hosts, fault, args.trials, args.seed,
+                                  Path(args.keep) if args.keep else None))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     meta["load_after"] = round(os.getloadavg()[0], 1)
     out = Path(args.out)

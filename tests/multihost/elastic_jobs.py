@@ -15,7 +15,8 @@ checked steps, after a random 50-1000 ms more of the loop, one fault:
 
 The judge (``ElasticTrial.problems``): every survivor ended on a shrunk communicator of the
 same size (the world less the lost ranks), ranked 0..m-1, whose checked collectives and
-closing agree went through; no collective anywhere returned a wrong result; every survivor
+closing agree went through; no collective anywhere returned a wrong result; no survivor waited
+until its deadline (a ``CollectiveTimeout`` means the loss went unnoticed); every survivor
 exited 0 and every cut-off rank exited by itself within ``EXIT_LIMIT`` s of the fault (a
 process still running then is a hang: its stacks are dumped into its log, then it is killed).
 
@@ -53,6 +54,8 @@ TIMEOUT = 30.0
 #: seconds after the fault by which every survivor has recovered and exited, and every
 #: cut-off rank has exited by itself; a process still running then is hung
 EXIT_LIMIT = 60.0
+#: seconds after the fault when a rank still running writes its stacks into its log
+STACKS_AFTER = 20.0
 #: ranks waiting in a collective when the fault comes: a random moment in this range (s)
 #: after the last rank said it was ready
 FAULT_DELAY = (0.05, 1.0)
@@ -96,6 +99,24 @@ class ElasticTrial:
         seconds = (self.exits.get(r, (None, None))[1] for r in self.lost)
         return [t for t in seconds if t is not None]
 
+    def lost_details(self) -> dict[int, dict]:
+        """How each lost rank ended: what it raised, when it stopped (``end_s``: wrote its
+        result; ``exit_s``: its process ended; seconds after the fault), and the tail of
+        its log (its stacks, when it was still running ``STACKS_AFTER`` s after the fault)."""
+        details = {}
+        for r in self.lost:
+            res = self.results.get(r) or {}
+            code, seconds = self.exits.get(r, (None, None))
+            slow = seconds is None or seconds > STACKS_AFTER
+            details[r] = {"outcome": res.get("outcome"), "error": res.get("error"),
+                          "last_error": res.get("last_error", "")[:300],
+                          "end_s": (None if res.get("t_end") is None
+                                    else round(res["t_end"] - self.injected, 3)),
+                          "exit_code": code,
+                          "exit_s": None if seconds is None else round(seconds, 3),
+                          "log": self.logs.get(r, "")[-4000:] if slow else ""}
+        return details
+
     def problems(self) -> list[str]:
         if self.setup_error:
             return [f"{self.fault}: setup: {self.setup_error}"]
@@ -113,6 +134,10 @@ class ElasticTrial:
                            f"{res['message'][:400]}; recovering: {res['recover_errors']}; "
                            f"{res.get('last_error', '')[:600]}) "
                            f"{res.get('traceback', '')[-800:]}")
+            elif "CollectiveTimeout" in (res["error"] + res["recover_errors"]):
+                bad.append(f"survivor rank {r}: waited until its {TIMEOUT:g} s deadline (the "
+                           f"loss was not noticed): first error {res['error']}: "
+                           f"{res['message'][:1200]}; recovering: {res['recover_errors']}")
             elif code != 0:
                 bad.append(f"survivor rank {r}: recovered but exit code {code} "
                            f"({seconds} s after the fault): {self.logs.get(r, '')[-1500:]}")
@@ -218,20 +243,31 @@ def elastic_trial(hosts: NamespaceHosts, fault: str, out: Path,
 
 def _watch_exits(trial: ElasticTrial, procs: dict[int, subprocess.Popen]) -> None:
     """Record every rank's exit (code, seconds after the fault) until all exited or
-    ``EXIT_LIMIT``; a rank still running then gets SIGUSR1 (its stacks into its log,
-    ``elastic_rank.py`` registers faulthandler for it) a moment before it is killed."""
+    ``EXIT_LIMIT``. A rank still running ``STACKS_AFTER`` s after the fault, and again at
+    the limit, gets SIGUSR1: ``elastic_rank.py`` then writes every thread's stack into its
+    log (faulthandler), so a slow exit and a hang both show where they wait; at the limit
+    the hung ones are then killed by the caller."""
+    dumped: set[int] = set()
+
+    def dump(ranks: list[int]) -> None:
+        for r in ranks:
+            try:
+                os.kill(procs[r].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
     deadline = trial.injected + EXIT_LIMIT
     while len(trial.exits) < len(procs) and time.monotonic() < deadline:
         for r, p in procs.items():
             if r not in trial.exits and p.poll() is not None:
                 trial.exits[r] = (p.returncode, time.monotonic() - trial.injected)
+        if time.monotonic() > trial.injected + STACKS_AFTER and not dumped:
+            dumped.update(r for r in procs if r not in trial.exits)
+            dump(sorted(dumped))
         time.sleep(0.02)
-    for r, p in procs.items():
-        if r not in trial.exits:
-            trial.exits[r] = (None, None)
-            try:
-                os.kill(p.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-    if any(code is None for code, _ in trial.exits.values()):
+    hung = [r for r in procs if r not in trial.exits]
+    for r in hung:
+        trial.exits[r] = (None, None)
+    if hung:
+        dump(hung)
         time.sleep(1.0)            # the stacks reach the logs

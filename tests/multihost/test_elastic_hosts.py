@@ -76,6 +76,9 @@ def test_judge_passes_a_good_trial_and_measures_it():
     (lambda t: t.results[7].update(final_size=7, final_rank=6), "sizes [6, 7]"),
     (lambda t: t.results[7].update(final_rank=0), "ranks [0, 0, 1, 2, 3, 4]"),
     (lambda t: t.exits.update({6: (None, None)}), "survivor rank 6: recovered but exit code"),
+    (lambda t: t.results[4].update(error="CollectiveTimeout"), "survivor rank 4: waited until"),
+    (lambda t: t.results[4].update(recover_errors=" -> CollectiveTimeout"),
+     "survivor rank 4: waited until"),
     (lambda t: t.results.update({2: _recovered(0, 2)}), "lost rank 2 (host 1): recovered"),
 ])
 def test_judge_fails_what_must_fail(spoil, says):
