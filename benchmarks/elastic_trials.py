@@ -23,6 +23,9 @@ import numpy as np
 
 from pycoll.testing.elastic import run_trial
 
+#: a trial whose detection or recovery takes longer is listed with its survivors' errors
+SLOW_SECONDS = 5.0
+
 
 def quantiles(values: list[float]) -> dict[str, float | None]:
     if not values:
@@ -45,7 +48,7 @@ def main() -> int:
     for n in args.ranks:
         for transport in args.transports:
             for mode in args.modes:
-                passed, failures, recovery, detection = 0, [], [], []
+                passed, failures, recovery, detection, grow, slow = 0, [], [], [], [], []
                 start = time.monotonic()
                 for k in range(args.trials):
                     seed = args.seed + k
@@ -58,6 +61,13 @@ def main() -> int:
                         passed += 1
                         recovery += result.recovery_s
                         detection += result.detection_s or []
+                        grow += result.grow_s or []
+                        worst = max(result.recovery_s + (result.detection_s or []))
+                        if worst > SLOW_SECONDS:     # what made it slow: the first errors
+                            slow.append({"seed": seed, "worst_s": worst, "errors": [
+                                s.get("first_error", "")[:300] for s in result.survivors]})
+                            print(f"  SLOW n={n} {transport} {mode} seed {seed}: {worst:.1f} s",
+                                  file=sys.stderr, flush=True)
                     else:
                         failures.append({"seed": seed, "why": result.why})
                         print(f"  FAILED n={n} {transport} {mode} seed {seed}: "
@@ -65,12 +75,15 @@ def main() -> int:
                 row = {"ranks": n, "transport": transport, "mode": mode,
                        "trials": args.trials, "passed": passed, "failures": failures,
                        "recovery_s": quantiles(recovery), "detection_s": quantiles(detection),
+                       "grow_s": quantiles(grow), "slow": slow,
                        "wall_s": time.monotonic() - start}
                 rows.append(row)
                 r, d = row["recovery_s"], row["detection_s"]
                 print(f"n={n} {transport:4s} {mode:7s} {passed}/{args.trials} passed; "
                       f"recovery p50 {fmt(r['p50'])} p99 {fmt(r['p99'])} max {fmt(r['max'])}; "
-                      f"detection p50 {fmt(d['p50'])} p99 {fmt(d['p99'])}", flush=True)
+                      f"detection p50 {fmt(d['p50'])} p99 {fmt(d['p99'])}"
+                      + (f"; grow p50 {fmt(row['grow_s']['p50'])} p99 "
+                         f"{fmt(row['grow_s']['p99'])}" if grow else ""), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         command = "python " + " ".join(sys.argv)
@@ -79,12 +92,15 @@ def main() -> int:
         with open(os.path.join(args.out, "trials.md"), "w") as f:
             f.write(f"# Elastic kill -9 trials\n\n`{command}`\n\n"
                     "| ranks | transport | kill | passed | recovery p50 | p99 | max | "
-                    "detection p50 | p99 |\n|---|---|---|---|---|---|---|---|---|\n")
+                    "detection p50 | p99 | grow p50 | p99 |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|\n")
             for row in rows:
                 r, d = row["recovery_s"], row["detection_s"]
+                g = row["grow_s"]
                 f.write(f"| {row['ranks']} | {row['transport']} | {row['mode']} | "
                         f"{row['passed']}/{row['trials']} | {fmt(r['p50'])} | {fmt(r['p99'])} "
-                        f"| {fmt(r['max'])} | {fmt(d['p50'])} | {fmt(d['p99'])} |\n")
+                        f"| {fmt(r['max'])} | {fmt(d['p50'])} | {fmt(d['p99'])} "
+                        f"| {fmt(g['p50'])} | {fmt(g['p99'])} |\n")
     return 0 if all(row["passed"] == row["trials"] for row in rows) else 1
 
 

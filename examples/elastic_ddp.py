@@ -8,8 +8,8 @@ there are), so the loss curve does not depend on how many ranks share the work: 
 an uninterrupted run (``--kill-rank -1``) up to float rounding. The rank ``--kill-rank``
 SIGKILLs itself in step ``--kill-step``, after its forward pass. The survivors' backward
 raises; they agree on who is gone, shrink the default group (``pycoll.torch.shrink_group``),
-redo the step as 3 ranks (nobody applied it: a gradient allreduce that failed on one rank
-failed on all), and every few steps call ``pycoll.torch.grow_group()``, which admits the
+take rank 0's model and step (the failed step is redone as 3 ranks), and every few steps
+call ``pycoll.torch.grow_group()``, which admits the
 replacement the launcher started (``--max-restarts``; ``--replacements``: wait for it at
 the next grow after a loss); it joins with
 ``pycoll.torch.join_group()`` and gets the model and the step from rank 0 (DDP replicas are
@@ -81,44 +81,47 @@ def main() -> int:
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
     while step < args.steps:
         rank, size = dist.get_rank(), dist.get_world_size()
-        x, y = global_batch(step, args.batch)
-        mine = slice(rank * args.batch // size, (rank + 1) * args.batch // size)
-        loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
-        if step == args.kill_step and first_rank == args.kill_rank:
-            os.kill(os.getpid(), signal.SIGKILL)
         try:
+            x, y = global_batch(step, args.batch)
+            mine = slice(rank * args.batch // size, (rank + 1) * args.batch // size)
+            loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
+            if step == args.kill_step and first_rank == args.kill_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()
             total = loss.detach() * (args.batch // size)     # sum of squared errors here
             dist.all_reduce(total)
-        except (RuntimeError, pycoll.PycollError) as e:
+            opt.step()
             opt.zero_grad()
-            group = dist.group.WORLD
-            _, gone = group.comm.agree(1)
+            if rank == 0 and args.out:
+                with open(args.out, "a") as f:
+                    f.write(f"{step} {total.item() / args.batch:.9g} {size}\n")
+            step += 1
+            if args.grow_every and step % args.grow_every == 0 and step < args.steps:
+                before = dist.group.WORLD
+                started = time.monotonic()
+                # admit whoever waits; after a loss with a replacement coming, wait for it
+                pycoll.torch.grow_group(expected or None, timeout=120)
+                expected = 0
+                if dist.group.WORLD is not before:
+                    step = sync_from_rank0(net, step)
+                    model = DDP(net)
+                    print(f"rank {dist.get_rank()}: grew to {dist.get_world_size()} ranks in "
+                          f"{time.monotonic() - started:.3f} s", file=sys.stderr, flush=True)
+        except (RuntimeError, pycoll.PycollError) as e:
+            # a rank died (here, or while another call ran): agree on who is gone, shrink,
+            # and go on from rank 0's model and step (DDP replicas are identical: no
+            # checkpoint; a step that failed anywhere was applied nowhere but maybe on a rank
+            # that finished it, and rank 0's state is the one everyone takes)
+            opt.zero_grad()
+            _, gone = dist.group.WORLD.comm.agree(1)
             print(f"rank {rank}: step {step} failed ({type(e).__name__}); ranks "
                   f"{sorted(gone)} are gone: shrinking", file=sys.stderr, flush=True)
             pycoll.torch.shrink_group(sorted(gone))
+            step = sync_from_rank0(net, step)
             model = DDP(net)
             if args.replacements > 0:
                 args.replacements -= 1
                 expected += 1
-            continue                       # redo this step with the survivors
-        opt.step()
-        opt.zero_grad()
-        if rank == 0 and args.out:
-            with open(args.out, "a") as f:
-                f.write(f"{step} {total.item() / args.batch:.9g} {size}\n")
-        step += 1
-        if args.grow_every and step % args.grow_every == 0 and step < args.steps:
-            before = dist.group.WORLD
-            started = time.monotonic()
-            # admit whoever waits; after a loss with a replacement coming, wait for it
-            pycoll.torch.grow_group(expected or None, timeout=120)
-            expected = 0
-            if dist.group.WORLD is not before:
-                step = sync_from_rank0(net, step)
-                model = DDP(net)
-                print(f"rank {dist.get_rank()}: grew to {dist.get_world_size()} ranks in "
-                      f"{time.monotonic() - started:.3f} s", file=sys.stderr, flush=True)
     dist.destroy_process_group()
     return 0
 

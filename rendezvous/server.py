@@ -227,6 +227,8 @@ class StoreServer:
 
         self._kv: KeyValueState[bytes] = KeyValueState(self._on_ready)
         self._conns: dict[int, _Conn] = {}
+        #: key -> the connection whose lease sets it at close (the latest lease taken on it)
+        self._lease_holders: dict[bytes, _Conn] = {}
         self._timers: list[tuple[float, int, object]] = []
         self._seq = itertools.count()
         self._resume: list[_Conn] = []
@@ -560,7 +562,9 @@ class StoreServer:
         conn.outbuf = bytearray()
         leases, conn.leases = conn.leases, {}
         for key, value in leases.items():      # the holder is gone: say so, waking waiters
-            self._kv.set(key, value)
+            if self._lease_holders.get(key) is conn:    # unless a newer lease holds the key
+                del self._lease_holders[key]
+                self._kv.set(key, value)
 
     def _send(self, conn: _Conn, data: bytes) -> None:
         if conn.closed:
@@ -816,6 +820,10 @@ class StoreServer:
             _probe_idle(conn.sock, arg)
         self._kv.set(key, value)
         conn.leases[key] = on_close
+        earlier = self._lease_holders.get(key)
+        if earlier is not None and earlier is not conn:
+            earlier.leases.pop(key, None)     # the key's lease passes to this connection
+        self._lease_holders[key] = conn
         self._reply(conn)
 
     def _op_wait_like(self, conn: _Conn, op: int, arg: int, blobs: list[bytes]) -> None:

@@ -133,7 +133,10 @@ class Communicator(Collectives, FusedCollectives):
                       if connections is not None and store is not None else None)
         self._elastic: Elastic[Communicator] = Elastic(
             rank, size, name, store, self._exec, failures, membership, self._make_successor,
-            self._release)
+            self._release, {"deterministic": self.deterministic, "accumulate": self.accumulate})
+        #: made by shrink or grow: each rank's number in the communicator this one replaced
+        #: (None: a joiner); None otherwise
+        self.previous_ranks: list[int | None] | None = None
         self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
 
@@ -326,14 +329,16 @@ class Communicator(Collectives, FusedCollectives):
 
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
 
-        def make(rank: int, size: int, full_name: str, watch: Callable[[], None]) -> Communicator:
+        def make(rank: int, size: int, full_name: str, watch: Callable[[], None],
+                 extra: dict) -> Communicator:
             return cls.create(store, rank, size, name=full_name, timeout=limit, token=token,
-                              master_addr=master_addr, host=host, watch=watch)
+                              master_addr=master_addr, host=host, watch=watch,
+                              **extra.get("numerics", {}))
 
         return join(store, base_name(name), make, limit)
 
-    def _make_successor(self, rank: int, size: int, name: str,
-                        watch: Callable[[], None]) -> Communicator:
+    def _make_successor(self, rank: int, size: int, name: str, watch: Callable[[], None],
+                        extra: dict) -> Communicator:
         """The communicator a shrink or grow builds: a fresh bootstrap among its ranks (new
         channels: a failed call leaves the pairs it used out of step)."""
         return Communicator.create(self._store, rank, size, name=name, timeout=self.timeout,

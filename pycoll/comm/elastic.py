@@ -28,12 +28,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from rendezvous import Store, StoreError
 
 from ..errors import CollectiveTimeout, Excluded, InvalidArgument, PeerLost, PycollError, Revoked
+from ..runtime.abort import AbortSignal
 from .consensus import agree
 from .membership import Lease, Membership, gone_keys, watch_keys
 
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 
 
 class _Finalizable(Protocol):
+    previous_ranks: list[int | None] | None
+
     def finalize(self, timeout: float = ...) -> None: ...
 
 
@@ -51,7 +55,8 @@ Communicator = TypeVar("Communicator", bound=_Finalizable)
 
 T = TypeVar("T")
 
-Make = Callable[[int, int, str, Callable[[], None]], Communicator]
+#: ``make(rank, size, name, watch, extra)``: the communicator a shrink or grow builds
+Make = Callable[[int, int, str, Callable[[], None], dict[str, Any]], Communicator]
 
 #: pause between two looks at the lobby (joiners waiting, an admission)
 LOBBY_POLL_SECONDS = 0.005
@@ -70,7 +75,8 @@ class Elastic(Generic[Communicator]):
 
     def __init__(self, rank: int, size: int, name: str, store: Store | None,
                  execution: Execution, failures: Failures, membership: Membership | None,
-                 make: Make, release: Callable[[Communicator], None]) -> None:
+                 make: Make, release: Callable[[Communicator], None],
+                 numerics: dict[str, Any] | None = None) -> None:
         self.rank, self.size, self.name = rank, size, name
         self.store = store
         self.execution = execution
@@ -78,6 +84,8 @@ class Elastic(Generic[Communicator]):
         self.membership = membership
         self.make = make
         self.release = release
+        #: the reductions' defaults a joiner must take (``deterministic``, ``accumulate``)
+        self.numerics = numerics or {}
         self.agreements = 0          # agree() calls so far (the same count on every rank)
         self.attempts = 0            # shrink attempts so far (likewise)
 
@@ -107,16 +115,46 @@ class Elastic(Generic[Communicator]):
 
         decision = self._round(f"pycoll/{self.name}/agree/{self.agreements}",
                                range(self.size), {"flag": flag}, decide,
-                               time.monotonic() + timeout, where)
+                               time.monotonic() + timeout, where, self._interruption(),
+                               previous=f"pycoll/{self.name}/agree/{self.agreements - 2}")
+        self._raise_if_interrupted(decision, where)
         return int(decision["flag"]), frozenset(decision["gone"])
+
+    def _interruption(self) -> Callable[[], dict[str, Any] | None]:
+        """The ``interrupted`` hook of a round of the normal flow (agree, grow): on a
+        communicator this rank still takes for healthy, another rank's failure (its abort
+        record) means that the ranks that have not voted are busy with that failure and will
+        not vote here, so the round is given up, for everyone alike. On a failed or revoked
+        communicator (a recovery's agree) this rank never gives a round up itself."""
+        abort = self.failures.abort
+        healthy = self.execution.failed is None
+
+        def interrupted() -> dict[str, Any] | None:
+            if not healthy or abort is None:
+                return None
+            try:
+                record = abort.fetch()
+            except AbortSignal as e:        # the store itself is gone
+                return e.record
+            return record if record is not None and record.get("rank") != self.rank else None
+        return interrupted
+
+    def _raise_if_interrupted(self, decision: dict[str, Any], where: str) -> None:
+        if "interrupted" in decision:
+            err = self.failures.aborted(where, decision["interrupted"])
+            if self.execution.failed is None:
+                self.execution.failed = err
+            raise err
 
     # -- shrink ------------------------------------------------------------------------------
     def shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
         """``Communicator.shrink``."""
         excluded = self._check_exclude(exclude)
-        if self.size == 1 or self.store is None or self.membership is None:
+        if self.size == 1:
             raise InvalidArgument(f"rank {self.rank}: shrink: a communicator of one rank "
                                   "has nobody to lose")
+        self._needs_store("shrink")
+        assert self.membership is not None
         self.revoke(f"rank {self.rank} shrinks it")
         deadline = time.monotonic() + timeout
         while True:
@@ -129,23 +167,26 @@ class Elastic(Generic[Communicator]):
                               deadline, where)
             if who.get("error"):
                 raise InvalidArgument(f"{where}: {who['error']}")
-            survivors = [r for r in members if r not in set(who["gone"])]
-            built = self._build(Plan(scope, who["name"], survivors.index(self.rank),
-                                     self.membership.keys(survivors),
-                                     [f"rank {r}" for r in survivors]), deadline, where)
+            survivors = who["survivors"]
+            if self.rank not in survivors:      # a late rank the others did not count
+                raise self._excluded(where)
+            plan = Plan(scope, who["name"], survivors.index(self.rank),
+                        self.membership.keys(survivors), [f"rank {r}" for r in survivors],
+                        {"previous": survivors})
+            built = self._build(plan, deadline, where)
             if built is not None:
-                self.release(built)
                 return built
-            self._give_up_at(deadline, where)
 
     def _decide_who(self, votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
-        """The first round's decision: who is gone, and the new communicator's name
-        (drawn from a counter, so that every generation has its own keys)."""
+        """The first round's decision: the survivors (in order), and the new communicator's
+        name (drawn from a counter, so that every generation has its own keys)."""
         excludes = {tuple(v.get("exclude", ())) for v in votes.values()}
         if len(excludes) > 1:
             return {"error": "the ranks passed different exclude lists "
                              f"({sorted(excludes)}); pass the same list on every rank"}
-        return {"gone": sorted(gone), "name": self._next_name()}
+        excluded = set(next(iter(excludes), ()))
+        survivors = [r for r in range(self.size) if r not in gone and r not in excluded]
+        return {"gone": sorted(gone), "survivors": survivors, "name": self._next_name()}
 
     def _next_name(self) -> str:
         assert self.store is not None
@@ -159,9 +200,8 @@ class Elastic(Generic[Communicator]):
                                   or count < 1):
             raise InvalidArgument(f"rank {self.rank}: grow: count must be an int >= 1 or "
                                   f"None (whoever is waiting), not {count!r}")
-        if self.store is None or self.membership is None:
-            raise InvalidArgument(f"rank {self.rank}: grow: a communicator without a store "
-                                  "cannot admit anyone")
+        self._needs_store("grow")
+        assert self.membership is not None
         if self.execution.failed is not None:
             raise PycollError(f"rank {self.rank}: grow: communicator {self.name} failed "
                               f"({self.execution.failed}); shrink it first, then grow the "
@@ -169,20 +209,32 @@ class Elastic(Generic[Communicator]):
         deadline = time.monotonic() + timeout
         lobby = Lobby(self.failures_client(), base_name(self.name))
         while True:
-            if count is not None:
-                lobby.wait_for(count, deadline, f"rank {self.rank}: grow of {self.name}")
             self.attempts += 1
             where = (f"rank {self.rank}: grow (attempt {self.attempts}) of communicator "
                      f"{self.name}")
             scope = f"pycoll/{self.name}/grow/{self.attempts}"
+            late = ""
+            if count is not None:
+                try:
+                    lobby.wait_for(count, deadline, where)
+                except CollectiveTimeout as e:    # said in the round: everyone raises it
+                    late = str(e)
 
             def decide(votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
                 if gone:
                     return {"error": f"ranks {sorted(gone)} are gone: shrink first"}
+                waited = [v["late"] for v in votes.values() if v.get("late")]
+                if waited:
+                    return {"late": waited[0]}
                 tickets = lobby.waiting()[:count]
                 return {"tickets": tickets, "name": self._next_name() if tickets else ""}
 
-            who = self._round(scope, range(self.size), {}, decide, deadline, where)
+            who = self._round(scope, range(self.size), {"late": late}, decide, deadline, where,
+                              self._interruption(),
+                              previous=f"pycoll/{self.name}/grow/{self.attempts - 2}")
+            self._raise_if_interrupted(who, where)
+            if who.get("late"):
+                raise CollectiveTimeout(who["late"])
             if who.get("error"):
                 self.revoke(who["error"])
                 raise PeerLost(f"{where}: {who['error']}", peer=None)
@@ -192,15 +244,14 @@ class Elastic(Generic[Communicator]):
             plan = Plan(scope, who["name"], self.rank,
                         self.membership.keys(range(self.size)) + lobby.keys(tickets),
                         [f"rank {r}" for r in range(self.size)]
-                        + [f"joiner {t}" for t in tickets])
+                        + [f"joiner {t}" for t in tickets],
+                        {"previous": list(range(self.size)) + [None] * len(tickets),
+                         "numerics": self.numerics})
             lobby.admit(tickets, plan, self.size)
             built = self._build(plan, deadline, where)
             if built is not None:
                 lobby.joined(tickets)
-                self.revoke(f"grown into {plan.name}")
-                self.release(built)
                 return built
-            self._give_up_at(deadline, where)
 
     def waiting(self) -> int:
         """How many processes wait in this communicator's lobby (not collective)."""
@@ -209,15 +260,28 @@ class Elastic(Generic[Communicator]):
         return len(Lobby(self.failures_client(), base_name(self.name)).waiting())
 
     def _build(self, plan: Plan, deadline: float, where: str) -> Communicator | None:
-        """Build the planned communicator and commit it: every participant (the ranks of the
-        new communicator) votes whether its build worked; None (the build is dropped) when
-        any failed or died meanwhile."""
-        return build_and_commit(self.failures_client(), self.make, plan, deadline, where)
+        """Build the planned communicator and commit it (``build_and_commit``); on success
+        this communicator is revoked, marked replaced in the store (a late rank's round on
+        it then raises ``Excluded`` instead of deciding among "gone" ranks whose leases were
+        only released) and let go. None: a participant died meanwhile, try again."""
+        client = self.failures_client()
+        built = build_and_commit(client, self.make, plan, deadline, where)
+        if built is None:
+            return None
+        self.revoke(f"replaced by {plan.name}")
+        _best_effort(lambda: client.set(f"pycoll/{self.name}/replaced", plan.name))
+        self.release(built)
+        return built
 
-    def _give_up_at(self, deadline: float, where: str) -> None:
-        if time.monotonic() >= deadline:
-            raise PeerLost(f"{where}: ranks kept dying or failing to connect until the "
-                           "deadline", peer=None)
+    def _needs_store(self, what: str) -> None:
+        if self.store is None or self.membership is None or self.failures.abort is None:
+            raise InvalidArgument(f"rank {self.rank}: {what}: communicator {self.name} has no "
+                                  "store to agree through (made without one)")
+
+    def _excluded(self, where: str) -> Excluded:
+        return Excluded(f"{where}: the other ranks found this rank gone (its connection to "
+                        "the store was lost, or it came too late) and go on without it. Hint: "
+                        "finalize and exit; an elastic launcher may start a replacement")
 
     # -- the rounds --------------------------------------------------------------------------
     def failures_client(self) -> Store:
@@ -229,19 +293,27 @@ class Elastic(Generic[Communicator]):
 
     def _round(self, scope: str, participants: Sequence[int], vote: dict[str, Any],
                decide: Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]],
-               deadline: float, where: str) -> dict[str, Any]:
+               deadline: float, where: str,
+               interrupted: Callable[[], dict[str, Any] | None] | None = None,
+               previous: str = "") -> dict[str, Any]:
         """One agreement among ``participants`` (ranks of this communicator), gone ones found
-        by the membership; raises ``Excluded`` when the decision counts this rank as gone."""
-        if self.membership is None:
-            raise InvalidArgument(f"{where}: needs a store (a communicator of one has none)")
+        by the membership; raises ``Excluded`` when the decision counts this rank as gone or
+        the communicator was replaced without it. ``previous``: a round of the same kind two
+        rounds back, whose keys nobody reads any more (every participant of this one has
+        finished the one before)."""
+        assert self.membership is not None
         client = self.failures_client()
+        if client.check([f"pycoll/{self.name}/replaced"]):
+            raise self._excluded(where)
         membership = self.membership
         decision = agree(client, scope, self.rank, list(participants), vote,
-                         lambda ranks: membership.gone(client, ranks), decide, deadline, where)
+                         lambda ranks: membership.gone(client, ranks), decide, deadline, where,
+                         interrupted)
         if self.rank in decision.get("gone", ()):
-            raise Excluded(f"{where}: the other ranks found this rank gone (its connection to "
-                           "the store was lost) and go on without it. Hint: finalize and exit; "
-                           "an elastic launcher may start a replacement")
+            raise self._excluded(where)
+        if previous:
+            for key in (f"{previous}/votes", f"{previous}/decision"):
+                _best_effort(partial(client.delete, key))
         return decision
 
     def _check_exclude(self, exclude: Sequence[int]) -> set[int]:
@@ -263,41 +335,89 @@ class Elastic(Generic[Communicator]):
 @dataclass
 class Plan:
     """A communicator to build: the round's ``scope``, its ``name``, this participant's
-    ``rank`` in it, and every participant's lease key (in rank order) with a name for
-    messages. It travels to joiners as JSON (their admission)."""
+    ``rank`` in it, every participant's lease key (in rank order) with a name for messages,
+    and ``extra``: ``previous`` (each rank's number in the communicator it replaces, None
+    for a joiner) and, for joiners, the members' ``numerics``. It travels to joiners as JSON
+    (their admission)."""
     scope: str
     name: str
     rank: int
     keys: list[str]
     names: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class BuildFailed(Exception):
+    """A participant's build failed without anyone dying (raised inside ``watch``)."""
 
 
 def build_and_commit(client: Any, make: Make, plan: Plan, deadline: float,
                      where: str) -> Any:
-    """Build ``plan``'s communicator (watching the other participants' leases), then the
-    commit round: the communicator, or None on every participant when any build failed or a
-    participant died meanwhile (the next attempt starts over)."""
+    """Build ``plan``'s communicator, then the commit round: the communicator, or None on
+    every participant when a participant died meanwhile (the next attempt starts over).
+
+    While the build waits on the store it watches the other participants' leases, the
+    deadline, and the commit votes: a participant whose build failed votes at once, so the
+    others stop waiting for it. A build that failed without a death, or a deadline passed,
+    is decided as such and raised on every participant alike (naming the rank and its
+    error), never retried: the same failure would come back."""
     size = len(plan.keys)
-    watch = watch_keys(client, plan.keys, plan.names, f"{where}: building {plan.name}")
+    commit_scope = f"{plan.scope}/commit"
+    lease_watch = watch_keys(client, plan.keys, plan.names, f"{where}: building {plan.name}")
+
+    def watch() -> None:
+        lease_watch()
+        if time.monotonic() >= deadline:
+            raise CollectiveTimeout(f"{where}: building {plan.name} took past the deadline")
+        if client.check([f"{commit_scope}/votes"]):
+            for line in bytes(client.get(f"{commit_scope}/votes")).decode().splitlines():
+                if '"ok": 0' in line:
+                    raise BuildFailed(line)
+
+    error = ""
     try:
-        built = make(plan.rank, size, plan.name, watch)
-    except BUILD_FAILURES:
-        built = None     # a participant died meanwhile: the commit round says so
+        built = make(plan.rank, size, plan.name, watch, plan.extra)
+    except (*BUILD_FAILURES, BuildFailed) as e:
+        built, error = None, f"{type(e).__name__}: {e}"[:500]
 
     def gone(ranks: Sequence[int]) -> set[int]:
         found = gone_keys(client, [plan.keys[r] for r in ranks])
         return {ranks[i] for i in found}
 
     def decide(votes: dict[int, dict[str, Any]], dead: set[int]) -> dict[str, Any]:
-        return {"ok": int(all(int(v["ok"]) for v in votes.values())), "gone": sorted(dead)}
+        return {"ok": int(all(int(v["ok"]) for v in votes.values())), "gone": sorted(dead),
+                "errors": {r: v["error"] for r, v in votes.items()
+                           if v.get("error") and not v["error"].startswith("BuildFailed")},
+                "expired": any(v.get("expired") for v in votes.values())}
 
-    commit = agree(client, f"{plan.scope}/commit", plan.rank, range(size),
-                   {"ok": int(built is not None)}, gone, decide, deadline, where)
+    vote = {"ok": int(built is not None), "error": error,
+            "expired": int(time.monotonic() >= deadline)}
+    commit = agree(client, commit_scope, plan.rank, range(size), vote, gone, decide, deadline,
+                   where)
     if commit["ok"] and not commit["gone"]:
+        if built is not None:
+            built.previous_ranks = plan.extra.get("previous")
         return built
     if built is not None:
         built.finalize(timeout=1.0)
-    return None
+    if commit["gone"]:
+        return None              # a participant died: the next attempt leaves it out
+    if commit["expired"]:
+        raise CollectiveTimeout(f"{where}: building {plan.name} went past the deadline on "
+                                "some participant; every participant stops here")
+    failed = sorted(commit["errors"].items()) or [("?", "a build failed")]
+    rank, why = failed[0]
+    raise PycollError(f"{where}: building {plan.name} failed on rank {rank} of it ({why}); "
+                      "every participant stops here. Hint: look at that rank's output")
+
+
+def _best_effort(call: Callable[[], Any]) -> None:
+    """A store write that may fail without harm (bookkeeping, cleanup)."""
+    try:
+        call()
+    except (StoreError, OSError) as e:
+        from .. import debug
+        debug.logger.info("elastic: a store write failed (%s); going on", e)
 
 
 class Lobby:
@@ -333,12 +453,13 @@ class Lobby:
     def admit(self, tickets: Sequence[int], plan: Plan, size: int) -> None:
         """Tell each admitted joiner its plan (every member writes the same values)."""
         for i, t in enumerate(tickets):
-            mine = Plan(plan.scope, plan.name, size + i, plan.keys, plan.names)
+            mine = Plan(plan.scope, plan.name, size + i, plan.keys, plan.names, plan.extra)
             self.client.set(f"{self.prefix}/admit/{t}", json.dumps(mine.__dict__))
 
     def joined(self, tickets: Sequence[int]) -> None:
+        """Bookkeeping after a committed grow (best effort: the grow stands either way)."""
         for t in tickets:
-            self.client.set(f"{self.prefix}/joined/{t}", "1")
+            _best_effort(partial(self.client.set, f"{self.prefix}/joined/{t}", "1"))
 
     # -- the joiner's side -------------------------------------------------------------------
     def enter(self, store: Store, timeout: float) -> tuple[int, Lease]:

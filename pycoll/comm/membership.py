@@ -99,8 +99,9 @@ class Membership:
         their lease says so, or, without a lease, their process on this host has exited."""
         ranks = list(range(len(self.members)) if ranks is None else ranks)
         keys = self.keys(ranks)
-        leased = {r for r, k in zip(ranks, keys) if client.check([k])}
         gone = {ranks[i] for i in gone_keys(client, keys)}
+        leased = (set(ranks) if client.check(keys)
+                  else {r for r, k in zip(ranks, keys) if client.check([k])})
         for r in set(ranks) - leased:
             w = self.members[r]
             pid = self.pids(w)
@@ -114,7 +115,14 @@ class Membership:
 
 
 def gone_keys(client: Store, keys: Sequence[str]) -> list[int]:
-    """Which of ``keys`` (lease keys) say their holder is gone (absent keys do not)."""
+    """Which of ``keys`` (lease keys) say their holder is gone (absent keys do not). One
+    round trip when every key exists (the usual case: leases are taken at init), else one
+    per key."""
+    if not keys:
+        return []
+    if client.check(list(keys)):
+        values = client.multi_get(list(keys), timeout=1.0)
+        return [i for i, v in enumerate(values) if bytes(v) == GONE]
     present = [i for i, k in enumerate(keys) if client.check([k])]
     values = client.multi_get([keys[i] for i in present], timeout=1.0) if present else []
     return [i for i, v in zip(present, values) if bytes(v) == GONE]

@@ -166,8 +166,9 @@ class AbortWatch:
             return
         self._next_poll = now + self.interval
         record = self.fetch()
-        if record is not None and record.get("rank") != self.rank:
-            raise AbortSignal(record)
+        if record is not None and (record.get("rank") != self.rank
+                                   or record.get("kind") == "Revoked"):
+            raise AbortSignal(record)     # another rank's failure, or this rank's revoke
 
     def fetch(self) -> dict[str, Any] | None:
         """The abort record, or None; raises AbortSignal if the store stays unreachable."""

@@ -266,8 +266,11 @@ def run_trial(n: int, transport: str, mode: str, seed: int,
     """One trial on ``n`` forked ranks of this host over ``transport``."""
     import tempfile
 
+    from .. import fastpath
     from . import run_ranks
 
+    if fastpath.probe_limit():
+        fastpath.warm()      # once per process: forked ranks inherit the loaded kernels
     rng = random.Random(seed)
     plan = random_plan(n, mode, rng)
     with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as tmp:

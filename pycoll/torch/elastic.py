@@ -36,27 +36,30 @@ def shrink_group(ranks_to_exclude: Sequence[int], group: Any = None,
     target = _pycoll_group(info)
     excluded = c10d._validate_and_process_excluded_ranks(excluded_ranks, info)
     new = target.shrink(sorted(excluded), shrink_flags, pg_options)
-    remaining = [dist.get_global_rank(target, r) for r in range(info["group_size"])
-                 if r not in excluded]
+    # the agreed survivors: ranks_to_exclude and any other rank found dead meanwhile
+    survivors = new.comm.previous_ranks or []
+    remaining = [dist.get_global_rank(target, r) for r in survivors if r is not None]
     return _replace(target, new, remaining, info["is_default_group"], "shrunk")
 
 
 def grow_group(count: int | None = None, group: Any = None,
                timeout: float | timedelta | None = None) -> Any:
-    """``Communicator.grow`` for a pycoll group (every member calls it): the group of its
-    members plus ``count`` processes waiting in ``join_group`` (None: whoever waits now;
-    the group itself when nobody does). Members keep their ranks; joiners follow."""
+    """``Communicator.grow`` for the default group, a pycoll group (every member calls it):
+    the group of its members plus ``count`` processes waiting in ``join_group`` (None:
+    whoever waits now; the group itself when nobody does). Members keep their ranks;
+    joiners follow."""
     pg = group if group is not None else c10d._get_default_group()
     target = _pycoll_group({"process_group": pg,
                             "group_name": c10d._get_process_group_name(pg)})
+    if pg is not c10d._get_default_group():
+        raise ValueError("pycoll.torch.grow_group grows the default group only (joiners "
+                         "become ranks of the default group: join_group)")
     grown = target.comm.grow(count, timeout=timeout)
     if grown is target.comm:
         return target
     new = _wrap(grown)
     new._adapter, target._adapter = target._adapter, None
-    members = [dist.get_global_rank(target, r) for r in range(target.size())]
-    ranks = members + list(range(max(members) + 1, max(members) + 1 + grown.size - len(members)))
-    return _replace(target, new, ranks, target is c10d._get_default_group(), "grown")
+    return _replace(target, new, list(range(grown.size)), True, "grown")
 
 
 def join_group(timeout: float | timedelta = DEFAULT_TIMEOUT) -> Any:

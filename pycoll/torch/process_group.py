@@ -80,9 +80,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._timeout = seconds
         #: the store client this group owns and closes (torch's store adapted, or pycoll's)
         self._adapter: Any = None
-        if comm is None and size > 1 and elastic_job():
-            # under pycoll.run --elastic: pycoll's store, which lives in the launcher (rank
-            # 0 may die too) and has the leases that find dead ranks (docs/elastic.md)
+        if comm is None and size > 1 and elastic_job() and not dist.is_initialized():
+            # the default group under pycoll.run --elastic: pycoll's store, which lives in
+            # the launcher (rank 0 may die too) and has the leases that find dead ranks
+            # (docs/elastic.md); other groups share its channels or use torch's store
             own, _, _, token, addr = join_job(rank, size, None, None, seconds, None)
             self._adapter = own
             comm = Communicator.create(own, rank, size, timeout=seconds, name="torch",
@@ -489,18 +490,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         pending on it (``SHRINK_ABORT``'s "terminate ongoing operations") raises
         ``pycoll.Revoked``. ``pg_options``: a ``Backend.Options`` whose timeout the new
         group takes. The new group owns the store adapter from now on (torch destroys this
-        group next)."""
+        group next). More ranks than ``ranks_to_exclude`` may be gone (a second death during
+        the shrink): the new group is of the agreed survivors (its communicator's
+        ``previous_ranks``)."""
         timeout = group_timeout(timedelta(seconds=self._timeout), pg_options).total_seconds()
         excluded = sorted(int(r) for r in ranks_to_exclude)
         comm = self.comm.shrink(excluded, timeout=timeout)
-        expected = self._size - len(excluded)
-        if comm.size != expected:
-            gone = self._size - comm.size - len(excluded)
-            raise PycollError(
-                f"rank {self._rank}: shrink_group: {gone} more rank(s) than ranks_to_exclude "
-                f"{excluded} are gone; the shrunk communicator has {comm.size} ranks, torch "
-                f"expects {expected}. Hint: call comm.agree() to learn who is gone, and pass "
-                "all of them")
         group = ProcessGroupPycoll(None, comm.rank, comm.size, timedelta(seconds=timeout),
                                    comm=comm)
         group._adapter, self._adapter = self._adapter, None

@@ -240,3 +240,30 @@ def test_pycoll_shrink_replaces_the_default_world() -> None:
     out = run_ranks(_world_shrink, 3, expect_failure=True)
     assert out[0][0] == "missing"
     assert out[1:] == [("ok", (True, 2, 2.0))] * 2
+
+
+def _agree_while_another_rank_fails(comm: pycoll.Communicator) -> dict:
+    """Ranks 0 and 1 reach an agree of the normal flow; rank 2 fails elsewhere (here:
+    revokes) and goes to recover instead of voting: their agree must give up at once, alike
+    on both, not wait for the deadline; then everyone shrinks."""
+    if comm.rank == 2:
+        time.sleep(0.3)
+        comm.revoke("rank 2 failed elsewhere")
+        seen = "revoked it"
+    else:
+        start = time.monotonic()
+        try:
+            comm.agree(1, timeout=20)
+            seen = "agreed"
+        except pycoll.Revoked as e:
+            seen = f"Revoked after {time.monotonic() - start:.1f}s: {e.reason}"
+    new = comm.shrink()
+    return {"seen": seen, "size": new.size}
+
+
+def test_an_agree_gives_up_when_a_rank_fails_elsewhere() -> None:
+    out = run_ranks(_agree_while_another_rank_fails, 3)
+    for r in (0, 1):
+        assert out[r]["seen"].startswith("Revoked after") and "elsewhere" in out[r]["seen"]
+        assert float(out[r]["seen"].split()[2][:-2]) < 10, out
+    assert [o["size"] for o in out] == [3, 3, 3]

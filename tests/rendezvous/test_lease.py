@@ -71,3 +71,17 @@ def test_leases_per_connection_are_bounded(server: StoreServer) -> None:
             holder.lease("l/64", "1", "0")
     finally:
         holder.close()
+
+
+def test_a_newer_lease_on_the_key_wins(server: StoreServer, store: TCPStore) -> None:
+    """init -> finalize -> init under the same key: the first holder's close, processed late,
+    must not flip the second holder's key."""
+    first = TCPStore(HOST, server.port, timeout=10)
+    first.lease("alive/0", "1", "0")
+    second = TCPStore(HOST, server.port, timeout=10)
+    second.lease("alive/0", "1", "0")
+    first.close()
+    time.sleep(0.3)
+    assert store.get("alive/0") == b"1"
+    second.close()
+    assert wait_until(lambda: store.get("alive/0") == b"0", 5.0)
