@@ -44,10 +44,10 @@ from pycoll.testing.hosts import NamespaceHosts, stop_group, wait_for_text
 from .jobs import DEAD_MS, _env, _not_ready, _rank_env, _reap, _start_logged, _tail
 
 ELASTIC_JOB = Path(__file__).with_name("elastic_rank.py")
+AGREE_JOB = Path(__file__).with_name("agree_rank.py")
 FAULTS = ("kill", "host", "cable")
 HOSTS, PER_HOST = 4, 2
-#: the namespace host of the store (after the ranks' hosts)
-STORE_HOST = HOSTS
+TOKEN = "elastic-hosts-secret"
 #: the ranks' collective and shrink deadline: far above any recovery, so that a wait that
 #: ends at it shows as a failure, not as a slow recovery
 TIMEOUT = 30.0
@@ -160,13 +160,14 @@ class ElasticTrial:
         return [f"{self.fault} ({self.target}): {p}" for p in bad]
 
 
-def start_store(hosts: NamespaceHosts, out: Path, token: str) -> tuple[subprocess.Popen, int]:
-    """``python -m rendezvous serve`` on the store's namespace host; (process, port)."""
+def start_store(hosts: NamespaceHosts, out: Path) -> tuple[subprocess.Popen, int]:
+    """``python -m rendezvous serve`` on the last namespace host (the store's); (process,
+    port)."""
     log_path = out / "store.txt"
-    argv = [sys.executable, "-m", "rendezvous", "serve", "--host",
-            hosts.addresses[STORE_HOST], "--port", "0", "--log-level", "WARNING"]
+    argv = [sys.executable, "-m", "rendezvous", "serve", "--host", hosts.addresses[-1],
+            "--port", "0", "--log-level", "WARNING"]
     with open(log_path, "w") as log:
-        proc = hosts.popen(STORE_HOST, argv, env=_env(PYCOLL_TOKEN=token), stdout=log,
+        proc = hosts.popen(hosts.k - 1, argv, env=_env(PYCOLL_TOKEN=TOKEN), stdout=log,
                            stderr=subprocess.STDOUT)
     try:
         wait_for_text(log_path, "rendezvous listening on", proc, 30.0)
@@ -175,6 +176,15 @@ def start_store(hosts: NamespaceHosts, out: Path, token: str) -> tuple[subproces
         raise
     line = next(ln for ln in log_path.read_text().splitlines() if "listening on" in ln)
     return proc, int(line.rsplit(":", 1)[1])
+
+
+def _rank_on(hosts: NamespaceHosts, h: int, job: Path, out: Path, rank: int, per_host: int,
+             world: int, port: int, **extra: str) -> subprocess.Popen:
+    """``job OUT`` as ``rank`` on host ``h``, a client of the store ``start_store`` started."""
+    env = _rank_env(hosts, rank, rank % per_host, per_host, world, port, PYCOLL_TOKEN=TOKEN,
+                    PYCOLL_STORE_EXTERNAL="1", PYCOLL_MASTER_ADDR=hosts.addresses[-1],
+                    PYCOLL_MASTER_PORT=str(port), **extra)
+    return _start_logged(hosts, h, job, out, rank, env)
 
 
 def elastic_trial(hosts: NamespaceHosts, fault: str, out: Path,
@@ -188,22 +198,16 @@ def elastic_trial(hosts: NamespaceHosts, fault: str, out: Path,
     rng = rng or random.Random()
     world = HOSTS * PER_HOST
     trial = ElasticTrial(fault, world)
-    token = "elastic-hosts-secret"
     procs: dict[int, subprocess.Popen] = {}
     store: subprocess.Popen | None = None
     cut: int | None = None
     try:
-        store, port = start_store(hosts, out, token)
-        for h in range(HOSTS):
-            for local in range(PER_HOST):
-                r = h * PER_HOST + local
-                env = _rank_env(hosts, r, local, PER_HOST, world, port, PYCOLL_TOKEN=token,
-                                PYCOLL_STORE_EXTERNAL="1", PYCOLL_SOCKET_DEAD_MS=str(dead_ms),
+        store, port = start_store(hosts, out)
+        for r in range(world):
+            procs[r] = _rank_on(hosts, r // PER_HOST, ELASTIC_JOB, out, r, PER_HOST, world,
+                                port, PYCOLL_SOCKET_DEAD_MS=str(dead_ms),
                                 ELASTIC_TIMEOUT=str(TIMEOUT),
-                                ELASTIC_LOOP_SECONDS=str(120 + 5 * world),
-                                PYCOLL_MASTER_ADDR=hosts.addresses[STORE_HOST],
-                                PYCOLL_MASTER_PORT=str(port))
-                procs[r] = _start_logged(hosts, h, ELASTIC_JOB, out, r, env)
+                                ELASTIC_LOOP_SECONDS=str(120 + 5 * world))
         trial.setup_error = _not_ready(out, procs)
         if trial.setup_error:
             return trial
@@ -271,3 +275,37 @@ def _watch_exits(trial: ElasticTrial, procs: dict[int, subprocess.Popen]) -> Non
     if hung:
         dump(hung)
         time.sleep(1.0)            # the stacks reach the logs
+
+
+def cut_off_in_agree(hosts: NamespaceHosts, out: Path, dead_ms: int = DEAD_MS,
+                     wait: float = 60.0) -> dict:
+    """Ranks 0 and 1 on hosts 0 and 1 (``hosts.k`` == 3: the store on host 2) loop on
+    ``agree`` (``agree_rank.py``); host 1's cable is pulled: what rank 1, cut off from the
+    store in the middle of an agreement, raised (``agree_rank.py``'s json) and ``exit_s``,
+    how long after the fault its process ended (None: still running after ``wait`` s)."""
+    procs: dict[int, subprocess.Popen] = {}
+    store, port = start_store(hosts, out)
+    try:
+        for r in range(2):
+            procs[r] = _rank_on(hosts, r, AGREE_JOB, out, r, 1, 2, port,
+                                PYCOLL_SOCKET_DEAD_MS=str(dead_ms))
+        setup = _not_ready(out, procs)
+        if setup:
+            raise AssertionError(setup)
+        time.sleep(0.3)
+        injected = time.monotonic()
+        hosts.link(1, up=False)
+        try:
+            procs[1].wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+        code = procs[1].poll()
+        path = out / "error1.json"
+        seen = json.loads(path.read_text()) if path.exists() else {}
+        return dict(seen, exit_s=None if code is None else time.monotonic() - injected,
+                    error_s=seen["t"] - injected if seen else None,
+                    log=_tail(out / "log1.txt", 3000))
+    finally:
+        _reap(list(procs.values()))
+        stop_group(store, grace=2.0)
+        hosts.link(1, up=True)

@@ -16,7 +16,14 @@ import pytest
 
 from pycoll.testing.hosts import NamespaceHosts, available
 
-from .elastic_jobs import EXIT_LIMIT, FAULTS, HOSTS, ElasticTrial, elastic_trial
+from .elastic_jobs import (
+    EXIT_LIMIT,
+    FAULTS,
+    HOSTS,
+    ElasticTrial,
+    cut_off_in_agree,
+    elastic_trial,
+)
 
 ok, why = available()
 needs_hosts = pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}")
@@ -96,3 +103,26 @@ def test_judge_requires_cut_off_ranks_to_exit():
     problems = "\n".join(trial.problems())
     assert "cut-off rank 3: still running" in problems and "rank 2" not in problems
     assert trial.cutoff_exits() == [8.0]
+
+
+@needs_hosts
+@pytest.mark.xfail(strict=True, reason="library: agree on a rank cut off from the store raises "
+                   "a bare rendezvous StoreError, and finalize then waits the whole store "
+                   "timeout (reported to the lead)")
+@pytest.mark.timeout(150)
+def test_a_rank_cut_off_in_agree_raises_a_pycoll_error_and_exits(tmp_path):
+    """A rank whose cable is pulled while it agrees (the loop's agree, as in mixed_step) is
+    cut off from the store: it must raise a ``pycoll.PycollError`` that names the agree (code
+    catching ``PycollError`` to recover must see it) and exit within the documented bound
+    of a pulled cable, as a rank failing in a collective does."""
+    from .jobs import bound_seconds
+
+    with NamespaceHosts(3) as hosts:
+        seen = cut_off_in_agree(hosts, tmp_path)
+    assert seen.get("type"), f"rank 1 raised nothing: {seen['log']}"
+    assert seen["pycoll_error"] and "agree" in seen["message"], (
+        f"rank 1 raised {seen['type']}: {seen['message'][:500]}")
+    limit = bound_seconds() + 3.0
+    assert seen["exit_s"] is not None and seen["exit_s"] <= limit, (
+        f"rank 1 exited {seen['exit_s']} s after the cable was pulled (bound {limit:g} s): "
+        f"{seen['log'][-1500:]}")
