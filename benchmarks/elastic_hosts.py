@@ -128,7 +128,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             ends: dict[str, int] = {}
             for t in r["trial_details"]:
                 for lost in t["lost"].values():
-                    end = f"{lost['outcome']} ({(lost['last_error'] or lost['error'] or '')[:40]})"
+                    raised = (lost["last_error"] or lost["error"] or "").split(":")[0]
+                    end = f"{lost['outcome']} ({raised})"
                     ends[end] = ends.get(end, 0) + 1
             md.append(f"* {r['fault']}: the cut-off ranks exited by themselves {fmt(c['p50'])} "
                       f"(p50) / {fmt(c['p99'])} (p99) / {fmt(c['max'])} (max) after the cable "
