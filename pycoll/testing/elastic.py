@@ -158,7 +158,8 @@ def recover(comm: Any, plan: Plan, me: int, need_shrink: bool,
     """Shrink (and for "grow" modes grow by the waiting joiner) until checked steps and a
     closing agree go through with nobody gone: the ULFM pattern, where the agreement makes
     every survivor leave the loop in the same state. ``me``: this rank in the first
-    communicator (-1: the joiner)."""
+    communicator (-1: the joiner). ``Excluded`` (a rank cut off from the store, which the
+    others found gone) is raised: shrinking again cannot bring it back."""
     import pycoll
 
     report: dict[str, Any] = {"error": "", "first_ok": None, "grow_s": None,
@@ -197,8 +198,8 @@ def recover(comm: Any, plan: Plan, me: int, need_shrink: bool,
                 report["final_ok"] = True
                 return comm, report
             need_shrink = True
-        except WrongResult:
-            raise
+        except (WrongResult, pycoll.Excluded):
+            raise         # Excluded: the others went on without this rank; it must leave
         except pycoll.PycollError as e:
             report["error"] += f" -> {type(e).__name__}"
             need_shrink = True

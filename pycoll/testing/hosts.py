@@ -258,6 +258,15 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         pass
 
 
+def write_json(folder: str | os.PathLike[str], name: str, data: Any) -> None:
+    """Write ``data`` as ``folder/name`` (a rank's result for its test's driver) whole or
+    not at all: the driver polls for the file and must never read half of it."""
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(folder, name))
+
+
 def driver_results(driver: subprocess.Popen, log: str | os.PathLike[str],
                    limit: float) -> Any:
     """The JSON of the last line a test's driver program printed into ``log``, once it exited

@@ -12,7 +12,6 @@ the traceback, as a program that does not catch the error would (``pycoll.run`` 
 ``FAULT_JOB_TIMEOUT``: the collective deadline (default 60 s, far above any detection bound);
 ``FAULT_JOB_SECONDS``: how long to loop without a fault before giving up (default 120 s).
 """
-import json
 import os
 import re
 import socket
@@ -22,17 +21,11 @@ import time
 import numpy as np
 
 import pycoll
+from pycoll.testing.hosts import write_json
 
 out = sys.argv[1]
 comm = pycoll.init(timeout=float(os.environ.get("FAULT_JOB_TIMEOUT", "60")))
 r = comm.rank
-
-
-def write(name: str, data: dict) -> None:
-    tmp = os.path.join(out, f".{name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, os.path.join(out, name))      # whole, or not at all
 
 
 def named_ranks(e: BaseException) -> list:
@@ -54,7 +47,7 @@ small = np.ones(8 // 4, np.float32)
 big = np.ones((1 << 20) // 4, np.float32)
 comm.allreduce(small, "max")
 comm.allreduce(big, "max")
-write(f"ready{r}", {"pid": os.getpid(), "host": socket.gethostname()})
+write_json(out, f"ready{r}", {"pid": os.getpid(), "host": socket.gethostname()})
 stop = time.monotonic() + float(os.environ.get("FAULT_JOB_SECONDS", "120"))
 calls = 0
 error = None
@@ -73,6 +66,6 @@ except pycoll.PycollError as e:
                                                               str(e).split("\n")[0])}),
               "t": t}
 result.update(rank=r, host=socket.gethostname(), pid=os.getpid(), calls=calls)
-write(f"fault{r}.json", result)
+write_json(out, f"fault{r}.json", result)
 if error is not None:
     raise error

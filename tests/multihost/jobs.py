@@ -158,6 +158,28 @@ def _wait_files(out: Path, names: list[str], procs: dict[int, subprocess.Popen] 
         time.sleep(0.02)
 
 
+def _start_logged(hosts: NamespaceHosts, h: int, job: Path, out: Path, rank: int,
+                  env: dict) -> subprocess.Popen:
+    """``job OUT`` as ``rank`` on host ``h``, its output (merged) in ``OUT/log<rank>.txt``."""
+    with open(out / f"log{rank}.txt", "w") as log:
+        return hosts.popen(h, [sys.executable, str(job), str(out)], env=env, stdout=log,
+                           stderr=subprocess.STDOUT)
+
+
+def _not_ready(out: Path, procs: dict[int, subprocess.Popen]) -> str:
+    """Wait until every rank of ``procs`` wrote ``OUT/ready<rank>`` (its first collectives
+    went through); "" then, else a setup error naming the ranks that did not, with their
+    logs' tails."""
+    world = len(procs)
+    missing = _wait_files(out, [f"ready{r}" for r in range(world)], procs,
+                          time.monotonic() + 60 + 5 * world)
+    if not missing:
+        return ""
+    return f"not ready: {missing}; " + " | ".join(
+        f"rank {r}: {_tail(out / f'log{r}.txt', 600)}" for r in range(world)
+        if f"ready{r}" in missing)
+
+
 def _tail(path: Path, n: int = 1500) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -250,15 +272,9 @@ def fault_trial(hosts: NamespaceHosts, case: str, per_host: int, out: Path, *,
                                 PYCOLL_TOKEN="fault-test-secret",
                                 PYCOLL_SOCKET_DEAD_MS=str(dead_ms),
                                 FAULT_JOB_TIMEOUT=str(JOB_TIMEOUT))
-                with open(out / f"log{r}.txt", "w") as log:
-                    procs[r] = hosts.popen(h, [sys.executable, str(FAULT_JOB), str(out)],
-                                           env=env, stdout=log, stderr=subprocess.STDOUT)
-        missing = _wait_files(out, [f"ready{r}" for r in range(world)], procs,
-                              time.monotonic() + 60 + 5 * world)
-        if missing:
-            trial.setup_error = (f"not ready: {missing}; " + " | ".join(
-                f"rank {r}: {_tail(out / f'log{r}.txt', 600)}" for r in range(world)
-                if f"ready{r}" in missing))
+                procs[r] = _start_logged(hosts, h, FAULT_JOB, out, r, env)
+        trial.setup_error = _not_ready(out, procs)
+        if trial.setup_error:
             return trial
         time.sleep(rng.uniform(0.02, 0.15))      # somewhere inside a collective
         trial.injected = time.monotonic()
