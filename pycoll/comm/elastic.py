@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -89,6 +90,41 @@ class Elastic(Generic[Communicator]):
         self.agreements = 0          # agree() calls so far (the same count on every rank)
         self.attempts = 0            # shrink attempts so far (likewise)
 
+    # -- the calls: a store that cannot be reached fences this rank out ----------------------
+    def agree(self, flag: int, timeout: float) -> tuple[int, frozenset[int]]:
+        """``Communicator.agree``."""
+        with self._store_reached("agree"):
+            return self._agree(flag, timeout)
+
+    def shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
+        """``Communicator.shrink``."""
+        with self._store_reached("shrink"):
+            return self._shrink(exclude, timeout)
+
+    def grow(self, count: int | None, timeout: float) -> Communicator | None:
+        """``Communicator.grow``; None when nobody was admitted (nobody waiting)."""
+        with self._store_reached("grow"):
+            return self._grow(count, timeout)
+
+    @contextmanager
+    def _store_reached(self, what: str) -> Iterator[None]:
+        """A store this rank cannot reach (a pulled cable, a partition): the others go on
+        without it (its lease is lost), so it is ``Excluded``, a ``PycollError`` like every
+        failure of the elastic calls, and the communicator counts as failed (finalize then
+        does not wait long for the store)."""
+        try:
+            yield
+        except (StoreError, AbortSignal) as e:
+            why = (f"{type(e).__name__}: {e}" if isinstance(e, StoreError)
+                   else str(e.record.get("error")))
+            err = Excluded(f"rank {self.rank}: {what} of communicator {self.name}: the store "
+                           f"cannot be reached ({why[:300]}); the other ranks go on without "
+                           "this rank. Hint: finalize and exit; an elastic launcher may start "
+                           "a replacement")
+            if self.execution.failed is None:
+                self.execution.failed = err
+            raise err from None
+
     # -- revoke ------------------------------------------------------------------------------
     def revoke(self, reason: str) -> None:
         """Refuse every later call here and tell every rank (the abort record)."""
@@ -97,7 +133,7 @@ class Elastic(Generic[Communicator]):
         self.execution.failed = self.failures.revoke(reason, self.execution.seq)
 
     # -- agree -------------------------------------------------------------------------------
-    def agree(self, flag: int, timeout: float) -> tuple[int, frozenset[int]]:
+    def _agree(self, flag: int, timeout: float) -> tuple[int, frozenset[int]]:
         """``Communicator.agree``."""
         if isinstance(flag, bool) or not isinstance(flag, int):
             raise InvalidArgument(f"rank {self.rank}: agree: flag must be an int, not "
@@ -147,7 +183,7 @@ class Elastic(Generic[Communicator]):
             raise err
 
     # -- shrink ------------------------------------------------------------------------------
-    def shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
+    def _shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
         """``Communicator.shrink``."""
         excluded = self._check_exclude(exclude)
         if self.size == 1:
@@ -194,7 +230,7 @@ class Elastic(Generic[Communicator]):
         return f"{base}~{int(self.store.add(f'pycoll/{base}/generations', 1))}"
 
     # -- grow --------------------------------------------------------------------------------
-    def grow(self, count: int | None, timeout: float) -> Communicator | None:
+    def _grow(self, count: int | None, timeout: float) -> Communicator | None:
         """``Communicator.grow``; None when nobody was admitted (nobody waiting)."""
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                                   or count < 1):

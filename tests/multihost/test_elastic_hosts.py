@@ -106,9 +106,6 @@ def test_judge_requires_cut_off_ranks_to_exit():
 
 
 @needs_hosts
-@pytest.mark.xfail(strict=True, reason="library: agree on a rank cut off from the store raises "
-                   "a bare rendezvous StoreError, and finalize then waits the whole store "
-                   "timeout (reported to the lead)")
 @pytest.mark.timeout(150)
 def test_a_rank_cut_off_in_agree_raises_a_pycoll_error_and_exits(tmp_path):
     """A rank whose cable is pulled while it agrees (the loop's agree, as in mixed_step) is
