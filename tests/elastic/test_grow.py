@@ -18,9 +18,7 @@ def _grow_by_two(comm: pycoll.Communicator) -> tuple:
     """Ranks 0-2 grow by the two joiners (which run this function with the grown world)."""
     joined = os.environ.get("PYCOLL_JOIN") == "1"   # the joiners arrive already grown
     if not joined:
-        same = comm.grow()                           # nobody may be waiting yet: no-op
-        assert same is comm or same.size > 3
-        comm = comm.grow(2, timeout=60) if same is comm else same
+        comm = comm.grow(2, timeout=60)
     x = np.full(4, float(comm.rank + 1))
     comm.allreduce(x)
     flag, gone = comm.agree(1)
