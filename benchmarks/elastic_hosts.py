@@ -48,7 +48,7 @@ from multihost.elastic_jobs import (  # noqa: E402
     elastic_trial,
 )
 
-from pycoll.testing.hosts import NamespaceHosts, available  # noqa: E402
+from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-11-25-elastic-recovery"
 
@@ -159,14 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default="", help="copy the ranks' files and logs of every "
                     "failed trial into this folder")
     args = ap.parse_args(argv)
-    ok, why = available()
-    if not ok:
-        print(f"namespace hosts unavailable: {why}", file=sys.stderr)
-        return 2
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    for f in faults:
-        if f not in FAULTS:
-            ap.error(f"unknown fault {f!r}; one of {', '.join(FAULTS)}")
+    faults = chosen_cases(ap, args.faults, FAULTS, "fault")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
             "kernel": platform.release(), "python": platform.python_version(),
             "load_before": round(os.getloadavg()[0], 1),

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from multihost.jobs import (DEAD_MS, bound_seconds, fault_trial,  # noqa: E402
                             launcher_trial)
-from pycoll.testing.hosts import NamespaceHosts, available  # noqa: E402
+from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-11-23-multihost-faults"
 LAYOUT = {"link-down": (2, 2), "host-kill": (2, 2), "partition": (4, 2), "launcher": (2, 2),
@@ -180,14 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="directory for the json and md")
     ap.add_argument("--name", default="multihost_faults", help="their file name, less suffix")
     args = ap.parse_args(argv)
-    ok, why = available()
-    if not ok:
-        print(f"namespace hosts unavailable: {why}", file=sys.stderr)
-        return 2
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    for c in cases:
-        if c not in LAYOUT:
-            ap.error(f"unknown case {c!r}; one of {', '.join(LAYOUT)}")
+    cases = chosen_cases(ap, args.cases, LAYOUT, "case")
     print(f"# faults across namespace hosts: {args.trials} trials per case, "
           f"PYCOLL_SOCKET_DEAD_MS={args.dead_ms}, bound {bound_seconds(args.dead_ms):g} s, "
           f"{os.cpu_count()} CPUs", flush=True)

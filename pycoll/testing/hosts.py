@@ -38,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,31 @@ def available() -> tuple[bool, str]:
         if shutil.which(tool) is None:
             return False, f"{tool} is not installed"
     return True, ""
+
+
+def host_marks(timeout: float) -> list[Any]:
+    """pytest marks of a test module that makes namespace hosts: its per-test ``timeout``,
+    and a skip naming why hosts cannot be made here."""
+    import pytest
+
+    ok, why = available()
+    return [pytest.mark.timeout(timeout),
+            pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}")]
+
+
+def chosen_cases(ap: Any, text: str, allowed: Iterable[str], what: str) -> list[str]:
+    """For a benchmark's command line: the comma-separated ``text``, each one of ``allowed``
+    (else ``ap.error``); exits with 2, saying why, where namespace hosts cannot be made."""
+    ok, why = available()
+    if not ok:
+        print(f"namespace hosts unavailable: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    allowed = list(allowed)
+    cases = [c.strip() for c in text.split(",") if c.strip()]
+    for c in cases:
+        if c not in allowed:
+            ap.error(f"unknown {what} {c!r}; one of {', '.join(allowed)}")
+    return cases
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

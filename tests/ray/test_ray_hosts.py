@@ -27,17 +27,13 @@ from cluster_procs import TAG, tagged_processes, wait_gone  # noqa: E402
 
 from pycoll.testing.hosts import (  # noqa: E402
     NamespaceHosts,
-    available,
     driver_results,
+    host_marks,
     stop_group,
     wait_for_text,
 )
 
-ok, why = available()
-pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}"),
-]
+pytestmark = host_marks(240)
 JOB = Path(__file__).with_name("ray_job.py")
 RAY = str(Path(sys.executable).with_name("ray"))
 GCS_PORT = 6379             # inside host 0's own network namespace: nothing else is there

@@ -22,17 +22,15 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 
 from pycoll.testing.hosts import (  # noqa: E402
     NamespaceHosts,
-    available,
     driver_results,
+    host_marks,
     stop_group,
     wait_for_text,
 )
 
-ok, why = available()
 JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
 pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(not ok, reason=f"namespace hosts unavailable: {why}"),
+    *host_marks(240),
     pytest.mark.skipif(not JAVA, reason="Spark needs a Java runtime: no java on PATH and "
                                         "JAVA_HOME is not set"),
 ]
