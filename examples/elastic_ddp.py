@@ -7,7 +7,7 @@ Every step trains on the same global batch (``--batch`` samples, split evenly ov
 there are), so the loss curve does not depend on how many ranks share the work: it matches
 an uninterrupted run (``--kill-rank -1``) up to float rounding. The rank ``--kill-rank``
 SIGKILLs itself in step ``--kill-step``, after its forward pass. The survivors' backward
-raises; they agree on who is gone, shrink the default group (``pycoll.torch.shrink_group``),
+raises; they agree on who is gone, shrink the default group (``torch.distributed.shrink_group``),
 take rank 0's model and step (the failed step is redone as 3 ranks), and every few steps
 call ``pycoll.torch.grow_group()``, which admits the
 replacement the launcher started (``--max-restarts``; ``--replacements``: wait for it at
@@ -122,7 +122,7 @@ def main() -> int:
             _, gone = dist.group.WORLD.comm.agree(1)
             print(f"rank {rank}: step {step} failed ({type(e).__name__}); ranks "
                   f"{sorted(gone)} are gone: shrinking", file=sys.stderr, flush=True)
-            pycoll.torch.shrink_group(sorted(gone))
+            dist.shrink_group(sorted(gone))
             step = sync_from_rank0(net, step)
             model = DDP(net)
             recovering = True

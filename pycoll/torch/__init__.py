@@ -8,7 +8,7 @@ Every ``torch.distributed`` collective runs on a ``pycoll.Communicator`` bootstr
 torch's own store; DistributedDataParallel works unchanged. See docs/torch.md.
 """
 from ..launch.torch_store import TorchStoreAdapter
-from .elastic import grow_group, join_group, shrink_group
+from .elastic import grow_group, join_group
 from .groups import create_process_group, register
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
 from .work import PycollWork
@@ -16,4 +16,4 @@ from .work import PycollWork
 register()
 
 __all__ = ["BACKEND_NAME", "ProcessGroupPycoll", "PycollWork", "TorchStoreAdapter",
-           "create_process_group", "grow_group", "join_group", "register", "shrink_group"]
+           "create_process_group", "grow_group", "join_group", "register"]

@@ -1,18 +1,22 @@
-"""Elastic torch groups: ``shrink_group`` (``torch.distributed.shrink_group`` for pycoll's
-groups), ``grow_group`` and ``join_group`` (docs/elastic.md).
+"""Elastic torch groups: ``torch.distributed.shrink_group`` for pycoll's groups, and
+``grow_group`` and ``join_group`` (docs/elastic.md).
 
-torch 2.13's ``shrink_group`` asks the group's backend to ``shrink`` and registers the result
-with ``ProcessGroup._register_backend``, which takes a C++ ``Backend`` only; pycoll's process
-group is a Python ``ProcessGroup`` (torch uses it as the group itself), which cannot be one.
-``shrink_group`` here takes the same arguments and does the same steps around the backend's
-``shrink``: checks, destroying the other groups when the default group changes, destroying the
-old group, and registering the new one (as the default group when it was), through the same
-torch helpers. ``grow_group`` and ``join_group`` do the same around ``Communicator.grow`` and
-``Communicator.join``.
+torch 2.13's ``shrink_group`` checks its arguments, asks the group's backend
+(``pg._get_backend(device)``: a pycoll group answers with itself) whether it
+``supports_shrinking``, calls its ``shrink``, and hands the result to
+``_finalize_shrunk_group``, which wraps it in a new C++ ``ProcessGroup`` with
+``_register_backend``. That step takes a C++ ``Backend`` only, and a Python backend cannot be
+one (torch's ``Backend`` has no Python constructor). For backends whose creator returns a
+``ProcessGroup``, ``init_process_group`` and ``new_group`` take that group as it is; the
+finishing step has no such branch. ``adopt_shrink_group`` adds it: when the shrunk backend is a
+pycoll group, the same bookkeeping (destroy the other groups when the default group shrinks,
+destroy the old group, register the new one, make it the default group when the old one was)
+runs with the pycoll group itself as the new group; any other backend goes to torch's own
+step. ``grow_group`` and ``join_group`` do the same bookkeeping around ``Communicator.grow``
+and ``Communicator.join`` (torch has no grow).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -24,22 +28,36 @@ from ..launch.join import join as join_job
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
 
 
-def shrink_group(ranks_to_exclude: Sequence[int], group: Any = None,
-                 shrink_flags: int = c10d.SHRINK_DEFAULT, pg_options: Any = None) -> Any:
-    """``dist.shrink_group`` for a pycoll group: the group of the ranks not in
-    ``ranks_to_exclude`` (pass every dead rank), called by those ranks only; shrinking the
-    default group makes the result the default group and destroys the other groups, as
-    torch does."""
-    excluded_ranks = list(ranks_to_exclude)
-    c10d._validate_shrink_inputs(excluded_ranks, shrink_flags)
-    info = c10d._prepare_shrink_target_group(group)
-    target = _pycoll_group(info)
-    excluded = c10d._validate_and_process_excluded_ranks(excluded_ranks, info)
-    new = target.shrink(sorted(excluded), shrink_flags, pg_options)
-    # the agreed survivors: ranks_to_exclude and any other rank found dead meanwhile
-    survivors = new.comm.previous_ranks or []
-    remaining = [dist.get_global_rank(target, r) for r in survivors if r is not None]
-    return _replace(target, new, remaining, info["is_default_group"], "shrunk")
+def adopt_shrink_group() -> bool:
+    """Teach ``torch.distributed.shrink_group`` to finish a pycoll group's shrink (module
+    docstring); idempotent. False when this torch has no such step (the groups then report
+    ``supports_shrinking`` False and torch refuses before anything happens)."""
+    global _torch_finish
+    if _torch_finish is not None:
+        return True
+    finish = getattr(c10d, "_finalize_shrunk_group", None)
+    if finish is None or not hasattr(dist, "shrink_group"):
+        return False
+    _torch_finish = finish
+    ProcessGroupPycoll.supports_shrinking = True
+
+    def finalize_shrunk_group(group_info: dict, excluded_ranks_set: set,
+                              new_backend: Any) -> Any:
+        if not isinstance(new_backend, ProcessGroupPycoll):
+            return finish(group_info, excluded_ranks_set, new_backend)
+        target = group_info["process_group"]
+        # the agreed survivors: the excluded ranks and any other rank found dead meanwhile
+        survivors = new_backend.comm.previous_ranks or []
+        remaining = [dist.get_global_rank(target, r) for r in survivors if r is not None]
+        return _replace(target, new_backend, remaining, group_info["is_default_group"],
+                        "shrunken" if group_info["is_default_group"] else "shrunk")
+
+    c10d._finalize_shrunk_group = finalize_shrunk_group
+    return True
+
+
+#: torch's own finishing step, once ``adopt_shrink_group`` wrapped it
+_torch_finish: Any = None
 
 
 def grow_group(count: int | None = None, group: Any = None,

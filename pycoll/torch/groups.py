@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..comm.communicator import Communicator
 from ..errors import InvalidArgument
 from .arguments import group_timeout
+from .elastic import adopt_shrink_group
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
 
 
@@ -52,7 +53,9 @@ def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupPycol
 
 
 def register() -> None:
-    """Register the "pycoll" backend with torch.distributed (idempotent)."""
+    """Register the "pycoll" backend with torch.distributed, and let ``dist.shrink_group``
+    finish a pycoll group's shrink (``elastic.adopt_shrink_group``); idempotent."""
+    adopt_shrink_group()
     if BACKEND_NAME in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend,
                                                                            "PYCOLL"):
         return

@@ -133,17 +133,28 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         C++ backends expose as ``options``)."""
         return _c10d.Backend.Options(BACKEND_NAME, timedelta(seconds=self._timeout))
 
-    # torch queries these on ``pg._get_backend(device)``, which a Python process group does
-    # not have; they answer what pycoll implements of torch's contract (docs/torch.md).
+    # torch asks ``pg._get_backend(device)`` what the group's backend can do; a pycoll group
+    # is its own backend for every device it serves (below), and answers what pycoll
+    # implements of torch's contract (docs/torch.md).
     #: no ``_start_coalescing``/``_end_coalescing``: torch's coalescing manager falls back to
-    #: the coalesced ops, each one fused call in pycoll
+    #: the coalesced ops, each one fused call in pycoll (torch asks this of C++ groups only)
     supports_coalescing = False
     #: no ``split_group``/``perform_nocolor_split``; ``new_group`` shares channels instead
     supports_splitting = False
-    #: False: ``dist.shrink_group`` registers what a backend's ``shrink`` returns as a C++
-    #: ``Backend``, which a Python process group cannot be; ``pycoll.torch.shrink_group``
-    #: (same arguments) does it for pycoll's groups, through ``shrink`` below
+    #: ``dist.shrink_group`` works (``shrink`` below); set True by
+    #: ``elastic.adopt_shrink_group`` when this torch has the step it extends
     supports_shrinking = False
+    #: no collective time estimates (``dist._time_estimator``)
+    supports_time_estimate = False
+
+    def _get_backend(self, device: Any) -> ProcessGroupPycoll:  # type: ignore[override]
+        """The group itself: torch keeps a C++ backend per device in its own groups, and asks
+        it for capabilities (``supports_shrinking``) and calls (``shrink``). Devices other
+        than cpu and cuda raise as torch's own groups do for a device they lack."""
+        kind = torch.device(device).type
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
 
     def _get_sequence_number_for_group(self) -> int:
         """The number of collectives this group has started: the same on every member while
@@ -483,7 +494,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     # -- elastic ------------------------------------------------------------------------------
     def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
                pg_options: Any = None) -> ProcessGroupPycoll:
-        """A backend's ``shrink`` as torch defines it (``pycoll.torch.shrink_group`` calls it
+        """A backend's ``shrink`` as torch defines it (``torch.distributed.shrink_group`` calls it
         on the survivors): the group of this group's ranks but ``ranks_to_exclude`` (group
         ranks), from ``Communicator.shrink``.
         Both flags behave alike: the shrink revokes this group first, so that a call still

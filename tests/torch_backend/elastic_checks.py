@@ -1,5 +1,5 @@
-"""pycoll.torch.shrink_group (torch's shrink_group for pycoll's groups): a rank dies mid-training, the survivors shrink
-the default group and train on (docs/elastic.md)."""
+"""torch.distributed.shrink_group on pycoll's groups: a rank dies mid-training, the survivors
+shrink the default group and train on (docs/elastic.md)."""
 from __future__ import annotations
 
 import os
@@ -14,11 +14,11 @@ from rank_helpers import RANK, WORLD
 
 def scenario_shrink_group() -> dict:
     """Rank WORLD-1 SIGKILLs itself in step 3; the others catch the error from backward,
-    ``pycoll.torch.shrink_group([WORLD-1])`` (flag from $SHRINK_FLAGS), re-wrap the model in DDP and
+    ``dist.shrink_group([WORLD-1])`` (flag from $SHRINK_FLAGS), re-wrap the model in DDP and
     train 5 more steps; every survivor must end with the same parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     dist.init_process_group("pycoll", timeout=timedelta(seconds=60))
-    import pycoll.torch
+    import pycoll.torch  # noqa: F401  (registers the backend)
     result: dict = {}
     torch.manual_seed(0)
     net = Net()
@@ -39,7 +39,9 @@ def scenario_shrink_group() -> dict:
             break
     opt.zero_grad()
     flags = int(os.environ.get("SHRINK_FLAGS", "0"))
-    group = pycoll.torch.shrink_group([WORLD - 1], shrink_flags=flags)
+    result["supports_shrinking"] = dist.group.WORLD._get_backend(
+        torch.device("cpu")).supports_shrinking
+    group = dist.shrink_group([WORLD - 1], shrink_flags=flags)
     result.update(new_size=dist.get_world_size(), new_rank=dist.get_rank(),
                   is_default=group is dist.group.WORLD,
                   backend=dist.get_backend(), name=dist.group.WORLD.group_name)
@@ -57,5 +59,33 @@ def scenario_shrink_group() -> dict:
     x = torch.ones(3)
     dist.all_reduce(x)
     result["sum"] = x.tolist()
+    dist.destroy_process_group()
+    return result
+
+
+def scenario_shrink_subgroup() -> dict:
+    """A group of ranks 0..WORLD-2 drops its last (live) rank: the others call
+    ``dist.shrink_group([WORLD-2], group=sub)`` (the excluded rank does not call, as torch
+    requires), reduce on the shrunk group, and every rank then uses the default group,
+    which the shrink of another group leaves as it was."""
+    dist.init_process_group("pycoll", timeout=timedelta(seconds=60))
+    result: dict = {}
+    members = list(range(WORLD - 1))
+    sub = dist.new_group(members)
+    if RANK < WORLD - 2:
+        old = sub
+        new = dist.shrink_group([WORLD - 2], group=sub)
+        t = torch.full((4,), float(RANK + 1))
+        dist.all_reduce(t, group=new)
+        result.update(size=new.size(), ranks=dist.get_process_group_ranks(new), sum=t.tolist(),
+                      is_default=new is dist.group.WORLD)
+        try:
+            dist.all_reduce(torch.ones(1), group=old)
+            result["old_group"] = "no error"
+        except Exception as e:  # noqa: BLE001 - the old group must refuse
+            result["old_group"] = type(e).__name__
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    result["world_sum"] = t.item()
     dist.destroy_process_group()
     return result

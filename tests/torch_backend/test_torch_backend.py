@@ -65,17 +65,33 @@ def test_peer_death_mid_training_raises_from_backward():
 @pytest.mark.parametrize("flags", [0, 1], ids=["SHRINK_DEFAULT", "SHRINK_ABORT"])
 def test_shrink_group_after_a_rank_dies(flags):
     """4 ranks; rank 3 is SIGKILLed in step 3; the survivors' backward raises, they call
-    pycoll.torch.shrink_group([3]) (torch's shrink_group for pycoll groups) and train on
-    as 3 ranks with identical replicas, on the new default group."""
+    torch.distributed.shrink_group([3]) (the pycoll group reports supports_shrinking) and
+    train on as 3 ranks with identical replicas, on the new default group."""
     results = run_scenario("shrink_group", 4, timeout=90, env={"SHRINK_FLAGS": str(flags)})
     assert results[3]["status"] == "missing", describe(results)
     for res in results[:3]:
         assert res.get("status") == "ok", describe(results)
         assert res["is_default"] and res["backend"] == "pycoll", describe(results)
+        assert res["supports_shrinking"] is True, describe(results)
         assert res["failed_step"] == 3 and "PeerLost" in res["error"], describe(results)
         assert res["new_size"] == 3 and res["replicas_equal"], describe(results)
         assert res["sum"] == [3.0, 3.0, 3.0]
     assert sorted(res["new_rank"] for res in results[:3]) == [0, 1, 2]
+
+
+def test_shrink_group_of_a_group():
+    """4 ranks, a group of 0..2; ranks 0 and 1 shrink it without rank 2 (alive, not
+    calling): their new group of 2 reduces right, the old group refuses, and the default
+    group of 4 still works for everyone."""
+    results = run_scenario("shrink_subgroup", 4, timeout=90)
+    for res in results:
+        assert res.get("status") == "ok", describe(results)
+        assert res["world_sum"] == 4.0, describe(results)
+    for r in (0, 1):
+        res = results[r]
+        assert res["size"] == 2 and res["ranks"] == [0, 1], describe(results)
+        assert res["sum"] == [3.0] * 4 and not res["is_default"], describe(results)
+        assert res["old_group"] != "no error", describe(results)
 
 
 def test_timeouts_are_enforced():

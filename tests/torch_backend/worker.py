@@ -32,6 +32,7 @@ SCENARIOS = {
     "mesh": "mesh_checks",               # groups share channels; 2-D mesh FSDP2 + TP
     "own_channels": "mesh_checks",       # a pycoll group under a Gloo default group
     "shrink_group": "elastic_checks",    # dist.shrink_group after a rank's death
+    "shrink_subgroup": "elastic_checks",  # dist.shrink_group of a group, excluding a live rank
 }
 
 
