@@ -85,6 +85,9 @@ class Communicator(Collectives, FusedCollectives):
         self._owns_store = owns_store
         self._conn = connections
         self._is_root = members is None
+        #: whether finalize closes the channels: a root's own, or a shrink's successor's
+        #: that shares its predecessor's (``_release`` hands them over)
+        self._owns_conn = self._is_root
         self._members = list(range(size)) if members is None else list(members)
         self._token = token
         self._master_addr = master_addr
@@ -134,7 +137,8 @@ class Communicator(Collectives, FusedCollectives):
                       if connections is not None and store is not None else None)
         self._elastic: Elastic[Communicator] = Elastic(
             rank, size, name, store, self._exec, failures, membership, self._make_successor,
-            self._release, {"deterministic": self.deterministic, "accumulate": self.accumulate})
+            self._release, {"deterministic": self.deterministic, "accumulate": self.accumulate},
+            quiet=self._quiet, draw_id=self._groups.draw_id)
         #: made by shrink or grow: each rank's number in the communicator this one replaced
         #: (None: a joiner); None otherwise
         self.previous_ranks: list[int | None] | None = None
@@ -352,18 +356,38 @@ class Communicator(Collectives, FusedCollectives):
 
     def _make_successor(self, rank: int, size: int, name: str, watch: Callable[[], None],
                         extra: dict) -> Communicator:
-        """The communicator a shrink or grow builds: a fresh bootstrap among its ranks (new
-        channels: a failed call leaves the pairs it used out of step)."""
+        """The communicator a shrink or grow builds. A shrink whose ranks all were quiet
+        (``extra["share"]``: ``comm/elastic.py``) makes it over this communicator's channels,
+        as a group of the survivors with a fresh message id (its own fast path and cost
+        model; no new socket or channel segment). Otherwise a fresh bootstrap among its
+        ranks, new channels included: a failed call leaves the pairs it used out of step."""
+        if extra.get("share") and self._conn is not None:
+            previous = extra["previous"]
+            return Communicator(rank, size, store=self._store, name=name,
+                                connections=self._conn,
+                                members=[self._members[p] for p in previous],
+                                timeout=self.timeout, token=self._token,
+                                master_addr=self._master_addr,
+                                hosts=[self._hosts[p] for p in previous],
+                                comm_id=int(extra["comm_id"]), root_name=self._root_name,
+                                deterministic=self.deterministic, accumulate=self.accumulate,
+                                watch=watch)
         return Communicator.create(self._store, rank, size, name=name, timeout=self.timeout,
                                    token=self._token, master_addr=self._master_addr,
                                    host=self._hosts[self.rank], watch=watch,
                                    deterministic=self.deterministic, accumulate=self.accumulate)
 
+    def _quiet(self) -> bool:
+        """Never failed and nothing in flight, here and in every group made from here: the
+        channels are in step, a shrink may share them."""
+        return all(c._exec.failed is None and not c._exec.executor.busy()
+                   for c in [self, *self._groups.children] if not c.closed)
+
     def _release(self, successor: Communicator) -> None:
         """A shrink or grow replaced this communicator by ``successor``: its groups are
-        revoked too, its channels, segments, lease and store client are let go, and the
-        store server it may host passes to the successor (which shuts it down at its
-        finalize)."""
+        revoked too, its segments and store client are let go, its channels and lease too
+        unless the successor shares them (they pass to it, as the store server it may host
+        does: the successor shuts them down at its finalize)."""
         revoked = self._exec.failed
         for child in self._groups.children:
             if child._exec.failed is None:
@@ -374,8 +398,13 @@ class Communicator(Collectives, FusedCollectives):
         self._exec.close()           # finalize has nothing left to do
         if self._fast is not None:
             self._fast.close()
-        if self._is_root and self._conn is not None:
-            self._conn.close()
+        if self._owns_conn and self._conn is not None:
+            if successor._conn is self._conn:        # shared: the channels and lease go on
+                successor._owns_conn = True
+                successor._lease, self._lease = self._lease, None
+            else:
+                self._conn.close()
+            self._owns_conn = False
         self._exec.failures.close()
         if self._lease is not None:
             self._lease.close()
@@ -572,7 +601,7 @@ class Communicator(Collectives, FusedCollectives):
             lost = lost if lost is not None else child._lost_rank()
             child.finalize()
         self._groups.children.clear()
-        if self._is_root and self._conn is not None:
+        if self._owns_conn and self._conn is not None:
             self._conn.close(farewell=lost)
         store = self._store
         if store is not None and self.size > 1:

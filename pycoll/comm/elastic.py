@@ -3,16 +3,26 @@
 ``Elastic`` is the communicator's part for them. It is given what it needs: the
 communicator's rank, size and name, its execution (to mark it revoked), its failures (the
 abort record, where a revocation is posted, and the store client), the membership (who is
-gone), and two callables of the communicator: ``make(rank, size, name, watch)`` builds the
-communicator of the survivors (a fresh bootstrap among them, ``watch`` raising if one of them
-dies meanwhile) and ``release(successor)`` lets the old one go.
+gone), and callables of the communicator: ``make(rank, size, name, watch, extra)`` builds the
+communicator of the survivors (``watch`` raising if one of them dies meanwhile),
+``release(successor)`` lets the old one go, ``quiet()`` says whether this rank's
+communicator (and its groups) never failed and has no call in flight, and ``draw_id()``
+draws a fresh message id.
 
 ``shrink`` is two agreements around one build:
 
-1. *who*: every surviving rank votes (with its ``exclude``); the decision names the gone
-   ranks and the new communicator's name. A rank in it that is alive learns ``Excluded``.
-2. *build*: the survivors bootstrap the new communicator (new channels, fast path, cost
-   model), watching the others' leases: a survivor that dies now fails the build at once.
+1. *who*: every surviving rank votes (with its ``exclude`` and whether it is quiet); the
+   decision names the gone ranks, the new communicator's name, and whether it *shares* the
+   old channels: only when nobody is gone and every survivor was quiet (then every pair's
+   channel is in step: no message of an interrupted call is half-sent or unread; NCCL
+   likewise shares a parent's resources only in a shrink without ``NCCL_SHRINK_ABORT``). A
+   shared successor gets a fresh message id (drawn here), so that an unreceived message of
+   the old communicator can never match one of its calls. A rank in the decision's gone
+   set that is alive learns ``Excluded``.
+2. *build*: the survivors make the new communicator: over the old channels when shared
+   (its own fast path and cost model; no new socket or channel segment), else a fresh
+   bootstrap (new channels too), watching the others' leases: a survivor that dies now
+   fails the build at once.
 3. *commit*: the survivors vote whether the build worked; if it failed anywhere or a
    survivor died meanwhile, every survivor drops what it built and the next attempt starts
    from 1 with the deaths now known. So either every survivor returns the same new
@@ -77,7 +87,9 @@ class Elastic(Generic[Communicator]):
     def __init__(self, rank: int, size: int, name: str, store: Store | None,
                  execution: Execution, failures: Failures, membership: Membership | None,
                  make: Make, release: Callable[[Communicator], None],
-                 numerics: dict[str, Any] | None = None) -> None:
+                 numerics: dict[str, Any] | None = None,
+                 quiet: Callable[[], bool] = lambda: False,
+                 draw_id: Callable[[], int] | None = None) -> None:
         self.rank, self.size, self.name = rank, size, name
         self.store = store
         self.execution = execution
@@ -87,6 +99,8 @@ class Elastic(Generic[Communicator]):
         self.release = release
         #: the reductions' defaults a joiner must take (``deterministic``, ``accumulate``)
         self.numerics = numerics or {}
+        self.quiet = quiet
+        self.draw_id = draw_id
         self.agreements = 0          # agree() calls so far (the same count on every rank)
         self.attempts = 0            # shrink attempts so far (likewise)
 
@@ -191,6 +205,7 @@ class Elastic(Generic[Communicator]):
                                   "has nobody to lose")
         self._needs_store("shrink")
         assert self.membership is not None
+        quiet = self.quiet()           # before the revoke below, which ends any call
         self.revoke(f"rank {self.rank} shrinks it")
         deadline = time.monotonic() + timeout
         while True:
@@ -199,8 +214,9 @@ class Elastic(Generic[Communicator]):
                      f"{self.name}")
             scope = f"pycoll/{self.name}/shrink/{self.attempts}"
             members = [r for r in range(self.size) if r not in excluded]
-            who = self._round(scope, members, {"exclude": sorted(excluded)}, self._decide_who,
-                              deadline, where)
+            who = self._round(scope, members, {"exclude": sorted(excluded),
+                                               "quiet": int(quiet)},
+                              self._decide_who, deadline, where)
             if who.get("error"):
                 raise InvalidArgument(f"{where}: {who['error']}")
             survivors = who["survivors"]
@@ -208,21 +224,29 @@ class Elastic(Generic[Communicator]):
                 raise self._excluded(where)
             plan = Plan(scope, who["name"], survivors.index(self.rank),
                         self.membership.keys(survivors), [f"rank {r}" for r in survivors],
-                        {"previous": survivors})
+                        {"previous": survivors, "share": who.get("share", 0),
+                         "comm_id": who.get("comm_id", 0)})
             built = self._build(plan, deadline, where)
             if built is not None:
                 return built
 
     def _decide_who(self, votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
-        """The first round's decision: the survivors (in order), and the new communicator's
-        name (drawn from a counter, so that every generation has its own keys)."""
+        """The first round's decision: the survivors (in order), the new communicator's
+        name (drawn from a counter, so that every generation has its own keys), and whether
+        it shares the old channels (nobody gone, every voter quiet: module docstring), with
+        its fresh message id."""
         excludes = {tuple(v.get("exclude", ())) for v in votes.values()}
         if len(excludes) > 1:
             return {"error": "the ranks passed different exclude lists "
                              f"({sorted(excludes)}); pass the same list on every rank"}
         excluded = set(next(iter(excludes), ()))
         survivors = [r for r in range(self.size) if r not in gone and r not in excluded]
-        return {"gone": sorted(gone), "survivors": survivors, "name": self._next_name()}
+        decision: dict[str, Any] = {"gone": sorted(gone), "survivors": survivors,
+                                    "name": self._next_name()}
+        if (not gone and self.draw_id is not None
+                and all(int(v.get("quiet", 0)) for v in votes.values())):
+            decision.update(share=1, comm_id=self.draw_id())
+        return decision
 
     def _next_name(self) -> str:
         assert self.store is not None

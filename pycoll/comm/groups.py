@@ -144,12 +144,16 @@ class GroupMaker(Generic[Communicator]):
             return None
         return PrefixStore(f"pycoll/{self.name}/", self.store)
 
+    def draw_id(self) -> int:
+        """A fresh message id from the tree's counter in the store."""
+        assert self.store is not None
+        return wrap_id(int(self.store.add(f"pycoll/{self.root_name}/group_ids", 1)))
+
     def _agree_id(self, scoped: Store, key: str, draws: bool, limit: float) -> int:
         """A group's message id: the member that ``draws`` takes a fresh one from the tree's
         counter and publishes it under ``key``; every member reads it back."""
         if draws and self.store is not None:
-            drawn = int(self.store.add(f"pycoll/{self.root_name}/group_ids", 1))
-            scoped.set(key, str(wrap_id(drawn)))
+            scoped.set(key, str(self.draw_id()))
         return int(scoped.get(key, timeout=limit))
 
     def _child(self, members: Sequence[int], name: str, comm_id: int,

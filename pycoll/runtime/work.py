@@ -161,6 +161,10 @@ class Executor:
     def release(self) -> None:
         self._run_lock.release()
 
+    def busy(self) -> bool:
+        """A task runs or waits: an asynchronous call was issued and has not finished."""
+        return bool(self.pending) or self._run_lock.locked()
+
     def idle(self) -> threading.Lock:
         """A context manager that waits until no task of this executor is running."""
         return self._run_lock

@@ -494,18 +494,21 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     # -- elastic ------------------------------------------------------------------------------
     def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
                pg_options: Any = None) -> ProcessGroupPycoll:
-        """A backend's ``shrink`` as torch defines it (``torch.distributed.shrink_group`` calls it
-        on the survivors): the group of this group's ranks but ``ranks_to_exclude`` (group
-        ranks), from ``Communicator.shrink``.
-        Both flags behave alike: the shrink revokes this group first, so that a call still
-        pending on it (``SHRINK_ABORT``'s "terminate ongoing operations") raises
-        ``pycoll.Revoked``. ``pg_options``: a ``Backend.Options`` whose timeout the new
-        group takes. The new group owns the store adapter from now on (torch destroys this
-        group next). More ranks than ``ranks_to_exclude`` may be gone (a second death during
-        the shrink): the new group is of the agreed survivors (its communicator's
-        ``previous_ranks``)."""
+        """A backend's ``shrink`` as torch defines it (``torch.distributed.shrink_group`` calls
+        it on the survivors): the group of this group's ranks but ``ranks_to_exclude`` (group
+        ranks), from ``Communicator.shrink``. ``SHRINK_DEFAULT``: the new group shares this
+        one's channels when no rank failed and no call is in flight anywhere (else it gets
+        new ones). ``SHRINK_ABORT`` ("terminate ongoing operations") revokes this group
+        first, so that a call still pending on it raises ``pycoll.Revoked``, and the new
+        group gets new channels (as NCCL shares a parent's resources only without the abort
+        flag). ``pg_options``: a ``Backend.Options`` whose timeout the new group takes. The
+        new group owns the store adapter from now on (torch destroys this group next). More
+        ranks than ``ranks_to_exclude`` may be gone (a second death during the shrink): the
+        new group is of the agreed survivors (its communicator's ``previous_ranks``)."""
         timeout = group_timeout(timedelta(seconds=self._timeout), pg_options).total_seconds()
         excluded = sorted(int(r) for r in ranks_to_exclude)
+        if shrink_flags == getattr(dist.distributed_c10d, "SHRINK_ABORT", 1):
+            self.comm.revoke(f"rank {self._rank}: shrink_group with SHRINK_ABORT")
         comm = self.comm.shrink(excluded, timeout=timeout)
         group = ProcessGroupPycoll(None, comm.rank, comm.size, timedelta(seconds=timeout),
                                    comm=comm)

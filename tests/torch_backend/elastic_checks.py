@@ -78,7 +78,8 @@ def scenario_shrink_subgroup() -> dict:
         t = torch.full((4,), float(RANK + 1))
         dist.all_reduce(t, group=new)
         result.update(size=new.size(), ranks=dist.get_process_group_ranks(new), sum=t.tolist(),
-                      is_default=new is dist.group.WORLD)
+                      is_default=new is dist.group.WORLD,
+                      shares_channels=new.comm._conn is dist.group.WORLD.comm._conn)
         try:
             dist.all_reduce(torch.ones(1), group=old)
             result["old_group"] = "no error"

@@ -81,8 +81,9 @@ def test_shrink_group_after_a_rank_dies(flags):
 
 def test_shrink_group_of_a_group():
     """4 ranks, a group of 0..2; ranks 0 and 1 shrink it without rank 2 (alive, not
-    calling): their new group of 2 reduces right, the old group refuses, and the default
-    group of 4 still works for everyone."""
+    calling): their new group of 2 reduces right over the default group's channels (nothing
+    failed: SHRINK_DEFAULT shares them), the old group refuses, and the default group of 4
+    still works for everyone."""
     results = run_scenario("shrink_subgroup", 4, timeout=90)
     for res in results:
         assert res.get("status") == "ok", describe(results)
@@ -92,6 +93,7 @@ def test_shrink_group_of_a_group():
         assert res["size"] == 2 and res["ranks"] == [0, 1], describe(results)
         assert res["sum"] == [3.0] * 4 and not res["is_default"], describe(results)
         assert res["old_group"] != "no error", describe(results)
+        assert res["shares_channels"], describe(results)
 
 
 def test_timeouts_are_enforced():
