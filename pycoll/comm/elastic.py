@@ -308,9 +308,8 @@ class Elastic(Generic[Communicator]):
                         {"previous": list(range(self.size)) + [None] * len(tickets),
                          "numerics": self.numerics})
             lobby.admit(tickets, plan, self.size)
-            built = self._build(plan, deadline, where)
+            built = self._build(plan, deadline, where, partial(lobby.joined, tickets))
             if built is not None:
-                lobby.joined(tickets)
                 return built
 
     def waiting(self) -> int:
@@ -319,15 +318,19 @@ class Elastic(Generic[Communicator]):
             return 0
         return len(Lobby(self.failures_client(), base_name(self.name)).waiting())
 
-    def _build(self, plan: Plan, deadline: float, where: str) -> Communicator | None:
+    def _build(self, plan: Plan, deadline: float, where: str,
+               committed: Callable[[], None] | None = None) -> Communicator | None:
         """Build the planned communicator and commit it (``build_and_commit``); on success
-        this communicator is revoked, marked replaced in the store (a late rank's round on
-        it then raises ``Excluded`` instead of deciding among "gone" ranks whose leases were
+        ``committed`` runs (bookkeeping over this communicator's store client), then this
+        communicator is revoked, marked replaced in the store (a late rank's round on it
+        then raises ``Excluded`` instead of deciding among "gone" ranks whose leases were
         only released) and let go. None: a participant died meanwhile, try again."""
         client = self.failures_client()
         built = build_and_commit(client, self.make, plan, deadline, where)
         if built is None:
             return None
+        if committed is not None:
+            committed()
         self.revoke(f"replaced by {plan.name}")
         _best_effort(lambda: client.set(f"pycoll/{self.name}/replaced", plan.name))
         self.release(built)
@@ -497,12 +500,34 @@ class Lobby:
     # -- the members' side -------------------------------------------------------------------
     def waiting(self) -> list[int]:
         """Tickets of live joiners not admitted yet, in arrival order."""
-        if not self.client.check([f"{self.prefix}/queue"]):
-            return []
-        tickets = [int(t) for t in bytes(self.client.get(f"{self.prefix}/queue")).split()]
+        return self._live(self._queue()[1])
+
+    def _queue(self) -> tuple[bytes, list[int]]:
+        key = f"{self.prefix}/queue"
+        raw = bytes(self.client.get(key)) if self.client.check([key]) else b""
+        return raw, [int(t) for t in raw.split()]
+
+    def _live(self, tickets: list[int]) -> list[int]:
         open_ = [t for t in tickets if not self.client.check([f"{self.prefix}/joined/{t}"])]
         dead = set(gone_keys(self.client, self.keys(open_)))
         return [t for i, t in enumerate(open_) if i not in dead]
+
+    def trim(self) -> None:
+        """Drop admitted and dead joiners' tickets from the queue, and their admissions and
+        lease keys, so that ``waiting`` reads live tickets only. A compare-and-set: a joiner
+        that queued meanwhile wins, and the next grow trims. The "joined" markers stay (a
+        few bytes each): every member writes them, maybe after another member trimmed."""
+        raw, tickets = self._queue()
+        live = set(self._live(tickets))
+        dropped = [t for t in tickets if t not in live]
+        if not dropped:
+            return
+        kept = "".join(f"{t} " for t in tickets if t in live)
+        if bytes(self.client.compare_set(f"{self.prefix}/queue", raw, kept)) != kept.encode():
+            return
+        for t in dropped:
+            for key in (f"admit/{t}", f"alive/{t}"):
+                self.client.delete(f"{self.prefix}/{key}")
 
     def wait_for(self, count: int, deadline: float, where: str) -> None:
         poll_until(lambda: len(self.waiting()) >= count or None, deadline, lambda: (
@@ -520,6 +545,7 @@ class Lobby:
         """Bookkeeping after a committed grow (best effort: the grow stands either way)."""
         for t in tickets:
             _best_effort(partial(self.client.set, f"{self.prefix}/joined/{t}", "1"))
+        _best_effort(self.trim)
 
     # -- the joiner's side -------------------------------------------------------------------
     def enter(self, store: Store, timeout: float) -> tuple[int, Lease]:

@@ -22,15 +22,21 @@ def _grow_by_two(comm: pycoll.Communicator) -> tuple:
     x = np.full(4, float(comm.rank + 1))
     comm.allreduce(x)
     flag, gone = comm.agree(1)
-    return comm.rank, comm.size, float(x[0]), flag, sorted(gone), joined
+    comm.barrier()                  # every member has trimmed the lobby by now
+    lobby = {k: bytes(comm._store.get(k)) if comm._store.check([k]) else None
+             for k in ("pycoll/world/lobby/queue", "pycoll/world/lobby/admit/1")}
+    return comm.rank, comm.size, float(x[0]), flag, sorted(gone), joined, lobby
 
 
 def test_two_processes_join_and_compute_with_the_ranks() -> None:
     out = run_ranks(_grow_by_two, 3, joiners=2)
     ranks = sorted(o[0] for o in out)
     assert ranks == [0, 1, 2, 3, 4]
-    for rank, size, total, flag, gone, _ in out:
+    for rank, size, total, flag, gone, _, lobby in out:
         assert (size, total, flag, gone) == (5, 15.0, 1, []), out
+        # the admitted joiners' tickets and admissions are gone from the lobby
+        assert lobby == {"pycoll/world/lobby/queue": b"",
+                         "pycoll/world/lobby/admit/1": None}, out
     assert [o[0] for o in out[:3]] == [0, 1, 2]      # the members keep their numbers
 
 
