@@ -33,12 +33,14 @@ Exit code: 0 if every rank exits 0; else the first failing rank's exit code (128
 was killed by a signal), 124 on timeout, 128+signal if the launcher was interrupted, 2 for a
 usage error, 1 if the launcher could not start.
 
---elastic (one host): a rank that fails is lost and the job goes on while at least
---min-ranks ranks still run; the survivors must catch the error and shrink their
-communicator (docs/elastic.md). Exit code 0 when every rank that was not lost exits 0; fewer
-than M ranks left: the others are torn down, exit code the failing rank's. --max-restarts K:
-up to K lost ranks are replaced by a new process (PYCOLL_JOIN=1) that joins the job when the
-survivors call grow(); it counts as running for --min-ranks."""
+--elastic: a rank that fails is lost and the job goes on while at least --min-ranks ranks
+still run; the survivors must catch the error and shrink their communicator
+(docs/elastic.md). Exit code 0 when every rank that was not lost exits 0; fewer than M ranks
+left: the others are torn down, exit code the failing rank's. --max-restarts K: up to K lost
+ranks are replaced by a new process (PYCOLL_JOIN=1) that joins the job when the survivors
+call grow(); it counts as running for --min-ranks. On several hosts M and K are the whole
+job's, a host whose launcher is lost loses its ranks (node 0 starts their replacements), a
+lost node 0 (the store) ends the job, and node 0's exit code is the job's."""
 
 
 class _UsageError(Exception):
@@ -125,10 +127,10 @@ def _parser() -> _Parser:
             help="a file holding the job secret (default: PYCOLL_TOKEN)")
     _option(p, "--elastic", action="store_true",
             help="a rank that fails does not end the job while at least M ranks still run "
-                 "(one host; ranks get PYCOLL_ELASTIC=1)")
+                 "(ranks get PYCOLL_ELASTIC=1)")
     _option(p, "--min-ranks", type=_count, metavar="M",
-            help="with --elastic: the fewest running ranks the job goes on with, 1..N "
-                 "(default 1)")
+            help="with --elastic: the fewest running ranks the job goes on with, every "
+                 "host's, 1..N x --nnodes (default 1)")
     _option(p, "--max-restarts", type=_at_least_zero, metavar="K",
             help="with --elastic: start a replacement for each lost rank, K in all "
                  "(default 0); it joins when the survivors call grow()")
@@ -188,13 +190,11 @@ def _elastic_min_ranks(elastic: bool, min_ranks: int | None, nprocs: int, nnodes
         if min_ranks is not None:
             raise _UsageError("--min-ranks applies to elastic jobs only: add --elastic")
         return 1
-    if nnodes > 1:
-        raise _UsageError("--elastic runs on one host for now; multi-host elastic jobs are "
-                          "issue 27's next step")
     if min_ranks is None:
         return 1
-    if min_ranks > nprocs:
-        raise _UsageError(f"--min-ranks must be in [1, {nprocs}] (-n), got {min_ranks}")
+    if min_ranks > nprocs * nnodes:
+        raise _UsageError(f"--min-ranks must be in [1, {nprocs * nnodes}] (-n x --nnodes), "
+                          f"got {min_ranks}")
     return min_ranks
 
 

@@ -52,13 +52,10 @@ def _check_arguments(command: list[str], nprocs: int, timeout: float | None, nno
         raise ValueError(f"launch: timeout must be positive, got {timeout!r}")
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"launch: node_rank {node_rank} is not in [0, {nnodes})")
-    if elastic and nnodes > 1:
-        raise ValueError("launch: elastic jobs run on one host for now (nnodes=1); multi-host "
-                         "elastic jobs are issue 27's next step")
     if elastic and (isinstance(min_ranks, bool) or not isinstance(min_ranks, int)
-                    or not 1 <= min_ranks <= nprocs):
-        raise ValueError(f"launch: min_ranks must be an integer in [1, {nprocs}] (nprocs), "
-                         f"got {min_ranks!r}")
+                    or not 1 <= min_ranks <= nprocs * nnodes):
+        raise ValueError(f"launch: min_ranks must be an integer in [1, {nprocs * nnodes}] "
+                         f"(nprocs x nnodes), got {min_ranks!r}")
     if not elastic and min_ranks != 1:
         raise ValueError(f"launch: min_ranks={min_ranks!r} applies to elastic jobs only: "
                          "pass elastic=True too")
@@ -141,12 +138,15 @@ def launch(
     hosts) and ``token`` (the job secret, from each launcher's environment; see ``nodes.py``).
     Ranks are numbered across hosts; a failing rank on any host ends the job on every host.
 
-    ``elastic`` (one host): a rank that fails is lost, not the job's end, while at least
-    ``min_ranks`` ranks still run (``elastic.py``); the ranks get ``PYCOLL_ELASTIC=1``.
-    Every rank ended: 0 when every rank that was not lost exited 0, else the first such
-    failure's code; fewer than ``min_ranks`` left: tear-down, the failing rank's code.
+    ``elastic``: a rank that fails is lost, not the job's end, while at least ``min_ranks``
+    ranks still run (``elastic.py``); the ranks get ``PYCOLL_ELASTIC=1``. Every rank
+    ended: 0 when every rank that was not lost exited 0, else the first such failure's
+    code; fewer than ``min_ranks`` left: tear-down, the failing rank's code.
     ``max_restarts`` (elastic): up to that many lost ranks are replaced by a new process
-    that joins the job (``PYCOLL_JOIN=1``) once the survivors call ``grow``.
+    that joins the job (``PYCOLL_JOIN=1``) once the survivors call ``grow``. On several
+    hosts ``min_ranks`` and ``max_restarts`` are the whole job's, a host whose launcher is
+    lost loses its ranks (node 0 starts their replacements), and node 0's exit code is the
+    job's (``nodes.py``).
     """
     command = list(command)
     _check_arguments(command, nprocs, timeout, nnodes, node_rank, token, master_port, elastic,
@@ -159,20 +159,24 @@ def launch(
     if node_rank == 0:
         server = rendezvous.StoreServer(master_addr, master_port, token=token)
         server.start()
-    policy = (ElasticPolicy(nprocs, min_ranks, first_rank=node_rank * nprocs,
-                            max_restarts=max_restarts) if elastic else None)
-    supervisor = Supervisor(nprocs, grace_period, first_rank=node_rank * nprocs, server=server,
-                            elastic=policy)
+    supervisor = Supervisor(nprocs, grace_period, first_rank=node_rank * nprocs, server=server)
     try:
         host = _connect_host(master_addr)
         store_port = int(server.port) if server is not None else master_port
         torch_port = _free_port(host) if node_rank == 0 else None
         while torch_port == store_port:  # pragma: no cover - port 0 never returns a bound port
             torch_port = _free_port(host)
+        job = None
         if nnodes > 1:
-            from .nodes import JobControl
-            supervisor.control = JobControl(host, store_port, token, node_rank, nnodes)
+            from .nodes import ElasticJob, JobControl
+            supervisor.control = JobControl(host, store_port, token, node_rank, nnodes,
+                                            elastic=elastic)
             torch_port = supervisor.control.torch_port(torch_port)
+            job = ElasticJob(supervisor.control, nprocs, max_restarts) if elastic else None
+        if elastic:
+            supervisor.elastic = ElasticPolicy(nprocs, min_ranks, first_rank=node_rank * nprocs,
+                                               max_restarts=max_restarts, job=job,
+                                               world=nprocs * nnodes)
         assert torch_port is not None       # node 0 picked it; the others learnt it above
 
         base = dict(os.environ if env is None else env)

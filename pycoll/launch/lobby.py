@@ -5,13 +5,14 @@ A replacement that ``pycoll.run --max-restarts`` started joins with ``pycoll.ini
 communicator (or the torch backend's; ``comm/elastic.py``'s ``Lobby``) until the
 survivors call ``grow``. Once only such waiting processes are left, nobody can admit them,
 and the elastic policy ends them instead of letting each wait for its ``init`` deadline.
-The launcher hosts the store, so it reads the lobby without a connection
-(``StoreServer.peek``), through the same ``Lobby`` the ranks use.
+Node 0's launcher hosts the store, so it reads the lobby without a connection
+(``StoreServer.peek``), through the same ``Lobby`` the ranks use; the other hosts' launchers
+read it through their store client.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rendezvous import StoreServer
@@ -43,6 +44,11 @@ class _PeekStore:
 
 def waiting_joiners(server: StoreServer) -> int:
     """Processes in the joinable communicators' lobbies now: queued, alive, not admitted."""
+    return joiners_in(_PeekStore(server))
+
+
+def joiners_in(store: Any) -> int:
+    """The same, read through ``store`` (a launcher on another host than the store's)."""
     from ..comm.elastic import Lobby
 
-    return sum(len(Lobby(_PeekStore(server), name).waiting()) for name in JOINABLE)
+    return sum(len(Lobby(store, name).waiting()) for name in JOINABLE)

@@ -14,6 +14,21 @@ through a ``JobControl``, which is how the launchers act as one:
 
 The job secret never travels on a command line: every node's launcher reads ``PYCOLL_TOKEN``
 from its own environment (or ``--token-file``) and hands it to its ranks in theirs.
+
+Under ``--elastic`` (``ElasticJob``) a failed rank is judged against the whole job instead:
+
+* every launcher publishes the names of its running processes (``2``, ``2'``) whenever they
+  change, so that "ranks still running" counts every host's;
+* the restarts are one counter in the store (``--max-restarts`` is the job's budget);
+* every launcher but node 0's holds a *lease* on ``alive/<node>`` (the ranks' failure
+  detector, ``TCPStore.lease``): the store marks it gone the moment the launcher's
+  connection closes, or after about four keepalive periods behind a pulled cable. Node 0
+  reads the leases, judges a host gone with its launcher, records it under ``lost-nodes``,
+  and starts the replacements for its ranks itself (the one host the job cannot lose: it
+  holds the store);
+* every launcher posts its ranks' outcome under ``result/<node>`` before it says finished;
+  node 0 outlives them all and combines the outcomes into the job's exit code;
+* a launcher that loses the store ends its ranks and says so: the job cannot outlive it.
 """
 from __future__ import annotations
 
@@ -25,6 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PycollError
+from .elastic import Job
 
 if TYPE_CHECKING:
     from rendezvous import TCPStore
@@ -38,17 +54,25 @@ class JobControl:
     """One launcher's view of a multi-node job (a client of the job's store)."""
 
     def __init__(self, host: str, port: int, token: str, node_rank: int, nnodes: int,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, *, elastic: bool = False) -> None:
         from rendezvous import TCPStore
 
         self.node_rank = node_rank
         self.nnodes = nnodes
+        self.address = f"{host}:{port}"
         self.store: TCPStore = TCPStore(host, port, token=token, timeout=timeout)
         self._claim_node_rank()
         self._next_poll = 0.0
+        self._next_look = 0.0
         #: node 0's store stopped answering (host cut off, or node 0 gone): later calls
         #: return at once, so this launcher still tears its ranks down and exits in time
         self.unreachable = False
+        self._lease: TCPStore | None = None
+        self._published: list[str] | None = None
+        if elastic and node_rank != 0:
+            # on a connection of its own that makes no other call (``TCPStore.lease``)
+            self._lease = TCPStore(host, port, token=token, timeout=timeout)
+            self._lease.lease(KEY + f"alive/{node_rank}", "1", "0", keepalive_ms=1000)
 
     def _claim_node_rank(self) -> None:
         """Claim this node rank in the store (first wins): a second launcher given the same
@@ -85,7 +109,7 @@ class JobControl:
             self.unreachable = True
             return None
 
-    def report_failure(self, rank: int, exit_text: str, code: int) -> None:
+    def report_failure(self, rank: int | str, exit_text: str, code: int) -> None:
         record = json.dumps({"rank": rank, "host": socket.gethostname(), "exit": exit_text,
                              "code": code, "node": self.node_rank})
         self._call(self.store.compare_set, KEY + "failed", "", record)
@@ -117,14 +141,17 @@ class JobControl:
     def finish(self, wait: float, beat_timeout: float) -> None:
         """Say this node is done; node 0 keeps the store up until every node said so, or
         stopped beating for ``beat_timeout`` seconds (a launcher tearing its ranks down does
-        not beat: more than its grace period), or ``wait`` seconds passed."""
+        not beat: more than its grace period), or ``wait`` seconds passed. The lease goes
+        last, so that node 0 never takes a finished node for a lost one."""
         self._call(self.store.set, KEY + f"finished/{self.node_rank}", "1")
         if self.node_rank == 0:
             self._call(self._await_others, time.monotonic() + wait, beat_timeout)
-        try:
-            self.store.close()
-        except Exception:  # noqa: BLE001
-            pass
+        for client in (self.store, self._lease):
+            try:
+                if client is not None:
+                    client.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _await_others(self, deadline: float, beat_timeout: float) -> None:
         waiting = set(range(1, self.nnodes))
@@ -141,3 +168,100 @@ class JobControl:
                 elif now - last[1] > beat_timeout:
                     waiting.discard(node)          # its launcher is gone with its host
             time.sleep(0.05)
+
+    # -- elastic jobs (``ElasticJob``) -----------------------------------------------------
+    def publish(self, names: list[str]) -> None:
+        """This host's running processes by name (``2``, ``2'``), when they changed."""
+        if names != self._published:
+            self._published = names
+            self._call(self.store.set, KEY + f"procs/{self.node_rank}", json.dumps(names))
+
+    def _read(self, key: str) -> Any:
+        """The JSON under ``key``, or None when it is not there (or the store is gone)."""
+        if not self._call(self.store.check, [key]):
+            return None
+        raw = self._call(self.store.get, key)
+        return json.loads(raw) if raw else None
+
+    def lost_nodes(self) -> dict[str, dict]:
+        """The hosts node 0 judged lost: node -> {"host", "names"}."""
+        return self._read(KEY + "lost-nodes") or {}
+
+    def finished(self, node: int) -> bool:
+        return bool(self._call(self.store.check, [KEY + f"finished/{node}"]))
+
+    def running_on(self, node: int, nprocs: int) -> list[str]:
+        """What ``node`` runs, as it last published (before it did: its ``nprocs`` ranks)."""
+        names = self._read(KEY + f"procs/{node}")
+        return names if names is not None else [str(node * nprocs + i) for i in range(nprocs)]
+
+    def others_running(self) -> list[int]:
+        """The other nodes that neither finished nor were lost (node 0 waits for them)."""
+        lost = self.lost_nodes()
+        return [n for n in range(self.nnodes) if n != self.node_rank and str(n) not in lost
+                and not self.finished(n)]
+
+    def newly_lost(self, interval: float = 0.2) -> dict[int, dict]:
+        """Node 0: the hosts whose launcher's lease says gone and that never said
+        finished, each once (rate-limited to one look per ``interval``): node ->
+        {"host", "names"}, also recorded under ``lost-nodes`` for the other launchers."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return {}
+        self._next_look = now + interval
+        lost = self.lost_nodes()
+        found: dict[int, dict] = {}
+        for node in range(1, self.nnodes):
+            if str(node) in lost:
+                continue
+            alive = self._call(self.store.check, [KEY + f"alive/{node}"])
+            if not alive or bytes(self._call(self.store.get, KEY + f"alive/{node}") or b"1") \
+                    != b"0" or self.finished(node):
+                continue            # not started yet, alive, or done (it says so first)
+            holder = bytes(self._call(self.store.get, KEY + f"node/{node}") or b"?").decode()
+            found[node] = {"host": holder.split(" (")[0],
+                           "names": self._read(KEY + f"procs/{node}") or []}
+        if found:
+            lost.update({str(n): v for n, v in found.items()})
+            self._call(self.store.set, KEY + "lost-nodes", json.dumps(lost))
+        return found
+
+    def waiting_joiners(self) -> int:
+        """Processes waiting to join the job (``lobby.joiners_in``), 0 if the store is gone."""
+        from .lobby import joiners_in
+        return int(self._call(joiners_in, self.store) or 0)
+
+    def post_result(self, result: dict[str, int]) -> None:
+        self._call(self.store.set, KEY + f"result/{self.node_rank}", json.dumps(result))
+
+    def results(self) -> list[dict[str, int]]:
+        """Every other node's posted outcome, in node order (lost nodes have none)."""
+        got = (self._read(KEY + f"result/{n}") for n in range(self.nnodes)
+               if n != self.node_rank)
+        return [r for r in got if r]
+
+
+class ElasticJob(Job):
+    """A job on several hosts, as one host's ``ElasticPolicy`` sees the others: their
+    running processes as their launchers published them (lost and finished hosts run
+    none), and the job's one restart counter."""
+
+    def __init__(self, control: JobControl, nprocs: int, max_restarts: int) -> None:
+        super().__init__(max_restarts)
+        self.control = control
+        self.nprocs = nprocs
+
+    def elsewhere(self) -> tuple[int, int]:
+        names = [name for n in self.control.others_running()
+                 for name in self.control.running_on(n, self.nprocs)]
+        return len(names), sum("'" not in name for name in names)
+
+    def restarts_left(self) -> int:
+        taken = self.control._call(self.control.store.add, KEY + "restarts", 0)
+        return max(0, self.max_restarts - int(taken or 0)) if taken is not None else 0
+
+    def take_restart(self) -> int | None:
+        if self.max_restarts == 0:
+            return None
+        number = self.control._call(self.control.store.add, KEY + "restarts", 1)
+        return int(number) if number is not None and number <= self.max_restarts else None

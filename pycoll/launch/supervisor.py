@@ -145,6 +145,8 @@ class Supervisor:
         self.server = server
         self.elastic = elastic
         self.control: JobControl | None = None
+        self._result_posted = False          # elastic, several hosts: this host's is posted
+        self._next_host_look = 0.0
         self.procs: list[subprocess.Popen] = []
         self.envs: list[Mapping[str, str]] = []   # each process's environment
         self.command: list[str] = []
@@ -321,15 +323,86 @@ class Supervisor:
     def _elastic_end(self) -> int | None:
         """The exit code once the elastic policy says the job is over, else None. It tears
         down what still runs then: the ranks when fewer than ``--min-ranks`` are left,
-        replacements nobody is left to admit."""
+        replacements nobody is left to admit. On several hosts it also keeps the other
+        launchers informed (``nodes.JobControl``), and node 0 judges lost hosts and outlives
+        the others."""
         assert self.elastic is not None
-        lobby = None if self.server is None else self._waiting_joiners
-        code = self.elastic.judge(self.procs, self._start_replacement, lobby)
-        if code is not None and self.running():
-            if code:
-                self._report_first_failure()
+        control = self.control
+        if control is not None:
+            if control.unreachable:
+                return self._store_lost(control)
+            control.publish(self.elastic.names(self.procs))
+            if self.server is not None:
+                for node, lost in control.newly_lost().items():
+                    code = self.elastic.lose_host(f"{lost['host']} (node {node})",
+                                                  lost["names"], self.procs,
+                                                  self._start_for_lost_host)
+                    if code is not None:
+                        return self._end_elastic_job(code)
+        code = self.elastic.judge(self.procs, self._start_replacement, self._lobby())
+        if control is not None and control.unreachable:
+            return self._store_lost(control)    # found while judging: nothing judged holds
+        if code is None:
+            return self._outlive_hosts() if self._result_posted else None
+        if self.elastic.over is not None:
+            return self._end_elastic_job(code)
+        if self.running():                  # withdrawn replacements
             self.teardown()
+        if control is None:
+            return code
+        control.post_result(self.elastic.result)
+        self._result_posted = True
+        return self._outlive_hosts()
+
+    def _end_elastic_job(self, code: int) -> int:
+        """Fewer than ``--min-ranks`` ranks are left: the other hosts' launchers are told,
+        and this host's ranks torn down."""
+        assert self.elastic is not None
+        if self.control is not None:
+            self.control.report_failure(self.elastic.over or "?", "ended the elastic job "
+                                        f"(fewer than {self.elastic.min_ranks} ranks left)",
+                                        code or 1)
+        if code:
+            self._report_first_failure()
+        self.teardown()
         return code
+
+    def _outlive_hosts(self) -> int | None:
+        """This host's processes are done. Node 0 holds the store: it stays until every
+        other host's launcher finished or was lost, judging lost hosts meanwhile, then
+        answers for the whole job (``elastic.combine``); the others are done."""
+        from .elastic import combine
+
+        assert self.elastic is not None and self.control is not None
+        if self.server is None:
+            return self.elastic.result["code"]
+        now = time.monotonic()
+        if self.running() or now < self._next_host_look:
+            return None
+        self._next_host_look = now + 0.2
+        if self.control.others_running():
+            return None
+        code = combine([self.elastic.result, *self.control.results()])
+        lost = self.control.lost_nodes()
+        if lost or code:
+            hosts = "".join(f", host {v['host']} (node {n}) lost" for n, v in lost.items())
+            notice(f"elastic job done on {self.control.nnodes} hosts{hosts}; exit code {code}")
+        return code
+
+    def _store_lost(self, control: JobControl) -> int:
+        """Node 0's store cannot be reached: the job cannot go on without it."""
+        notice(f"the job's store at {control.address} (node 0's launcher) cannot be reached: "
+               "node 0's host was lost, or this host was cut off from it, and an elastic job "
+               f"cannot outlive its store; terminating the {len(self.running())} running "
+               "rank(s) of this host")
+        self.teardown()
+        return 1
+
+    def _lobby(self) -> Callable[[], int] | None:
+        """What counts the processes waiting to join (node 0 reads its own server)."""
+        if self.server is not None:
+            return self._waiting_joiners
+        return self.control.waiting_joiners if self.control is not None else None
 
     def _waiting_joiners(self) -> int:
         """Processes waiting to join the job now (in the lobby of this host's store)."""
@@ -337,6 +410,16 @@ class Supervisor:
 
         assert self.server is not None
         return waiting_joiners(self.server)
+
+    def _start_for_lost_host(self, label: str, rank: int) -> subprocess.Popen:
+        """A replacement, on this host, for ``rank`` of a host that was lost: this host's
+        environment with that rank's variables, joining the job. Its local rank is the
+        next on this host (the processes started here so far, counting it)."""
+        local = len(self.procs)
+        env = {**self.envs[0], "PYCOLL_RANK": str(rank), "RANK": str(rank),
+               "PYCOLL_LOCAL_RANK": str(local), "LOCAL_RANK": str(local),
+               "PYCOLL_LOCAL_WORLD_SIZE": str(local + 1), "LOCAL_WORLD_SIZE": str(local + 1)}
+        return self._spawn(replacement_environment(env, rank), label)
 
     def _remote_failure(self) -> int | None:
         """The exit code for a rank another host's launcher reported failed, or None."""
@@ -362,8 +445,8 @@ class Supervisor:
             code = self._local_failure() if self.elastic is None else self._elastic_end()
             if code is not None:
                 return code
-            if len(self.procs) == self.nprocs and all(p.returncode is not None
-                                                      for p in self.procs):
+            if self.elastic is None and len(self.procs) == self.nprocs and all(
+                    p.returncode is not None for p in self.procs):
                 return 0
             code = self._remote_failure()
             if code is not None:

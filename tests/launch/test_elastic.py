@@ -166,25 +166,24 @@ def test_the_store_is_served_after_a_rank_died(job, all_gone):
 # what is refused, before anything starts
 
 
-def test_elastic_on_several_hosts_is_refused(run_cli):
-    r = run_cli("-n", "2", "--elastic", "--nnodes", "2", "--node-rank", "0", "--master-addr",
-                "127.0.0.1", "--master-port", "29999", "x.py", PYCOLL_TOKEN="f" * 32)
-    assert r.returncode == 2, r.stderr
-    assert ("--elastic runs on one host for now; multi-host elastic jobs are issue 27's next "
-            "step") in r.stderr
-
-
-def test_parse_elastic_options():
+def test_parse_elastic_options(monkeypatch):
     p = _parse_args(["-n", "4", "--elastic", "--min-ranks", "3", "train.py", "--elastic"])
     assert (p["elastic"], p["min_ranks"], p["command"]) == (True, 3, ["train.py", "--elastic"])
     p = _parse_args(["-n", "4", "--elastic", "train.py"])
     assert (p["elastic"], p["min_ranks"]) == (True, 1)
+    monkeypatch.setenv("PYCOLL_TOKEN", "f" * 32)
+    p = _parse_args(["-n", "2", "--elastic", "--min-ranks", "6", "--nnodes", "3", "--node-rank",
+                     "1", "--master-addr", "10.0.0.1", "--master-port", "29500", "t.py"])
+    assert (p["elastic"], p["min_ranks"], p["nnodes"]) == (True, 6, 3)
     assert _parse_args(["-n", "4", "--min_ranks=4", "--elastic", "t.py"])["min_ranks"] == 4
     assert _parse_args(["-n", "4", "t.py"])["elastic"] is False
 
 
 @pytest.mark.parametrize("argv, message", [
     (["-n", "4", "--elastic", "--min-ranks", "5", "t.py"], "--min-ranks must be in [1, 4]"),
+    (["-n", "2", "--elastic", "--min-ranks", "7", "--nnodes", "3", "--node-rank", "1",
+      "--master-addr", "10.0.0.1", "--master-port", "29500", "t.py"],
+     "--min-ranks must be in [1, 6] (-n x --nnodes)"),
     (["-n", "4", "--elastic", "--min-ranks", "0", "t.py"], "must be at least 1"),
     (["-n", "4", "--elastic", "--min-ranks", "x", "t.py"], "not an integer"),
     (["-n", "4", "--min-ranks", "2", "t.py"], "--min-ranks applies to elastic jobs only"),
@@ -202,6 +201,6 @@ def test_launch_rejects_bad_elastic_arguments():
             launch(["x.py"], 2, elastic=True, **kwargs)
     with pytest.raises(ValueError, match="applies to elastic jobs only"):
         launch(["x.py"], 2, min_ranks=2)
-    with pytest.raises(ValueError, match="one host"):
-        launch(["x.py"], 2, elastic=True, nnodes=2, token="t", master_port=1)
+    with pytest.raises(ValueError, match=re.escape("in [1, 4] (nprocs x nnodes)")):
+        launch(["x.py"], 2, elastic=True, min_ranks=5, nnodes=2, token="t", master_port=1)
 
