@@ -6,7 +6,8 @@ for a replacement the launcher started) with its pid and host. A rank started wi
 checks an allreduce, writes ``ready.<rank>``, then runs allreduces until the fault makes
 one fail; it shrinks, checks an allreduce on the survivors, and with grow > 0 admits that
 many joiners (``grow``) and checks again. A replacement joins (``PYCOLL_JOIN=1``) and checks
-the same allreduce. Each ends with ``result.<name>``: what it saw, every sum checked.
+the same allreduce. Each ends with ``result.<name>``: what it saw, every sum checked, and
+when (``time.monotonic``, one clock for every namespace host).
 """
 from __future__ import annotations
 
@@ -54,11 +55,16 @@ def main() -> int:
             raise SystemExit(f"{name}: no error within 60 s of the fault")
         except pycoll.PycollError as e:
             record["error"] = type(e).__name__
+        record["t_error"] = time.monotonic()
         comm = pycoll.shrink(timeout=60)
         record["shrunk"] = checked(comm)
+        record["t_shrunk"] = time.monotonic()
         if grow:
             comm = pycoll.grow(grow, timeout=60)
+    else:
+        record["t_joining"] = time.monotonic()
     record["last"] = checked(comm)
+    record["t_last"] = time.monotonic()
     write("result", record)
     pycoll.finalize()
     return 0

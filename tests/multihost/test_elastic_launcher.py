@@ -116,6 +116,7 @@ def _run(hosts_count: int, tmp_path: Path, fault, *launcher_args: str, grow: int
         job = Job(hosts, tmp_path, *launcher_args, grow=grow)
         try:
             job.wait_ready()
+            (tmp_path / "fault.json").write_text(json.dumps({"t": time.monotonic()}))
             fault(job)
             codes = job.wait(watch)
         finally:
