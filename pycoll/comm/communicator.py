@@ -161,7 +161,8 @@ class Communicator(Collectives, FusedCollectives):
         limit, chunked, cma = fastpath.agreed_limits(records, self.size)
         if not limit:
             off = [r for r, rec in enumerate(records) if not rec.get("fast")]
-            if off and off[0] == self.rank and self._is_root:   # one line per job
+            declared = any(rec.get("alone") for rec in records)   # no numba to blame
+            if off and off[0] == self.rank and self._is_root and not declared:
                 fastpath.warn_if_missing(len(off), self.size)
             return None
         from rendezvous import PrefixStore

@@ -86,3 +86,35 @@ def test_a_path_turned_off_on_purpose_does_not_warn(tmp_path):
     assert done.returncode == 0, done.stderr
     assert _ranks(done.stdout) == {r: ("6", "False") for r in range(3)}, done.stdout
     assert WARNING not in done.stderr
+
+
+def test_a_rank_alone_on_its_host_does_not_load_numba(tmp_path):
+    """``--nnodes 2`` with one rank per launcher: each rank is told it is alone on its host
+    (PYCOLL_LOCAL_WORLD_SIZE=1), so it publishes the path off without importing numba and
+    nobody warns; its pair runs the generic path (both launchers are on this host here)."""
+    from pycoll.testing import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(JOB.replace("pycoll.finalize()",
+                                  "import sys\nprint('numba' in sys.modules)\npycoll.finalize()"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), PYCOLL_TOKEN="a" * 32)
+    port = str(free_port())
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "pycoll.run", "--nnodes", "2", "--node-rank", str(i),
+         "--master-addr", "127.0.0.1", "--master-port", port, "-n", "1", str(script)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        start_new_session=True) for i in range(2)]
+    try:
+        done = [p.communicate(timeout=90) for p in launchers]
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    out = "".join(o for o, _ in done)
+    err = "".join(e for _, e in done)
+    assert [p.returncode for p in launchers] == [0, 0], err
+    assert _ranks(out) == {0: ("3", "False"), 1: ("3", "False")}, out
+    assert out.split().count("False") == 4 and "True" not in out, out   # numba not loaded
+    assert WARNING not in err
