@@ -56,6 +56,7 @@ _UNSET_TIMEOUT = _c10d.AllreduceOptions().timeout
 _profiling = torch.autograd._profiler_enabled
 _deterministic_on = torch.are_deterministic_algorithms_enabled
 
+
 def elastic_job() -> bool:
     """Whether this process runs under ``pycoll.run --elastic`` (pycoll's store at hand)."""
     return env_bool("PYCOLL_ELASTIC", False) and bool(os.environ.get("PYCOLL_MASTER_PORT"))
