@@ -37,9 +37,25 @@ from .arguments import (
 )
 from .contiguous import ContiguousStandIns
 from .p2p import DeferredP2P
-from .work import EVENT_NAMES, PycollWork, _disable_compile, begin_record, end_record, issue_parts
+from .views import HostViews
+from .work import (
+    EVENT_NAMES,
+    PycollWork,
+    _disable_compile,
+    begin_record,
+    done,
+    end_record,
+    issue_parts,
+)
 
 BACKEND_NAME = "pycoll"
+
+_SUM = dist.ReduceOp.SUM
+#: the timeout of options nobody set one on (C++'s kUnsetTimeout): the group's applies
+_UNSET_TIMEOUT = _c10d.AllreduceOptions().timeout
+_profiling = torch.autograd._profiler_enabled
+_deterministic_on = torch.are_deterministic_algorithms_enabled
+
 
 def elastic_job() -> bool:
     """Whether this process runs under ``pycoll.run --elastic`` (pycoll's store at hand)."""
@@ -103,6 +119,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._p2p = DeferredP2P(self.comm, rank, size)
+        #: the numpy view of the tensor synchronous calls keep passing (``views.py``)
+        self._views = HostViews()
         self._shut = False
 
     # -- identity -----------------------------------------------------------------------------
@@ -206,8 +224,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                     then()
             finally:
                 end_record(record)
-            return PycollWork(op, outputs, self._rank, finished=True)
+            return done(op, outputs)
         return issue_parts(PycollWork(op, outputs, self._rank, record=record), calls, then)
+
+    def _inline_now(self) -> bool:
+        """Whether a synchronous call may run inline as a plain pycoll call: nothing deferred
+        to post first, no profiler event or deterministic mode to pass on, and not on the
+        worker thread (see ``_issue``)."""
+        return (not self._p2p.batch and not _profiling() and not _deterministic_on()
+                and not self.comm.on_worker_thread())
 
     def _on_worker(self) -> bool:
         """True on this group's own pycoll worker thread (completion callbacks run there):
@@ -216,6 +241,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
+        """``dist.all_reduce``; its most common form (synchronous, one plain CPU tensor, SUM,
+        no timeout of its own, nothing else going on) takes a lane of its own: this is the
+        call whose fixed cost people measure (docs/torch.md, Performance)."""
+        if (opts is not None and type(tensors) is list and len(tensors) == 1
+                and not opts.asyncOp and opts.reduceOp == _SUM
+                and opts.timeout == _UNSET_TIMEOUT and self._inline_now()):
+            arr = self._views.get(tensors[0])
+            if arr is not None:
+                self.comm.allreduce(arr)
+                return done("allreduce", tensors)
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         tensors = tensor_list(tensors)
         t = one_tensor(tensors, "allreduce")
@@ -264,6 +299,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             tensors, st, opts.asyncOp, inputs=tensors)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> PycollWork:  # type: ignore[override]
+        """``dist.broadcast``; its common synchronous form takes a lane as ``allreduce``'s."""
+        if (opts is not None and type(tensors) is list and len(tensors) == 1
+                and not opts.asyncOp and opts.timeout == _UNSET_TIMEOUT
+                and self._inline_now()):
+            arr = self._views.get(tensors[0])
+            if arr is not None:
+                self.comm.broadcast(arr, opts.rootRank)
+                return done("broadcast", tensors)
         opts = opts if opts is not None else _c10d.BroadcastOptions()
         tensors = tensor_list(tensors)
         t = one_tensor(tensors, "broadcast")
@@ -521,6 +564,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         if self._shut:
             return
         self._shut = True
+        self._views.clear()
         self._p2p.fail_pending(f"rank {self._rank}: process group shut down before this "
                                "send/recv was waited on")
         if self._adapter is not None:      # a subgroup's store is the default group's

@@ -11,6 +11,12 @@ import torch.distributed as dist
 from rank_helpers import FLOATS, INTS, RANK, WORLD, Checker, R, data, resources
 
 
+def _sync(opts):
+    """``opts`` for a synchronous call (as ``dist.*`` makes them when ``async_op=False``)."""
+    opts.asyncOp = False
+    return opts
+
+
 def scenario_ops() -> dict:
     dist.init_process_group("pycoll", timeout=timedelta(seconds=60))
     gloo = dist.new_group(backend="gloo")
@@ -96,6 +102,50 @@ def scenario_ops() -> dict:
         c.same("broadcast async", t, data(torch.float64, 100, WORLD - 1))
 
     c.run("broadcast", broadcast_checks)
+
+    # the synchronous lane remembers the numpy view of the last tensor (pycoll/torch/views.py):
+    # the same tensor object, given new memory, dtype or layout between calls, must be
+    # reduced where it lies now; and the work of a synchronous call is complete
+    def reused_tensor_checks():
+        def want_sum(t):
+            s = t.clone()
+            dist.all_reduce(s, group=gloo)
+            return s
+
+        t = data(torch.float32, 37, RANK)
+        for step in range(3):
+            want = want_sum(t)
+            w = pyc.allreduce([t], _sync(dist.AllreduceOptions()))
+            c.same(f"reused tensor, call {step}", t, want)
+            c.same(f"reused tensor, call {step}: work.result()", w.result()[0], want)
+            c.same(f"reused tensor, call {step}: future", w.get_future().wait()[0], want)
+            if not (w.is_completed() and w.is_success() and w.wait() and w.exception() is None):
+                c.failures.append(f"reused tensor, call {step}: work not complete")
+        t.set_(data(torch.float32, 37, RANK, 1).untyped_storage())        # new memory
+        want = want_sum(t)
+        dist.all_reduce(t)
+        c.same("reused tensor after set_", t, want)
+        t.data = data(torch.float64, 37, RANK, 2)          # new dtype (and memory)
+        want = want_sum(t)
+        dist.all_reduce(t)
+        c.same("reused tensor after .data of another dtype", t, want)
+        t.as_strided_((18,), (2,))                         # the same memory, non-contiguous
+        before = t.clone()
+        want = want_sum(before)
+        dist.all_reduce(t)
+        c.same("reused tensor made non-contiguous", t, want)
+        b = data(torch.int32, 9, RANK)
+        for root in range(WORLD):
+            b.copy_(data(torch.int32, 9, RANK, root))
+            dist.broadcast(b, root)
+            c.same(f"reused tensor broadcast root={root}", b, data(torch.int32, 9, root, root))
+        g = data(torch.float32, 5, RANK).requires_grad_()   # a leaf that wants gradients
+        with torch.no_grad():
+            want = want_sum(g)
+            dist.all_reduce(g)
+        c.same("all_reduce of a leaf requiring grad", g.detach(), want)
+
+    c.run("reused tensors / synchronous works", reused_tensor_checks)
 
     def reduce_checks():
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
