@@ -80,19 +80,25 @@ def probe_record() -> dict[str, int]:
             "fast_cma": cma if env_bool("PYCOLL_SHM_CMA", True) else 0}
 
 
+#: ranks on this host as the launcher told ``pycoll.init`` (``launch.join`` calls
+#: ``declare_local_ranks``); None: not told
+_local_ranks: list[int | None] = [None]
+
+
+def declare_local_ranks(count: int | None) -> None:
+    """What the launcher's environment says of this host: ``count`` ranks of the job run
+    here (``PYCOLL_LOCAL_WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, Open MPI's, MPICH's or
+    Slurm's), None when it says nothing or the job has one rank."""
+    _local_ranks[0] = count
+
+
 def alone_on_host() -> bool:
-    """Whether the launcher's environment says this rank is the only one on its host
-    (``PYCOLL_LOCAL_WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, Open MPI's or MPICH's local size, or
-    Slurm's tasks on this node: 1) in a job of several ranks: a multi-host job with one
-    rank per host. The path needs two ranks on one host, so such a rank skips numba's import
-    (about 0.2 s and 65 MB per rank). Two one-rank launchers on one host (a test of a
-    multi-host job) then run their pair on the generic path: correct, only slower."""
-    from ..launch.environment import detect_launch
-    try:
-        info = detect_launch()
-    except ValueError:          # an inconsistent environment is init's to report
-        return False
-    return info.world_size > 1 and info.local_world_size == 1
+    """Whether the launcher said this rank is the only one of its job on its host: a
+    multi-host job with one rank per host. The path needs two ranks on one host, so such a
+    rank skips numba's import (about 0.2 s and 65 MB per rank). Two one-rank launchers on
+    one host (a test of a multi-host job) then run their pair on the generic path: correct,
+    only slower."""
+    return _local_ranks[0] == 1
 
 
 def unavailable_reason() -> str | None:

@@ -24,12 +24,14 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
     torchrun's agent store, or from the launcher's environment with pycoll's own store.
     ``joining``: a process joining a running job (``init(join=True)``): a client of the
     job's store, never its server, whatever rank the environment names."""
+    from .. import fastpath
     from ..envvars import env_tls
     from . import mpi as mpi_boot
     from .environment import launcher_name, resolve_launch
     from .secret import agent_store, job_secret, warn_if_open
 
     env_tls()    # TLS (PYCOLL_TLS_*): all three files or none, before any socket opens
+    fastpath.declare_local_ranks(None)      # until this launcher's environment says more
 
     if comm is None and rank is None and mpi_boot.should_bootstrap(
             launcher_name(), os.environ, master_addr):
@@ -42,6 +44,8 @@ def join(rank: int | None, world_size: int | None, master_addr: str | None,
     info = resolve_launch(rank=rank, world_size=world_size, master_addr=master_addr,
                           master_port=master_port)
     many = info.world_size > 1 or joining
+    # one rank per host (in a job of several): its fast-path probe need not load numba
+    fastpath.declare_local_ranks(info.local_world_size if many else None)
     agent = agent_store(seconds) if many and info.launcher == "torchrun" else None
     secret, source = job_secret(info, seconds, agent)
     warn_if_open(info, secret, source)
