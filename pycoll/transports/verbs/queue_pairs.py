@@ -570,7 +570,8 @@ class QueuePairs:
 
     def peer_exited(self, grace: float = 1.0) -> bool:
         """Whether the peer's setup socket closes within ``grace`` seconds (its process
-        exited); used only on an error completion, to name the cause."""
+        exited): on an error completion, to name the cause, and (grace 0) before draining
+        sends at close."""
         sock = self.sock
         if sock is None:
             return False
@@ -610,10 +611,16 @@ class QueuePairs:
         completes when copied; its bytes may still be in the send queue)."""
         deadline = time.monotonic() + seconds
         channel = self.channel
+        # unsignaled sends at the tail are confirmed by a signaled write behind them, but
+        # only while the peer's queue pairs are there to acknowledge it: a peer closes its
+        # setup socket before its queue pairs, and one already gone got what it waited for
+        # (else a write into its destroyed queue pairs would wait out the retries)
+        tail = bool(self.qps) and not self.peer_exited(0.0)
         while (self.qps and channel._broken is None and time.monotonic() < deadline
-               and (self.outbox or self.writes or self._unsignaled or self._covers
+               and (self.outbox or self.writes or (tail and self._unsignaled) or self._covers
                     or any(f < SQ_DEPTH for f in self.sq_free[1:]))):
-            self.signal_tail()
+            if tail:
+                self.signal_tail()
             if not channel.progress():
                 time.sleep(0.0005)
 
