@@ -43,8 +43,6 @@ import socket
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from ...buffers.memory import MemRef
 from ...errors import TransportError
 from ..base import Channel, Request, peer_lost, stripes
@@ -252,14 +250,13 @@ class VerbsChannel(Channel):
 
     def _on_message(self, i: int, length: int) -> None:
         """A message landed in ring buffer ``i``."""
-        ring = self.pairs.ring
-        assert ring is not None
+        ring = self.pairs.ring_view
         off = i * self.pairs.stride
         if length < HDR.size:
             self._break(TransportError(f"verbs: peer rank {self.peer} sent a malformed message "
                                        f"({length} bytes)", peer=self.peer))
             return
-        kind, aux, tag, nbytes, ident, addr = HDR.unpack_from(ring.data, off)
+        kind, aux, tag, nbytes, ident, addr = HDR.unpack_from(ring, off)
         match = self._match
         if kind == EAGER:
             if nbytes != length - HDR.size:
@@ -270,10 +267,10 @@ class VerbsChannel(Channel):
             body = ring[off + HDR.size: off + HDR.size + nbytes]
             req = match.take(tag)
             if req is None:
-                match.hold(tag, nbytes, body.tobytes())
+                match.hold(tag, nbytes, bytes(body))
             elif self._size_ok(req, nbytes):
                 if nbytes:
-                    np.frombuffer(req.view, dtype=np.uint8)[:] = body
+                    req.view[:] = body
                 req.complete()
         elif kind == RTS:
             if nbytes <= 0:

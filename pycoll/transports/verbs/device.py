@@ -207,7 +207,11 @@ def create_qp(dev: Device, cq: Any, max_send: int, max_recv: int, inline: int) -
         cap = QPCap(max_send_wr=max_send, max_recv_wr=max_recv, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=size)
         try:
-            qp = QP(dev.pd, QPInitAttr(qp_type=E.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+            # sq_sig_all=0 (pyverbs defaults to 1): a work request completes into the CQ
+            # only if it asks to (``IBV_SEND_SIGNALED``), so most control messages need no
+            # completion polled (queue_pairs: selective signaling)
+            qp = QP(dev.pd, QPInitAttr(qp_type=E.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap,
+                                       sq_sig_all=0))
             break
         except Exception:   # noqa: BLE001 - retry without inline data
             if size == 0:

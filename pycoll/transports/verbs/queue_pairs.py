@@ -52,6 +52,35 @@ from .wire import (
 #: the setup socket's progress: none yet, addresses in flight, queue pairs ready to send
 CONNECTING, EXCHANGING, READY = "connecting", "exchanging", "ready"
 
+#: send flags of a control message: signaled (its completion frees the send-queue room and
+#: the send slot), and inline when the adapter copies the bytes at post time
+_SEND = E.IBV_SEND_SIGNALED if E is not None else 0
+_SEND_INLINE = _SEND | (E.IBV_SEND_INLINE if E is not None else 0)
+_INLINE_UNSIGNALED = E.IBV_SEND_INLINE if E is not None else 0
+#: at most this many unsignaled work requests in a row on the control queue pair: the next
+#: is signaled, and its completion frees their send-queue room too (RC completes in order)
+SIGNAL_EVERY = 32
+
+_WR_CLASSES: tuple[Any, Any, Any] | None = None
+
+
+def wr_classes() -> tuple[Any, Any, Any]:
+    """pyverbs' ``(SGE, RecvWR, SendWR)``, imported once: this module must import on hosts
+    without pyverbs, and an import statement on the per-message path costs a lookup each."""
+    global _WR_CLASSES
+    if _WR_CLASSES is None:
+        from pyverbs.wr import SGE, RecvWR, SendWR
+        _WR_CLASSES = (SGE, RecvWR, SendWR)
+    return _WR_CLASSES
+
+
+def ring_group(ring_slots: int) -> int:
+    """Ring buffers re-posted (and credited) together: a quarter of the ring. Coalescing
+    re-posts into one chained ``post_recv`` and one credit write per group saves a verbs
+    call and a completion-free RDMA write per message, and a quarter leaves the sender
+    three quarters of its credits while the receiver waits to fill a group."""
+    return max(1, ring_slots // 4)
+
 
 class VerbsOwner(Protocol):
     """What a channel and its queue pairs use of their transport (``VerbsTransport``): the
@@ -114,13 +143,29 @@ class QueuePairs:
         self.rq_free: list[int] = []
         # eager rings and credits
         self.ring: np.ndarray | None = None
+        self.ring_view = memoryview(b"")   # of ``ring``: slicing a memoryview is cheaper
+        self._slots_view = memoryview(b"")  # of ``_slots`` (than numpy's, per message)
         self._ring_mr: Any = None
         self._slots: np.ndarray | None = None
         self._slots_mr: Any = None
         self._free_slots: list[int] = []
         self._peer_slots = 0
         self._sent = 0              # messages sent into the peer's ring
-        self._consumed = 0          # ring buffers this side re-posted
+        self._consumed = 0          # ring buffers this side re-posted (the peer's credits)
+        self._next_ring = 0         # the ring buffer the next message lands in (RC: in order)
+        self._group = 1             # ring buffers re-posted together (``ring_group``)
+        # work requests built once and reused (``_prebuild``): a pyverbs SGE or WR costs an
+        # object, a malloc and a logger lookup each, more than posting it
+        self._ring_wrs: list[Any] = []       # RecvWR per ring buffer, chained per group
+        self._slot_wrs: list[Any] = []       # SendWR per send slot (SEND from that slot)
+        self._slot_sges: list[Any] = []      # ... and its SGE (its length set per message)
+        self._data_wrs: list[Any] = []       # RecvWR per data queue pair (write-with-imm)
+        self._credit_wr: Any = None          # the credit word's RDMA write
+        # selective signaling on the control queue pair: inline messages and credit writes
+        # hold no slot, so most go unsignaled (no completion to poll, no event to wake on)
+        self._unsignaled = 0        # unsignaled work requests since the last signaled one
+        self._covers: deque[int] = deque()   # per signaled WR in flight: entries it frees
+        self._credit_flags = 0      # the credit write's flags when unsignaled
         self._reported = 0          # ... of which the peer was told
         self._peer_credit: tuple[int, int] = (0, 0)   # (address, rkey) of our word there
         self.eager_max = transport.eager_max
@@ -164,14 +209,49 @@ class QueuePairs:
         self._ring_mr = t.register_own(self.ring)
         self._slots = np.zeros(t.ring_slots * self.stride, dtype=np.uint8)
         self._slots_mr = t.register_own(self._slots)
+        self.ring_view = self.ring.data
+        self._slots_view = self._slots.data
         self._free_slots = list(range(t.ring_slots - 1, -1, -1))
-        for i in range(t.ring_slots):
-            self.post_ring(i)
+        self._prebuild()
+        for head in range(0, t.ring_slots, self._group):
+            self.qps[0].post_recv(self._ring_wrs[head])
         self._psn = secrets.randbelow(1 << 24)
         ch = dev.choice
         return QpAddresses(INFO_MAGIC, ch.gid.encode(), ch.lid, self._psn, t.ring_slots, nq,
                            self.eager_max, t.credit_mr.rkey, t.credit_addr + 8 * self.peer,
                            ch.mtu, tuple(qp.qp_num for qp in self.qps))
+
+    def _prebuild(self) -> None:
+        """Build the work requests the per-message path posts, once per channel: a receive
+        per ring buffer (each group of ``ring_group`` buffers chained, so one ``post_recv``
+        re-posts a group), a SEND per send slot whose SGE length is set per message, a
+        receive per data queue pair, and the credit write."""
+        SGE, RecvWR, SendWR = wr_classes()
+        t = self.transport
+        n, stride, g = t.ring_slots, self.stride, ring_group(t.ring_slots)
+        self._group = g
+        ring, slots = self._ring_mr, self._slots_mr
+        self._ring_wrs = [RecvWR(wr_id=wr_id(WR_RING, 0, i), num_sge=1,
+                                 sg=[SGE(ring.buf + i * stride, stride, ring.lkey)])
+                          for i in range(n)]
+        for i in range(n - 1):
+            if (i + 1) % g:                  # the last of a group ends its chain
+                self._ring_wrs[i].next_wr = self._ring_wrs[i + 1]
+        self._slot_sges = [SGE(slots.buf + i * stride, stride, slots.lkey) for i in range(n)]
+        self._slot_wrs = []
+        for sge in self._slot_sges:
+            wr = SendWR(opcode=E.IBV_WR_SEND, num_sge=1, sg=[sge])
+            wr.sg_list = sge     # point at the SGE itself: its length changes per message
+            self._slot_wrs.append(wr)
+        scratch = t.scratch_mr
+        self._data_wrs = [None] + [RecvWR(wr_id=0, num_sge=1, sg=[SGE(scratch.buf, 0,
+                                                                       scratch.lkey)])
+                                   for _ in range(1, len(self.qps))]
+        out = t.credit_out_mr
+        self._credit_flags = _INLINE_UNSIGNALED if t.inline >= 8 else 0
+        self._credit_wr = SendWR(
+            wr_id=wr_id(WR_CREDIT, 0, 0), opcode=E.IBV_WR_RDMA_WRITE, num_sge=1,
+            sg=[SGE(t.credit_out_addr + 8 * self.peer, 8, out.lkey)])
 
     def finish_exchange(self) -> bool:
         """Read the peer's addresses; once complete, bring every queue pair to RTS."""
@@ -208,6 +288,7 @@ class QueuePairs:
             return True
         self._peer_slots = theirs.ring_slots
         self._peer_credit = (theirs.credit_addr, theirs.credit_rkey)
+        self._credit_wr.set_wr_rdma(theirs.credit_rkey, theirs.credit_addr)
         self.state = READY
         self.transport.exchanging -= 1
         debug.logger.info("verbs: queue pairs to rank %d ready (%d data QPs, eager <= %d B)",
@@ -230,31 +311,35 @@ class QueuePairs:
         return len(self.qps) - 1
 
     # -- posting ---------------------------------------------------------------------------
-    def post_ring(self, i: int) -> None:
-        from pyverbs.wr import SGE, RecvWR
-
-        sge = SGE(self._ring_mr.buf + i * self.stride, self.stride, self._ring_mr.lkey)
-        self.qps[0].post_recv(RecvWR(wr_id=wr_id(WR_RING, 0, i), num_sge=1, sg=[sge]))
-
-    def repost_ring(self, i: int) -> None:
-        """Ring buffer ``i`` was copied out: post it again, a credit for the peer."""
-        self.post_ring(i)
-        self._consumed += 1
+    def repost_ring(self, i: int) -> bool:
+        """Ring buffer ``i`` was copied out. Buffers complete in the order they were posted
+        (one RC receive queue), so a group is re-posted, as one chain, when its last buffer
+        is done: credits for the peer. False (the channel broke) if ``i`` is out of order."""
+        if i != self._next_ring:
+            self.channel._break(TransportError(
+                f"verbs: ring buffer {i} of peer rank {self.peer}'s messages completed out of "
+                f"order (expected {self._next_ring})", peer=self.peer))
+            return False
+        n = len(self._ring_wrs)
+        self._next_ring = 0 if i + 1 == n else i + 1
+        g = self._group
+        if (i + 1) % g == 0 or i + 1 == n:
+            head = i - i % g
+            self.qps[0].post_recv(self._ring_wrs[head])
+            self._consumed += i + 1 - head
+        return True
 
     def post_data_recv(self, q: int, recv_id: int) -> None:
         """Expect one write with immediate data (``recv_id``) on data queue pair ``q``."""
-        from pyverbs.wr import SGE, RecvWR
-
-        scratch = self.transport.scratch_mr
-        self.qps[q].post_recv(RecvWR(wr_id=wr_id(WR_DATA, q, recv_id), num_sge=1,
-                                     sg=[SGE(scratch.buf, 0, scratch.lkey)]))
+        wr = self._data_wrs[q]
+        wr.wr_id = wr_id(WR_DATA, q, recv_id)
+        self.qps[q].post_recv(wr)
         self.rq_free[q] -= 1
 
     def post_send(self, q: int, kind: int, index: int, opcode: int, addr: int, length: int,
                   lkey: int, imm: int = 0, remote: tuple[int, int] | None = None,
                   inline: bool = False) -> None:
-        from pyverbs.wr import SGE, SendWR
-
+        SGE, _, SendWR = wr_classes()
         flags = E.IBV_SEND_SIGNALED | (E.IBV_SEND_INLINE if inline else 0)
         wr = SendWR(wr_id=wr_id(kind, q, index), opcode=opcode, num_sge=1,
                     sg=[SGE(addr, length, lkey)], send_flags=flags, imm_data=imm)
@@ -262,6 +347,22 @@ class QueuePairs:
             wr.set_wr_rdma(remote[1], remote[0])
         self.qps[q].post_send(wr)
         self.sq_free[q] -= 1
+        if q == 0:
+            self._signaled()
+
+    def _signaled(self) -> None:
+        """A signaled work request was posted on the control queue pair: its completion
+        frees its own send-queue entry and those of the unsignaled ones before it."""
+        self._covers.append(self._unsignaled + 1)
+        self._unsignaled = 0
+
+    def _may_skip_signal(self) -> bool:
+        """Whether the next control-queue-pair work request that holds no slot may go
+        unsignaled (counted; else the caller signals it and calls ``_signaled``)."""
+        if self._unsignaled < SIGNAL_EVERY - 1:
+            self._unsignaled += 1
+            return True
+        return False
 
     def send_control(self, msg: ControlMessage) -> bool:
         """Post one message into the peer's ring if a credit, a slot and send-queue room are
@@ -273,22 +374,31 @@ class QueuePairs:
         inline = n <= self.transport.inline
         if not self._free_slots:
             return False
-        slots = self._slots
-        assert slots is not None
         index = self._free_slots.pop()
         off = index * self.stride
-        HDR.pack_into(slots.data, off, msg.kind, msg.aux, msg.tag, msg.nbytes, msg.ident,
+        HDR.pack_into(self._slots_view, off, msg.kind, msg.aux, msg.tag, msg.nbytes, msg.ident,
                       msg.addr)
         if payload is not None and payload.nbytes:
-            slots[off + HDR.size: off + n] = np.frombuffer(payload, dtype=np.uint8)
+            self._slots_view[off + HDR.size: off + n] = payload
         wr_kind = msg.wr_kind
         if inline:             # copied at post time: the slot is free again at once
             self._free_slots.append(index)
             if wr_kind == WR_SLOT:
                 wr_kind = WR_INLINE
-        self.post_send(0, wr_kind, index if wr_kind in (WR_SLOT, WR_INLINE) else msg.wr_index,
-                       E.IBV_WR_SEND, self._slots_mr.buf + off, n, self._slots_mr.lkey,
-                       inline=inline)
+        wr = self._slot_wrs[index]
+        self._slot_sges[index].length = n
+        wr.wr_id = wr_id(wr_kind, 0, index if wr_kind in (WR_SLOT, WR_INLINE)
+                         else msg.wr_index)
+        if not inline:
+            wr.send_flags = _SEND
+            self._signaled()
+        elif wr_kind == WR_INLINE and self._may_skip_signal():
+            wr.send_flags = _INLINE_UNSIGNALED
+        else:
+            wr.send_flags = _SEND_INLINE
+            self._signaled()
+        self.qps[0].post_send(wr)
+        self.sq_free[0] -= 1
         if wr_kind not in (WR_SLOT, WR_INLINE):
             self._slot_of_put[msg.wr_index] = None if inline else index
         self._sent += 1
@@ -339,22 +449,33 @@ class QueuePairs:
         return moved
 
     def report_credits(self) -> None:
-        """Tell the peer how many ring buffers were re-posted (an RDMA write of a word)."""
-        if self._consumed - self._reported < max(1, self.transport.ring_slots // 4):
+        """Tell the peer how many ring buffers were re-posted (an RDMA write of a word); they
+        are re-posted a group at a time (``repost_ring``), so this writes once a group."""
+        if self._consumed == self._reported or self.sq_free[0] <= 1:
             return
-        if self.sq_free[0] <= 1:
-            return
-        t = self.transport
-        word = t.credit_out
-        word[self.peer] = self._consumed
-        self.post_send(0, WR_CREDIT, 0, E.IBV_WR_RDMA_WRITE, t.credit_out_addr + 8 * self.peer,
-                       8, t.credit_out_mr.lkey, remote=self._peer_credit,
-                       inline=t.inline >= 8)
+        self._write_credits(not self._may_skip_signal())
+
+    def _write_credits(self, signaled: bool) -> None:
+        self.transport.credit_out[self.peer] = self._consumed
+        wr = self._credit_wr
+        wr.send_flags = self._credit_flags | (_SEND if signaled else 0)
+        self.qps[0].post_send(wr)
+        self.sq_free[0] -= 1
+        if signaled:
+            self._signaled()
         self._reported = self._consumed
 
+    def signal_tail(self) -> None:
+        """Unsignaled work requests are the last on the control queue pair: post a signaled
+        one behind them (the credit write again, harmless), so that their completion can be
+        waited for before the queue pairs go (``drain_sends``)."""
+        if self._unsignaled and self.sq_free[0] > 0 and self.state == READY:
+            self._write_credits(True)
+
     def send_done(self, kind: int, q: int, index: int) -> None:
-        """A send-queue work request completed: its room, and its send slot, are free."""
-        self.sq_free[q] += 1
+        """A signaled send-queue work request completed: its room (and that of the unsignaled
+        ones before it), and its send slot, are free."""
+        self.sq_free[q] += self._covers.popleft() if q == 0 else 1
         if kind == WR_SLOT:
             self._free_slots.append(index)
         elif kind == WR_PUT:
@@ -381,16 +502,16 @@ class QueuePairs:
                 return moved
 
     def drain_events(self) -> None:
-        got = 0
-        while True:
-            try:
-                self._cc.get_cq_event(self.cq)
-            except Exception:   # noqa: BLE001 - EAGAIN: no (more) event
-                break
-            got += 1
-        if got:
-            self.cq.ack_events(got)
-            self.armed = False
+        """Consume the completion event if it came. The queue was armed once (``arm``) and is
+        re-armed only after its event is consumed, so at most one is pending: one try, not
+        a loop that always ends in pyverbs raising for EAGAIN (an exception, with strerror,
+        on every wake-up)."""
+        try:
+            self._cc.get_cq_event(self.cq)
+        except Exception:   # noqa: BLE001 - EAGAIN: no event yet (still armed)
+            return
+        self.cq.ack_events(1)
+        self.armed = False
 
     def arm(self) -> bool:
         """Before the engine blocks: ask for an event on the next completion; True if a
@@ -417,8 +538,8 @@ class QueuePairs:
         return fds
 
     def busy(self) -> bool:
-        return bool(self.outbox or self.writes or self.state == EXCHANGING
-                    or any(f < SQ_DEPTH for f in self.sq_free))
+        return bool(self.outbox or self.writes or self.state == EXCHANGING or self._covers
+                    or any(f < SQ_DEPTH for f in self.sq_free[1:]))
 
     # -- liveness ----------------------------------------------------------------------------
     def read_sentinel(self) -> None:
@@ -449,7 +570,8 @@ class QueuePairs:
 
     def peer_exited(self, grace: float = 1.0) -> bool:
         """Whether the peer's setup socket closes within ``grace`` seconds (its process
-        exited); used only on an error completion, to name the cause."""
+        exited): on an error completion, to name the cause, and (grace 0) before draining
+        sends at close."""
         sock = self.sock
         if sock is None:
             return False
@@ -489,8 +611,16 @@ class QueuePairs:
         completes when copied; its bytes may still be in the send queue)."""
         deadline = time.monotonic() + seconds
         channel = self.channel
+        # unsignaled sends at the tail are confirmed by a signaled write behind them, but
+        # only while the peer's queue pairs are there to acknowledge it: a peer closes its
+        # setup socket before its queue pairs, and one already gone got what it waited for
+        # (else a write into its destroyed queue pairs would wait out the retries)
+        tail = bool(self.qps) and not self.peer_exited(0.0)
         while (self.qps and channel._broken is None and time.monotonic() < deadline
-               and (self.outbox or self.writes or any(f < SQ_DEPTH for f in self.sq_free))):
+               and (self.outbox or self.writes or (tail and self._unsignaled) or self._covers
+                    or any(f < SQ_DEPTH for f in self.sq_free[1:]))):
+            if tail:
+                self.signal_tail()
             if not channel.progress():
                 time.sleep(0.0005)
 
