@@ -20,7 +20,10 @@ The policy judges each process's end once, in the order the supervisor's polls s
 * a failure after which some ranks run, but fewer than ``min_ranks``: the job is over; the
   supervisor tears the rest down and exits with the failing rank's code;
 * a failure after which no rank runs: nobody outlived it, so it is not a loss but the
-  job's result (and nobody is left to admit a replacement);
+  job's result (and nobody is left to admit a replacement); a lost *host* is the exception
+  when at least ``min_ranks`` ranks finished with 0 before node 0 saw the loss (a loss
+  shows only after the store's keepalive, and the ranks' own sockets may see it first):
+  they outlived it, so its ranks are lost and the finished ranks' result stands;
 * only replacements run, and every one of them still waits in the lobby: nobody is left to
   call ``grow``, so they are ended (*withdrawn*) rather than left waiting for their
   ``pycoll.init`` deadline;
@@ -68,6 +71,10 @@ class Job:
         """(processes running on the other hosts, how many of them were started with the
         job rather than as replacements)."""
         return 0, 0
+
+    def finished_elsewhere(self) -> int:
+        """Processes that finished with 0 on the other hosts whose launchers are done."""
+        return 0
 
     def restarts_left(self) -> int:
         return self.max_restarts - self.restarts
@@ -201,6 +208,17 @@ class ElasticPolicy:
         self.lost_hosts.extend(names)
         running = sum(p.returncode is None for p in procs) + self.job.elsewhere()[0]
         listed = ", ".join(names) or "none"
+        if running == 0:
+            # Every other rank ended before the loss was seen here: a pulled cable shows
+            # only after the store's keepalive, and the ranks' own sockets may see it first,
+            # shrink and finish. Those that finished with 0 outlived the host; at least
+            # ``min_ranks`` of them make the job's result theirs (``combine``)
+            finished = sum(p.returncode == 0 for p in procs) + self.job.finished_elsewhere()
+            if finished >= self.min_ranks:
+                notice(f"host {host} was lost with ranks [{listed}] after the other ranks had "
+                       f"ended, {finished} of them with 0 ({self._flags()}): they outlived "
+                       "it, and their result is the job's")
+                return None
         if running == 0 or running + min(len(names), self.job.restarts_left()) < self.min_ranks:
             self.over = f"ranks [{listed}] of host {host}"
             notice(f"host {host} was lost with ranks [{listed}]; {self._too_few(running)}")

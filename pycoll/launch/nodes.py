@@ -256,6 +256,9 @@ class ElasticJob(Job):
                  for name in self.control.running_on(n, self.nprocs)]
         return len(names), sum("'" not in name for name in names)
 
+    def finished_elsewhere(self) -> int:
+        return sum(int(r.get("finished", 0)) for r in self.control.results())
+
     def restarts_left(self) -> int:
         taken = self.control._call(self.control.store.add, KEY + "restarts", 0)
         return max(0, self.max_restarts - int(taken or 0)) if taken is not None else 0
