@@ -225,9 +225,9 @@ class ElasticPolicy:
             return 1
         restarts = (" and replacements start on this host while restarts are left "
                     f"(--max-restarts {self.max_restarts})" if self.max_restarts else "")
-        notice(f"host {host} was lost with ranks [{listed}] (its launcher's connection to the "
-               f"store closed); {running} of {self.world} ranks run on ({self._flags()})"
-               f"{restarts}")
+        notice(f"host {host} was lost with ranks [{listed}] (its launcher's lease on the "
+               "store ended: the connection closed, or keepalive found it cut off); "
+               f"{running} of {self.world} ranks run on ({self._flags()}){restarts}")
         for name in names:
             number = self.job.take_restart()
             if number is None:
