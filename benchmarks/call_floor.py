@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Where a small fast call's time goes: the whole ``comm.allreduce`` / ``comm.broadcast`` of
-8 bytes against the numba-compiled kernel it binds (``FastPath.bind``: ``single``) called
-alone, back to back, 20000 calls, best of 3 loops (one for the broadcast kernel alone). The
-gap is the Python call path around the kernel (argument checks, numbering, flight record, the
-execution's claim): what a C entry point could remove (issue 30, part 2).
+8 bytes, the bound call alone (``call.run``, what ``FastPath.bind`` made: the compiled
+``BoundCall`` where it is built, else the closure) and the numba-compiled kernel called alone
+through its entry point, back to back, 20000 calls, best of 3 loops (one for the broadcast
+kernel alone). The gaps are the Python around the kernel: the collective's lookup of the
+call's kind, and the call's claim, numbering, flight record and release.
 
     python -m pycoll.run -n 2 benchmarks/call_floor.py
+    PYCOLL_FASTPATH_C=0 python -m pycoll.run -n 2 benchmarks/call_floor.py   # the Python path
 
 The kernel-alone loop drives the communicator's sequence numbers and stages itself (a
 measurement, not a way to call pycoll): the one-way broadcast's settling is left undone, so
@@ -19,6 +21,7 @@ import time
 import numpy as np
 
 import pycoll
+from pycoll.fastpath.compiled import callpath
 from pycoll.tags import SEQ_MASK, SEQ_SHIFT
 
 CALLS = 20000
@@ -42,10 +45,16 @@ def main() -> None:
             return comm.broadcast(a, 0) if coll == "broadcast" else comm.allreduce(a)
         whole()
         call = (fast.last_broadcast if coll == "broadcast" else fast.last_allreduce)[3]
-        bound = dict(zip(call.run.__code__.co_freevars,
-                         (c.cell_contents for c in call.run.__closure__)))
+        run = call.run
 
-        def kernel_alone(call=call, single=bound["single"], constants=bound["constants"]):
+        def bound(run=run):
+            run(a, None, False, a)
+
+        single = fast._entry(np.dtype("float32"),
+                             "broadcast_bound" if call.one_way else "allreduce_bound")
+        constants = call.constants.ctypes.data
+
+        def kernel_alone(call=call, single=single, constants=constants):
             ex.seq += 1
             word = ((ex.seq & SEQ_MASK) << SEQ_SHIFT) | call.seq_bits
             k = fast.k = fast.k + 1
@@ -56,11 +65,12 @@ def main() -> None:
 
         # a barrier after the kernel-alone broadcasts would find them unsettled: one loop
         loops = 3 if coll == "allreduce" else 1
-        out[coll] = (min(loop(whole) for _ in range(3)),
+        out[coll] = (min(loop(whole) for _ in range(3)), min(loop(bound) for _ in range(3)),
                      min(loop(kernel_alone) for _ in range(loops)))
-    print(f"rank {comm.rank}: " + "; ".join(
-        f"{c} 8 B: whole call {w:.2f} us, bound kernel alone {k:.2f} us"
-        for c, (w, k) in out.items()), flush=True)
+    path = "compiled (C)" if callpath is not None else "Python"
+    print(f"rank {comm.rank}, call path {path}: " + "; ".join(
+        f"{c} 8 B: whole call {w:.2f} us, bound call {b:.2f} us, kernel alone {k:.2f} us"
+        for c, (w, b, k) in out.items()), flush=True)
     os._exit(0)
 
 

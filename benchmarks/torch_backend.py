@@ -7,7 +7,10 @@ Two parts, in one run (one set of processes), interleaved so that the noise of t
 machine hits every variant alike; every number is a median (the machine is noisy):
 
 1. DDP step time of examples/ddp_train.py's model on the pycoll group and on a Gloo group
-   over the same ranks, alternating backends every round.
+   over the same ranks, and the same DDP step with a communication hook that returns every
+   bucket as it is (``ddp_train.train(sync=False)``: bucketing and copies, no allreduce;
+   the step no backend can beat, so gloo/no_allreduce is the most any backend could gain
+   over Gloo on this model and machine), rotating the order every round.
 2. Per-op bus bandwidth (nccl-tests definitions) at 1..64 MiB of three variants, rotating
    their order every repetition: ``torch`` = ``torch.distributed`` on the pycoll process group;
    ``direct`` = the same pycoll communicator called directly (``pg.comm``), i.e. what the
@@ -44,15 +47,15 @@ def load_example():
 
 def ddp_part(args, pyc, gloo) -> dict:
     ex = load_example()
-    times: dict[str, list[float]] = {"pycoll": [], "gloo": []}
+    times: dict[str, list[float]] = {"pycoll": [], "gloo": [], "no_allreduce": []}
     sums: dict[str, float] = {}
+    variants = [("pycoll", pyc), ("gloo", gloo), ("no_allreduce", pyc)]
     for rnd in range(args.rounds):
-        order = [("pycoll", pyc), ("gloo", gloo)]
-        if rnd % 2:
-            order.reverse()
+        order = variants[rnd % 3:] + variants[:rnd % 3]     # rotated: each goes first
         for name, group in order:
             t, checksum = ex.train(group, steps=args.steps, warmup=3, width=args.width,
-                                   depth=args.depth, batch=args.batch, bucket_cap_mb=25.0)
+                                   depth=args.depth, batch=args.batch, bucket_cap_mb=25.0,
+                                   sync=name != "no_allreduce")
             times[name] += t
             sums[name] = checksum
     return {name: {"median_ms": statistics.median(t) * 1e3,
@@ -146,7 +149,7 @@ def op_part(args, pyc, gloo) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=15, help="timed repetitions per op and size")
-    ap.add_argument("--rounds", type=int, default=4, help="DDP rounds per backend")
+    ap.add_argument("--rounds", type=int, default=6, help="DDP rounds per variant")
     ap.add_argument("--steps", type=int, default=10, help="timed DDP steps per round")
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=4)
@@ -181,6 +184,13 @@ def main() -> None:
                   f"{p['p90_ms']:.1f}), gloo {g['median_ms']:.1f} ms (p10 {g['p10_ms']:.1f}, "
                   f"p90 {g['p90_ms']:.1f}); gloo/pycoll = {g['median_ms'] / p['median_ms']:.2f}x;"
                   f" checksums equal: {p['checksum'] == g['checksum']}", flush=True)
+            c = ddp["no_allreduce"]
+            print(f"DDP step without the gradient allreduce (a hook that returns each bucket as it is, same processes and "
+                  f"rounds): {c['median_ms']:.1f} ms (p10 {c['p10_ms']:.1f}, p90 "
+                  f"{c['p90_ms']:.1f}); the ceiling of any backend, gloo/no_allreduce = "
+                  f"{g['median_ms'] / c['median_ms']:.2f}x; pycoll removes "
+                  f"{(g['median_ms'] - p['median_ms']) / (g['median_ms'] - c['median_ms']):.0%}"
+                  " of what Gloo's allreduce adds to the step", flush=True)
     if rank == 0:
         print("busbw (GB/s, median of %d): torch = dist.* on pycoll, direct = pycoll "
               "Communicator, gloo = dist.* on Gloo" % args.reps, flush=True)

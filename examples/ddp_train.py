@@ -31,11 +31,26 @@ def make_model(width: int, depth: int, seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
+def _bucket_as_is(state, bucket):  # type: ignore[no-untyped-def]
+    """A DDP communication hook that communicates nothing (``train(sync=False)``). No
+    annotations: DDP checks them against the real classes, and this module's are strings."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
 def train(group: dist.ProcessGroup | None, *, steps: int, warmup: int, width: int, depth: int,
-          batch: int, bucket_cap_mb: float) -> tuple[list[float], float]:
-    """Train ``steps`` steps; return (seconds per timed step, parameter checksum)."""
+          batch: int, bucket_cap_mb: float, sync: bool = True) -> tuple[list[float], float]:
+    """Train ``steps`` steps; return (seconds per timed step, parameter checksum).
+
+    ``sync=False`` gives DDP a communication hook that hands every gradient bucket back
+    as it is: the same step (bucketing, copies, hooks) without the allreduce, i.e. the
+    floor that no backend's step can go below (a benchmark's ceiling for any backend's
+    speedup; the ranks' models then drift apart)."""
     rank = dist.get_rank()
     model = DDP(make_model(width, depth), process_group=group, bucket_cap_mb=bucket_cap_mb)
+    if not sync:
+        model.register_comm_hook(None, _bucket_as_is)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(1000 + rank)

@@ -64,7 +64,19 @@ def test_with_numba_the_fast_path_is_on():
     rep = run_info()
     numba = rep["extras"]["numba"]
     assert numba["found"] and numba["imports"] and numba["version"]
-    assert rep["fast_path"] == {"on": True, "limit_bytes": 262144, "reason": ""}
+    fast = rep["fast_path"]
+    assert {k: fast[k] for k in ("on", "limit_bytes", "reason")} == {
+        "on": True, "limit_bytes": 262144, "reason": ""}
+    # the compiled call path: which one runs, and why not C (test_fastpath_call_path.py
+    # requires C where a compiler is)
+    assert fast["call_path"] in ("c", "python"), fast
+    assert (fast["call_path"] == "c") == (fast["call_path_reason"] == ""), fast
+
+
+def test_the_python_call_path_is_reported_with_its_reason():
+    rep = run_info(env={"PYCOLL_FASTPATH_C": "0"})
+    assert rep["fast_path"]["call_path"] == "python"
+    assert rep["fast_path"]["call_path_reason"] == "PYCOLL_FASTPATH_C=0"
 
 
 def test_without_numba_it_is_reported_missing_and_the_fast_path_off():

@@ -181,7 +181,8 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` now; returns
     the seconds it took. The first fast call of a dtype otherwise does it: about 0.2 s from
     the cache, a few seconds the very first time on a machine (while the peers wait).
-    Processes forked after this call inherit the compiled kernels. The larger kernels take
+    Processes forked after this call inherit the compiled kernels (and, where the compiled
+    call path is built, its C entry points: ``kernels.bound_cfunc``). The larger kernels take
     ``ordered`` as an argument, not as a compile-time constant: one compilation serves calls
     that fold in rank order and calls that do not; both are run here."""
     import time
@@ -214,4 +215,9 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
             K.allreduce_cma(seg, np.zeros(64, dtype=name), 0, 1, stride, 3, 0, 0, OP_SUM,
                             ordered, False, 0, 1, 1000, np.zeros(5, dtype=np.uint64),
                             np.zeros(512, dtype=np.uint8))
+    from .compiled import callpath
+    if callpath is not None:        # the C entry points of the compiled call path
+        for name in dict.fromkeys(dtypes + ("uint8",)):
+            K.bound_cfunc("allreduce_bound", name)
+        K.bound_cfunc("broadcast_bound", "uint8")
     return time.perf_counter() - start

@@ -593,3 +593,30 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resu
             return CMA_REFUSED
         position += 1
     return DONE
+
+
+#: the bound kernels' C entry points made so far: (name, dtype name) -> numba cfunc
+_CFUNCS: dict = {}
+
+
+def bound_cfunc(name, dtype):
+    """A C entry point of the bound kernel ``name`` (``allreduce_bound`` or
+    ``broadcast_bound``) for arrays of ``dtype``: ``int64 f(data address, bytes, constants
+    address, stage, sequence word)``, for ``_callpath.BoundCall`` to call with no Python in
+    between. The caller keeps the returned cfunc alive for as long as it calls its
+    ``address``. Compiled once per process and dtype (and kept in numba's cache)."""
+    key = (name, np.dtype(dtype).name)
+    found = _CFUNCS.get(key)
+    if found is None:
+        from numba import cfunc, types
+
+        kernel = globals()[name]
+        elem = np.dtype(dtype).type
+        signature = types.int64(types.int64, types.int64, types.int64, types.int64,
+                                types.int64)
+
+        def entry(data, nbytes, constants, stage, seq):
+            return kernel(view_as(bytes_at(data, nbytes), elem), constants, stage, seq)
+
+        found = _CFUNCS[key] = cfunc(signature, nogil=True, cache=True)(entry)
+    return found

@@ -20,6 +20,7 @@ from ..buffers.memops import HostOps
 from ..buffers.reduction import ReduceOp, prepare
 from ..errors import PycollError
 from ..runtime.execution import Execution
+from ..runtime.flight_recorder import COMPLETED
 from ..runtime.work import Work
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..transports.progress import WaitPolicy
@@ -43,6 +44,7 @@ from .calls import (
     FastCall,
     wait_policy,
 )
+from .compiled import FastPathState, callpath
 from .liveness import Liveness
 from .segment import SharedSlots
 
@@ -50,7 +52,7 @@ from .segment import SharedSlots
 _NO_CALL = (object(), None, -1, None)
 
 
-class FastPath:
+class FastPath(FastPathState):
     """A communicator's fast path: its limits (agreed at init), its segment (made when the
     communicator was) and its count of stages run.
 
@@ -206,7 +208,9 @@ class FastPath:
         changes for the call or the communicator is read once, here, and the single-slot
         kernel is called through numba's entry point for exactly these argument types
         (skipping the dispatcher's type check), with the call's constants in one array
-        (``kernels.allreduce_bound``; docs/algorithms.md#the-fast-path-one-host)."""
+        (``kernels.allreduce_bound``; docs/algorithms.md#the-fast-path-one-host). Where the
+        compiled call path is built (``compiled``), ``call.run`` is a ``BoundCall`` that does
+        the closure's work in C and hands it everything else."""
         execution = self.execution
         begin, finish, fail = (execution.begin_inline, execution.finish_inline,
                                execution.fail_inline)
@@ -222,13 +226,18 @@ class FastPath:
             call.run = lambda arr, timeout, async_op, output: run_generic(
                 call, arr, timeout, async_op, output)
             return
-        single = None
         # what the bound kernel takes: the array itself, or its bytes. A one-way broadcast
         # of a dtype the kernels know gets an entry point for that dtype (it copies bytes
         # either way): ``arr.view(np.uint8)`` is ~0.17 us of a ~2 us call. Its resumption
         # (``_complete``) still runs the uint8 kernel that ``warm`` compiled
         entry_raw = raw and not (one_way and call.dtype in NATIVE_DTYPES)
-        if (call.kind is SMALL or one_way) and self.slots is not None:
+        bound = (call.kind is SMALL or one_way) and self.slots is not None
+        name = "broadcast_bound" if one_way else "allreduce_bound"
+        entry_dtype = np.dtype("uint8" if (entry_raw if one_way else raw) else call.dtype)
+        single: Any = None      # the entry point, compiled by the first call that needs it
+        constants = 0
+        if bound:
+            assert self.slots is not None
             seg = self.slots.bytes
             # the call's constants (``kernels.allreduce_bound``, ``broadcast_bound``), passed
             # by address: the entry point unboxes an integer instead of an array. The call
@@ -237,16 +246,30 @@ class FastPath:
                      call.code, call.root if one_way else call.op_code, self.spin,
                      self.slice_ns]
             if one_way:
-                single = self._entry(np.dtype("uint8" if entry_raw else call.dtype),
-                                     "broadcast_bound")
                 words.append(self.pending.ctypes.data)
-            else:
-                single = self._entry(np.dtype("uint8" if raw else call.dtype),
-                                     "allreduce_bound")
             call.constants = np.array(words, dtype=np.int64)
             constants = call.constants.ctypes.data
 
+        def end(arr: np.ndarray, state: int, k: int, word: int) -> None:
+            """The rest of a claimed call once its kernel returned: what the kernel left to
+            Python (a sleep, a reduction numpy does, avg's scale, the leftovers of a generic
+            call), then the call's end."""
+            try:
+                if state != 0 or more:
+                    self._complete(state, call, arr, arr.view(np.uint8) if raw else arr,
+                                   execution.seq, word, k, execution.started + limit)
+                if execution.generic_ran:
+                    execution.generic_ran = False
+                    liveness.refuse_leftovers(word)
+            except BaseException as e:  # noqa: BLE001 - reported like any failed call
+                err = fail(info, e)
+                if err is e:
+                    raise
+                raise err from None
+            finish()
+
         def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
+            nonlocal single
             slots = self.slots
             if async_op or timeout is not None or slots is None:
                 return run_generic(call, arr, timeout, async_op, output)
@@ -261,7 +284,9 @@ class FastPath:
                     self.settle(execution.started + limit)
                 k = self.k + 1
                 self.k = k + later_stages
-                if single is not None:
+                if bound:
+                    if single is None:
+                        single = self._entry(entry_dtype, name)
                     # the kernel gets only the segment's address (``constants``): its array
                     # is held while the kernel runs, so that a finalize on another thread
                     # cannot unmap it (SharedSlots.close leaves a mapping that is still
@@ -274,21 +299,48 @@ class FastPath:
                 else:
                     state = self.launch(call, arr.view(np.uint8) if raw else arr, k, word,
                                         False, 0)
-                if state != 0 or more:
-                    self._complete(state, call, arr, arr.view(np.uint8) if raw else arr,
-                                   execution.seq, word, k, execution.started + limit)
-                if execution.generic_ran:
-                    execution.generic_ran = False
-                    liveness.refuse_leftovers(word)
             except BaseException as e:  # noqa: BLE001 - reported like any failed call
                 err = fail(info, e)
                 if err is e:
                     raise
                 raise err from None
-            finish()
+            if state != 0 or more or execution.generic_ran:
+                end(arr, state, k, word)
+            else:
+                finish()
             return None
 
         call.run = run
+        if bound and callpath is not None:
+            self._bind_compiled(call, run, end, constants, later_stages, one_way, more,
+                                "uint8" if one_way or raw else call.dtype)
+
+    def _bind_compiled(self, call: FastCall, run: Any, end: Any, constants: int,
+                       later_stages: int, one_way: bool, more: bool, kernel_dtype: str) -> None:
+        """Make ``call.run`` a ``_callpath.BoundCall`` over ``run`` (the closure, which it
+        hands what it does not take) and ``end`` (the rest of a call after its kernel)."""
+        assert callpath is not None
+        try:
+            descr = np.dtype(call.dtype)    # the arrays it takes: exactly this dtype
+        except TypeError:
+            return                          # a dtype numpy does not name (bfloat16)
+        from .kernels import bound_cfunc
+        kernel = bound_cfunc("broadcast_bound" if one_way else "allreduce_bound",
+                             kernel_dtype)
+        execution = self.execution
+        recorder = execution.recorder
+        info = call.info
+        call.run = callpath.BoundCall(
+            fallback=run, after=end, abort=lambda e: execution.fail_inline(info, e),
+            fast=self, execution=execution, call=call, info=info,
+            acquire=execution._idle.acquire, release=execution._idle.release,
+            queued=execution._queued, recorder=recorder,
+            ring=recorder.ring if recorder is not None else None, completed=COMPLETED,
+            ndarray=np.ndarray, descr=descr, count=call.count, nbytes=call.nbytes,
+            capacity=recorder.capacity if recorder is not None else 1,
+            seq_bits=call.seq_bits, later_stages=later_stages, seq_mask=SEQ_MASK,
+            seq_shift=SEQ_SHIFT, one_way=one_way, more=more, kernel=kernel.address,
+            constants=constants, keep=(kernel, call.constants))
 
     def _entry(self, dtype: np.dtype, name: str) -> Any:
         """The compiled entry point of the bound kernel ``name`` (``kernels.allreduce_bound``

@@ -62,6 +62,8 @@ def render(rep: dict[str, Any]) -> str:
     fp = rep["fast_path"]
     lines.append("  fast path  " + (f"on (up to {_size(fp['limit_bytes'])})" if fp["on"]
                                     else f"off: {fp['reason']}"))
+    lines.append("  call path  " + ("compiled (C)" if fp["call_path"] == "c"
+                                    else f"Python: {fp['call_path_reason']}"))
     tr = rep["transports"]
     lines += ["", "Transports (allowed: " + (", ".join(tr["allowed"]) or tr["error"]) + "):"]
     for name, t in tr["each"].items():

@@ -63,16 +63,20 @@ def extras() -> dict[str, dict[str, Any]]:
 
 def fast_path() -> dict[str, Any]:
     """The compiled one-host path: its limit here (``fastpath.probe_limit``, what a rank
-    publishes) and, when off, why (``fastpath.unavailable_reason``)."""
+    publishes) and, when off, why (``fastpath.unavailable_reason``); whether its small calls
+    run their Python part compiled (``fastpath.compiled``: "c") or not ("python", and why)."""
     from ..fastpath import probe_limit, unavailable_reason
+    from ..fastpath.compiled import callpath, unavailable
+    calls = {"call_path": "c" if callpath is not None else "python",
+             "call_path_reason": unavailable}
     try:
         limit = probe_limit()
     except InvalidArgument as e:
-        return {"on": False, "limit_bytes": 0, "reason": str(e)}
+        return {"on": False, "limit_bytes": 0, "reason": str(e), **calls}
     if limit:
-        return {"on": True, "limit_bytes": limit, "reason": ""}
+        return {"on": True, "limit_bytes": limit, "reason": "", **calls}
     return {"on": False, "limit_bytes": 0,
-            "reason": unavailable_reason() or "PYCOLL_FASTPATH_BYTES=0"}
+            "reason": unavailable_reason() or "PYCOLL_FASTPATH_BYTES=0", **calls}
 
 
 def _shm_details() -> dict[str, Any]:

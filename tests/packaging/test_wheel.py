@@ -8,7 +8,8 @@ numpy and numba as a user's pip would), and from a directory outside the checkou
 
 * every module of ``pycoll/`` and ``rendezvous/`` is in the wheel, with ``py.typed``;
 * the console scripts exist, and ``pycoll-info --json`` reports the compiled path usable
-  (numba is part of the default install);
+  (numba is part of the default install), with its calls compiled where a C compiler is
+  (setup.py builds ``pycoll/fastpath/_callpath.c``);
 * README.md's first Python example runs on 2 ranks under ``pycoll-run`` and imports the
   installed package, not the checkout.
 
@@ -108,6 +109,8 @@ def test_console_scripts_and_the_compiled_path_from_a_plain_install(installed):
     report = json.loads(_run([str(bin_dir / "pycoll-info"), "--json"], work, 120).stdout)
     assert report["extras"]["numba"]["found"] and report["extras"]["numba"]["imports"]
     assert report["fast_path"]["on"], report["fast_path"]
+    if shutil.which(os.environ.get("CC", "cc")):    # setup.py built the compiled call path
+        assert report["fast_path"]["call_path"] == "c", report["fast_path"]
     where = _run([str(bin_dir / "python"), "-c", "import pycoll; print(pycoll.__file__)"],
                  work, 60).stdout.strip()
     assert Path(where).is_relative_to(bin_dir.parent), where

@@ -1,0 +1,545 @@
+/* The fast path's bound call, compiled: ``FastPath.bind``'s closure as a C callable.
+
+   A small fast call (one slot, or a one-way broadcast) costs its kernel (~0.4 us of flags and
+   copies between two cores) plus the Python around it: claiming the execution, numbering,
+   the flight record, the stage counter and the call into numba's entry point. This object
+   does that Python's work through the C API, and calls the kernel through the C function
+   pointer of a numba ``cfunc`` (``kernels.bound_cfunc``) with the array's data pointer: no
+   bytecode, no numba dispatcher. It changes nothing of what a call does: the same
+   attributes of the same objects are read and written, in the same order, as in the closure
+   (``FastPath.bind``, which stays the one description of a call and runs whatever this does
+   not take: an asynchronous call, a timeout, a queued call, a pending settle, a refused
+   communicator, an array that is not exactly what the call was bound to). Whatever the kernel
+   leaves to Python (a sleep, a reduction numpy does, avg's scale, leftovers of a generic
+   call) goes to ``after``, which also ends the call.
+
+   Optional: pycoll works without it (``pycoll.fastpath.compiled``); setup.py builds it where
+   a C compiler is found. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <time.h>
+
+/* numpy's array object, as its ABI fixes it (PyArrayObject_fields: unchanged since numpy
+   1.7, the same in 2.x). Only read, and checked against numpy at import
+   (``compiled.usable``): a mismatch leaves the compiled path off. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+    PyObject *weakreflist;
+} ArrayFields;
+
+#define NPY_C_CONTIGUOUS 0x0001
+#define NPY_ALIGNED 0x0100
+#define NPY_WRITEABLE 0x0400
+#define BEHAVED_CONTIGUOUS (NPY_C_CONTIGUOUS | NPY_ALIGNED | NPY_WRITEABLE)
+
+typedef int64_t (*kernel_fn)(int64_t data, int64_t nbytes, int64_t constants, int64_t stage,
+                             int64_t seq);
+
+/* What a FastPath changes on every call, where C reads it without a lookup: ``FastPath``
+   derives from this type when the module is built (``compiled.FastPathState``), so that
+   its Python code reads and writes these as ordinary attributes. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *slots;            /* SharedSlots, or None once closed */
+    PyObject *k;                /* int: stages run so far */
+    PyObject *unsettled;        /* bool: a one-way broadcast may be pending */
+    PyObject *pending_call, *settling_call;
+    PyObject *last_allreduce, *last_broadcast;
+} FastPathState;               /* objects: see ExecutionState (_execution_state.c) */
+
+static int state_traverse(FastPathState *f, visitproc visit, void *arg) {
+    Py_VISIT(f->slots); Py_VISIT(f->k); Py_VISIT(f->unsettled); Py_VISIT(f->pending_call);
+    Py_VISIT(f->settling_call); Py_VISIT(f->last_allreduce); Py_VISIT(f->last_broadcast);
+    return 0;
+}
+
+static int state_clear(FastPathState *f) {
+    Py_CLEAR(f->slots); Py_CLEAR(f->k); Py_CLEAR(f->unsettled); Py_CLEAR(f->pending_call);
+    Py_CLEAR(f->settling_call); Py_CLEAR(f->last_allreduce); Py_CLEAR(f->last_broadcast);
+    return 0;
+}
+
+static void state_dealloc(FastPathState *f) {
+    PyObject_GC_UnTrack(f);
+    state_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    FastPathState *f = (FastPathState *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    PyObject **refs[] = {&f->slots, &f->pending_call, &f->settling_call, &f->last_allreduce,
+                         &f->last_broadcast};
+    for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) *refs[i] = Py_NewRef(Py_None);
+    f->unsettled = Py_NewRef(Py_False);
+    if ((f->k = PyLong_FromLong(0)) == NULL) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    return (PyObject *)f;
+}
+
+static PyMemberDef state_members[] = {
+    {"slots", T_OBJECT_EX, offsetof(FastPathState, slots), 0, NULL},
+    {"k", T_OBJECT_EX, offsetof(FastPathState, k), 0, NULL},
+    {"unsettled", T_OBJECT_EX, offsetof(FastPathState, unsettled), 0, NULL},
+    {"pending_call", T_OBJECT_EX, offsetof(FastPathState, pending_call), 0, NULL},
+    {"settling_call", T_OBJECT_EX, offsetof(FastPathState, settling_call), 0, NULL},
+    {"last_allreduce", T_OBJECT_EX, offsetof(FastPathState, last_allreduce), 0, NULL},
+    {"last_broadcast", T_OBJECT_EX, offsetof(FastPathState, last_broadcast), 0, NULL},
+    {NULL}
+};
+
+static PyTypeObject FastPathStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycoll.fastpath._callpath.FastPathState",
+    .tp_doc = "What a FastPath changes on every call (FastPath derives from it).",
+    .tp_basicsize = sizeof(FastPathState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = state_new,
+    .tp_dealloc = (destructor)state_dealloc,
+    .tp_traverse = (traverseproc)state_traverse,
+    .tp_clear = (inquiry)state_clear,
+    .tp_members = state_members,
+};
+
+static PyObject *s_run;
+static PyTypeObject *ndarray_type = NULL;
+
+/* The Execution's fields (``pycoll/runtime/_execution_state.c``: its ``offsets`` capsule, in
+   this order: seq, started, current, _refusing, generic_ran, the struct's size) and its
+   type; set once by ``use_execution_state``. */
+static Py_ssize_t X_SEQ, X_STARTED, X_CURRENT, X_REFUSING, X_GENERIC_RAN;
+static PyTypeObject *execution_state_type = NULL;
+#define FIELD(obj, offset, type) (*(type *)((char *)(obj) + (offset)))
+
+/* 0.0, the flight record's unset times (one object for all of them) */
+static PyObject *zero = NULL;
+static PyObject *s_bytes;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback;     /* the closure: the whole call, the Python way */
+    PyObject *after;        /* after(arr, state, k, word): the rest of the call, ends it */
+    PyObject *abort;        /* abort(exc) -> the error to raise (fail_inline) */
+    FastPathState *fast;
+    PyObject *execution, *call, *info;
+    PyObject *acquire, *release, *queued;
+    PyObject *recorder, *ring, *completed;
+    PyTypeObject *ndarray;
+    PyObject *descr;
+    Py_ssize_t count, capacity;
+    Py_ssize_t count_at;        /* where the recorder's ``count`` slot is */
+    long long nbytes, seq_bits, later_stages, seq_mask, seq_shift, constants;
+    int one_way, more;
+    kernel_fn kernel;
+    PyObject *keep;         /* what owns the kernel's code and the constants' words */
+} BoundCall;
+
+/* Number the claimed call and record it: ``Execution.begin_inline`` after its claim. */
+static int number(BoundCall *b, long long *seq_out) {
+    PyObject *ex = b->execution;
+    PyObject **seq_at = &FIELD(ex, X_SEQ, PyObject *);
+    long long seq = *seq_at != NULL ? PyLong_AsLongLong(*seq_at) : -1;
+    if (seq < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the call count is unset");
+        return -1;
+    }
+    seq += 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);        /* time.monotonic() on Linux */
+    PyObject *seq_obj = PyLong_FromLongLong(seq);
+    PyObject *start = PyFloat_FromDouble((double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    if (seq_obj == NULL || start == NULL) {
+        Py_XDECREF(seq_obj); Py_XDECREF(start);
+        return -1;
+    }
+    Py_SETREF(*seq_at, seq_obj);                /* the execution holds them, */
+    Py_SETREF(FIELD(ex, X_STARTED, PyObject *), start);
+    *seq_out = seq;
+    if (b->recorder == Py_None) return 0;
+    /* FlightRecorder.open, as begin_inline writes it out (and the record, too) */
+    PyObject *rec = PyList_New(7);
+    PyObject **count_slot = &FIELD(b->recorder, b->count_at, PyObject *);
+    long long i = *count_slot != NULL ? PyLong_AsLongLong(*count_slot) : -1;
+    PyObject *next = i >= 0 ? PyLong_FromLongLong(i + 1) : NULL;
+    if (rec == NULL || next == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the flight recorder's count is unset");
+        Py_XDECREF(rec); Py_XDECREF(next);
+        return -1;
+    }
+    PyList_SET_ITEM(rec, 0, Py_NewRef(seq_obj));
+    PyList_SET_ITEM(rec, 1, Py_NewRef(b->info));
+    PyList_SET_ITEM(rec, 2, Py_NewRef(b->completed));
+    PyList_SET_ITEM(rec, 3, Py_NewRef(zero));
+    PyList_SET_ITEM(rec, 4, Py_NewRef(start));
+    PyList_SET_ITEM(rec, 5, Py_NewRef(zero));
+    PyList_SET_ITEM(rec, 6, Py_NewRef(Py_None));
+    Py_SETREF(*count_slot, next);
+    Py_SETREF(FIELD(ex, X_CURRENT, PyObject *), Py_NewRef(rec));
+    return PyList_SetItem(b->ring, (Py_ssize_t)(i % b->capacity), rec);    /* takes rec */
+}
+
+/* A bool field (``_refusing``, ``unsettled``...): 1 unless it holds False (anything else,
+   even a field deleted, takes the Python way, which knows what it means). */
+static inline int set_at(PyObject *field) {
+    return field != Py_False;
+}
+
+static PyObject *generic(BoundCall *b, PyObject *const *args, size_t nargsf,
+                         PyObject *kwnames) {
+    return PyObject_Vectorcall(b->fallback, args, nargsf, kwnames);
+}
+
+/* The claimed call failed inside this function (an error of the C API itself): end it as
+   any failed call (``fail_inline``) and raise what that says. */
+static PyObject *failed(BoundCall *b) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyObject *err = PyObject_CallOneArg(b->abort, value);
+    Py_XDECREF(value);
+    if (err != NULL) PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+    Py_XDECREF(err);
+    return NULL;
+}
+
+static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL || args[1] != Py_None || args[2] != Py_False
+            || Py_TYPE(args[0]) != b->ndarray)
+        return generic(b, args, nargsf, kwnames);
+    ArrayFields *arr = (ArrayFields *)args[0];
+    if (arr->nd != 1 || arr->dimensions[0] != b->count || arr->descr != b->descr
+            || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
+        return generic(b, args, nargsf, kwnames);
+
+    /* what begin_inline and the closure check before claiming */
+    FastPathState *fast = b->fast;
+    PyObject *slots = fast->slots;
+    if (slots == NULL || slots == Py_None || (!b->one_way && set_at(fast->unsettled)))
+        return generic(b, args, nargsf, kwnames);
+    Py_INCREF(slots);
+    int busy = set_at(FIELD(b->execution, X_REFUSING, PyObject *));
+    if (busy == 0) busy = PyObject_IsTrue(b->queued);
+    if (busy != 0) {
+        Py_DECREF(slots);
+        return busy < 0 ? NULL : generic(b, args, nargsf, kwnames);
+    }
+    PyObject *got = PyObject_CallOneArg(b->acquire, Py_False);
+    if (got == NULL) { Py_DECREF(slots); return NULL; }
+    Py_DECREF(got);
+    if (got != Py_True) { Py_DECREF(slots); return generic(b, args, nargsf, kwnames); }
+    busy = PyObject_IsTrue(b->queued);      /* an asynchronous call goes first */
+    if (busy != 0) {
+        Py_DECREF(slots);
+        PyObject *r = PyObject_CallNoArgs(b->release);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        return busy < 0 ? NULL : generic(b, args, nargsf, kwnames);
+    }
+
+    /* claimed: from here every way out ends the call */
+    long long seq, k, state;
+    PyObject *mapped = NULL;
+    if (number(b, &seq) < 0) goto error;
+    long long word = ((seq & b->seq_mask) << b->seq_shift) | b->seq_bits;
+    if (b->one_way) {       /* settling_call, pending_call = pending_call, call */
+        Py_SETREF(fast->unsettled, Py_NewRef(Py_True));
+        PyObject *settling = fast->settling_call;
+        fast->settling_call = fast->pending_call;
+        Py_INCREF(b->call);
+        fast->pending_call = b->call;
+        Py_XDECREF(settling);
+    }
+    k = fast->k != NULL ? PyLong_AsLongLong(fast->k) : -1;
+    if (k < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the stage count is unset");
+        goto error;
+    }
+    k += 1;
+    PyObject *next_k = PyLong_FromLongLong(k + b->later_stages);
+    if (next_k == NULL) goto error;
+    Py_SETREF(fast->k, next_k);
+    /* the segment's array is held while the kernel runs (see FastPath.bind) */
+    mapped = PyObject_GetAttr(slots, s_bytes);
+    if (mapped == NULL) goto error;
+    int64_t data = (int64_t)(intptr_t)arr->data;
+    Py_BEGIN_ALLOW_THREADS
+    state = b->kernel(data, b->nbytes, b->constants, k, word);
+    Py_END_ALLOW_THREADS
+    Py_CLEAR(mapped);
+    Py_DECREF(slots);
+    slots = NULL;
+    int leftovers = set_at(FIELD(b->execution, X_GENERIC_RAN, PyObject *));
+    if (state != 0 || b->more || leftovers) {
+        PyObject *a[4];
+        a[0] = args[0];
+        a[1] = PyLong_FromLongLong(state);
+        a[2] = PyLong_FromLongLong(k);
+        a[3] = PyLong_FromLongLong(word);
+        PyObject *r = NULL;
+        if (a[1] != NULL && a[2] != NULL && a[3] != NULL)
+            r = PyObject_Vectorcall(b->after, a, 4, NULL);
+        Py_XDECREF(a[1]); Py_XDECREF(a[2]); Py_XDECREF(a[3]);
+        return r;       /* after ended the call, or failed it */
+    }
+    PyObject *r = PyObject_CallNoArgs(b->release);      /* finish_inline */
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+
+error:
+    Py_XDECREF(mapped);
+    Py_XDECREF(slots);
+    return failed(b);
+}
+
+static PyObject *bound_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {
+        "fallback", "after", "abort", "fast", "execution", "call", "info", "acquire",
+        "release", "queued", "recorder", "ring", "completed", "ndarray", "descr", "count",
+        "nbytes", "capacity", "seq_bits", "later_stages", "seq_mask", "seq_shift",
+        "one_way", "more", "kernel", "constants", "keep", NULL};
+    PyObject *ndarray;
+    long long kernel;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "OOOOOOOOOOOOOOOnLnLLLLppLLO", names, &b->fallback, &b->after,
+            &b->abort, (PyObject **)&b->fast, &b->execution, &b->call, &b->info, &b->acquire, &b->release,
+            &b->queued, &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->count,
+            &b->nbytes, &b->capacity, &b->seq_bits, &b->later_stages, &b->seq_mask,
+            &b->seq_shift, &b->one_way, &b->more, &kernel, &b->constants, &b->keep))
+        return -1;
+    b->count_at = -1;
+    if (execution_state_type == NULL || zero == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BoundCall: use_execution_state was not called");
+        return -1;
+    }
+    if (b->recorder != Py_None) {   /* FlightRecorder's ``count``: a __slots__ member */
+        PyObject *d = PyObject_GetAttrString((PyObject *)Py_TYPE(b->recorder), "count");
+        if (d == NULL) return -1;
+        if (Py_TYPE(d) == &PyMemberDescr_Type
+                && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+            b->count_at = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    if (!PyType_Check(ndarray) || kernel == 0
+            || !PyObject_TypeCheck(b->execution, execution_state_type)
+            || (b->recorder != Py_None && b->count_at < 0)
+            || !PyObject_TypeCheck((PyObject *)b->fast, &FastPathStateType)
+            || (b->recorder != Py_None && (!PyList_Check(b->ring) || b->capacity < 1))) {
+        PyErr_SetString(PyExc_ValueError, "BoundCall: bad arguments");
+        return -1;
+    }
+    b->ndarray = (PyTypeObject *)ndarray;
+    b->kernel = (kernel_fn)(intptr_t)kernel;
+    PyObject **refs[] = {&b->fallback, &b->after, &b->abort, (PyObject **)&b->fast,
+                         &b->execution,
+                         &b->call, &b->info, &b->acquire, &b->release, &b->queued,
+                         &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->keep};
+    for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_INCREF(*refs[i]);
+    b->vectorcall = (vectorcallfunc)bound_vectorcall;
+    return 0;
+}
+
+static int bound_traverse(BoundCall *b, visitproc visit, void *arg) {
+    Py_VISIT(b->fallback); Py_VISIT(b->after); Py_VISIT(b->abort);
+    Py_VISIT((PyObject *)b->fast);
+    Py_VISIT(b->execution); Py_VISIT(b->call); Py_VISIT(b->info); Py_VISIT(b->acquire);
+    Py_VISIT(b->release); Py_VISIT(b->queued); Py_VISIT(b->recorder); Py_VISIT(b->ring);
+    Py_VISIT(b->completed); Py_VISIT((PyObject *)b->ndarray); Py_VISIT(b->descr);
+    Py_VISIT(b->keep);
+    return 0;
+}
+
+static int bound_clear(BoundCall *b) {
+    Py_CLEAR(b->fallback); Py_CLEAR(b->after); Py_CLEAR(b->abort); Py_CLEAR(b->fast);
+    Py_CLEAR(b->execution); Py_CLEAR(b->call); Py_CLEAR(b->info); Py_CLEAR(b->acquire);
+    Py_CLEAR(b->release); Py_CLEAR(b->queued); Py_CLEAR(b->recorder); Py_CLEAR(b->ring);
+    Py_CLEAR(b->completed); Py_CLEAR(b->ndarray); Py_CLEAR(b->descr); Py_CLEAR(b->keep);
+    return 0;
+}
+
+static void bound_dealloc(BoundCall *b) {
+    PyObject_GC_UnTrack(b);
+    bound_clear(b);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyMemberDef bound_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(BoundCall, vectorcall), READONLY, NULL},
+    {"fallback", T_OBJECT, offsetof(BoundCall, fallback), READONLY,
+     "the call the Python way (FastPath.bind's closure)"},
+    {NULL}
+};
+
+static PyTypeObject BoundCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycoll.fastpath._callpath.BoundCall",
+    .tp_doc = "A fast call bound to its kernel: call(arr, timeout, async_op, output).",
+    .tp_basicsize = sizeof(BoundCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)bound_init,
+    .tp_dealloc = (destructor)bound_dealloc,
+    .tp_traverse = (traverseproc)bound_traverse,
+    .tp_clear = (inquiry)bound_clear,
+    .tp_call = bound_call,
+    .tp_vectorcall_offset = offsetof(BoundCall, vectorcall),
+    .tp_members = bound_members,
+};
+
+/* The kind of call the previous allreduce (broadcast) took, remembered by the communicator
+   (``FastPath.last_allreduce``: op or root, dtype, bytes, FastCall), if ``arr`` and ``key``
+   are of that kind and it is bound here: its BoundCall (borrowed), else NULL. The array's
+   dtype and length are BoundCall's to check (its descr and count fix its bytes). */
+static BoundCall *last_bound(PyObject *last, PyObject *arr, PyObject *key, int by_value) {
+    BoundCall *found = NULL;
+    if (last != NULL && PyTuple_Check(last) && PyTuple_GET_SIZE(last) == 4
+            && ((ArrayFields *)arr)->descr == PyTuple_GET_ITEM(last, 1)) {
+        PyObject *was = PyTuple_GET_ITEM(last, 0);
+        int same = was == key;
+        if (!same && by_value && PyLong_CheckExact(key) && PyLong_CheckExact(was))
+            same = PyObject_RichCompareBool(was, key, Py_EQ) == 1;
+        if (!same && !by_value && PyUnicode_CheckExact(key) && PyUnicode_CheckExact(was))
+            same = PyUnicode_Compare(was, key) == 0;
+        if (same) {
+            PyObject *run = PyObject_GetAttr(PyTuple_GET_ITEM(last, 3), s_run);
+            if (run == NULL) PyErr_Clear();
+            else {
+                if (Py_TYPE(run) == &BoundCallType) found = (BoundCall *)run;
+                Py_DECREF(run);     /* the FastCall holds it */
+            }
+        }
+    }
+    return found;
+}
+
+/* enter(fast, broadcast, tensor, key, timeout, async_op): ``Communicator.allreduce``'s
+   (``broadcast``'s when ``broadcast`` is true; ``key`` is the op, or the root) lookup of the
+   previous call's kind, and that call, for a 1-D C-contiguous aligned writable numpy array;
+   NotImplemented when it is not that kind, or not bound here (the caller classifies it). */
+static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "enter takes 6 arguments");
+        return NULL;
+    }
+    PyObject *tensor = args[2];
+    if (ndarray_type == NULL || Py_TYPE(tensor) != ndarray_type) Py_RETURN_NOTIMPLEMENTED;
+    ArrayFields *arr = (ArrayFields *)tensor;
+    if (arr->nd != 1 || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (!PyObject_TypeCheck(args[0], &FastPathStateType)) Py_RETURN_NOTIMPLEMENTED;
+    FastPathState *fast = (FastPathState *)args[0];
+    int broadcast = args[1] == Py_True;
+    BoundCall *b = last_bound(broadcast ? fast->last_broadcast : fast->last_allreduce,
+                              tensor, args[3], broadcast);
+    if (b == NULL || arr->dimensions[0] != b->count) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *call_args[4] = {tensor, args[4], args[5], tensor};
+    Py_INCREF(b);
+    PyObject *r = bound_vectorcall(b, call_args, 4, NULL);
+    Py_DECREF(b);
+    return r;
+}
+
+/* use_execution_state(ExecutionState, offsets): the Execution's base type and where its
+   fields are (``pycoll/runtime/_execution_state.c``), set once, at import. */
+static PyObject *use_execution_state(PyObject *module, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    if (nargs != 2 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "use_execution_state(ExecutionState, offsets)");
+        return NULL;
+    }
+    const Py_ssize_t *at = PyCapsule_GetPointer(args[1],
+                                                "pycoll.runtime._execution_state.offsets");
+    if (at == NULL) return NULL;
+    if (((PyTypeObject *)args[0])->tp_basicsize != at[5]) {
+        PyErr_SetString(PyExc_ValueError, "ExecutionState's size is not its offsets' one");
+        return NULL;
+    }
+    X_SEQ = at[0]; X_STARTED = at[1]; X_CURRENT = at[2]; X_REFUSING = at[3];
+    X_GENERIC_RAN = at[4];
+    Py_INCREF(args[0]);
+    Py_XSETREF(execution_state_type, (PyTypeObject *)args[0]);
+    Py_RETURN_NONE;
+}
+
+/* use_ndarray(numpy.ndarray): the array type ``enter`` takes (set once, at import). */
+static PyObject *use_ndarray(PyObject *module, PyObject *type) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "use_ndarray takes numpy.ndarray");
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(ndarray_type, (PyTypeObject *)type);
+    Py_RETURN_NONE;
+}
+
+/* array_fields(arr) -> (data, nd, first dimension, flags, descr): what this module reads of
+   a numpy array, for the check at import (``compiled.usable``). */
+static PyObject *array_fields(PyObject *module, PyObject *arr) {
+    ArrayFields *a = (ArrayFields *)arr;
+    return Py_BuildValue("(LiniO)", (long long)(intptr_t)a->data, a->nd,
+                         a->nd > 0 ? a->dimensions[0] : (Py_ssize_t)-1, a->flags, a->descr);
+}
+
+static PyMethodDef module_methods[] = {
+    {"array_fields", array_fields, METH_O, "what BoundCall reads of a numpy array"},
+    {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL,
+     "enter(fast, broadcast, tensor, key, timeout, async_op): the previous call's kind"},
+    {"use_ndarray", use_ndarray, METH_O, "the array type enter takes"},
+    {"use_execution_state", (PyCFunction)(void (*)(void))use_execution_state, METH_FASTCALL,
+     "use_execution_state(ExecutionState, offsets): the Execution's fields"},
+    {NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_callpath",
+    .m_doc = "The fast path's bound call, compiled.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__callpath(void) {
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(s_bytes, "bytes"); INTERN(s_run, "run");
+#undef INTERN
+    if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&FastPathStateType) < 0)
+        return NULL;
+    if (zero == NULL && (zero = PyFloat_FromDouble(0.0)) == NULL) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&BoundCallType);
+    if (PyModule_AddObject(m, "BoundCall", (PyObject *)&BoundCallType) < 0) {
+        Py_DECREF(&BoundCallType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&FastPathStateType);
+    if (PyModule_AddObject(m, "FastPathState", (PyObject *)&FastPathStateType) < 0) {
+        Py_DECREF(&FastPathStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
