@@ -112,7 +112,7 @@ static PyTypeObject FastPathStateType = {
     .tp_members = state_members,
 };
 
-static PyObject *s_run;
+static PyObject *s_run, *s_itemsize;
 static PyTypeObject *ndarray_type = NULL;
 
 /* The Execution's fields (``pycoll/runtime/_execution_state.c``: its ``offsets`` capsule, in
@@ -408,36 +408,43 @@ static PyTypeObject BoundCallType = {
     .tp_members = bound_members,
 };
 
-/* The kind of call the previous allreduce (broadcast) took, remembered by the communicator
-   (``FastPath.last_allreduce``: op or root, dtype, bytes, FastCall), if ``arr`` and ``key``
-   are of that kind and it is bound here: its BoundCall (borrowed), else NULL. The array's
-   dtype and length are BoundCall's to check (its descr and count fix its bytes). */
-static BoundCall *last_bound(PyObject *last, PyObject *arr, PyObject *key, int by_value) {
-    BoundCall *found = NULL;
-    if (last != NULL && PyTuple_Check(last) && PyTuple_GET_SIZE(last) == 4
-            && ((ArrayFields *)arr)->descr == PyTuple_GET_ITEM(last, 1)) {
-        PyObject *was = PyTuple_GET_ITEM(last, 0);
-        int same = was == key;
-        if (!same && by_value && PyLong_CheckExact(key) && PyLong_CheckExact(was))
-            same = PyObject_RichCompareBool(was, key, Py_EQ) == 1;
-        if (!same && !by_value && PyUnicode_CheckExact(key) && PyUnicode_CheckExact(was))
-            same = PyUnicode_Compare(was, key) == 0;
-        if (same) {
-            PyObject *run = PyObject_GetAttr(PyTuple_GET_ITEM(last, 3), s_run);
-            if (run == NULL) PyErr_Clear();
-            else {
-                if (Py_TYPE(run) == &BoundCallType) found = (BoundCall *)run;
-                Py_DECREF(run);     /* the FastCall holds it */
-            }
-        }
+/* The run of the call the previous allreduce (broadcast) took, remembered by the
+   communicator (``FastPath.last_allreduce``: op or root, dtype, bytes, FastCall), if ``arr``
+   and ``key`` are of that kind (a new reference), else NULL with no error set. */
+static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int by_value) {
+    if (last == NULL || !PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 4
+            || arr->descr != PyTuple_GET_ITEM(last, 1))
+        return NULL;
+    PyObject *was = PyTuple_GET_ITEM(last, 0);
+    int same = was == key;
+    if (!same && by_value && PyLong_CheckExact(key) && PyLong_CheckExact(was))
+        same = PyObject_RichCompareBool(was, key, Py_EQ) == 1;
+    if (!same && !by_value && PyUnicode_CheckExact(key) && PyUnicode_CheckExact(was))
+        same = PyUnicode_Compare(was, key) == 0;
+    if (!same) return NULL;
+    PyObject *run = PyObject_GetAttr(PyTuple_GET_ITEM(last, 3), s_run);
+    if (run == NULL) { PyErr_Clear(); return NULL; }
+    /* the array's length: a BoundCall's count, or (a call bound only in Python) its bytes */
+    int fits;
+    if (Py_TYPE(run) == &BoundCallType) {
+        fits = arr->dimensions[0] == ((BoundCall *)run)->count;
+    } else {
+        PyObject *size = PyObject_GetAttr(arr->descr, s_itemsize);
+        long long itemsize = size != NULL ? PyLong_AsLongLong(size) : -1;
+        long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
+        Py_XDECREF(size);
+        PyErr_Clear();
+        fits = itemsize >= 0 && nbytes == itemsize * (long long)arr->dimensions[0];
     }
-    return found;
+    if (!fits) { Py_DECREF(run); return NULL; }
+    return run;
 }
 
 /* enter(fast, broadcast, tensor, key, timeout, async_op): ``Communicator.allreduce``'s
    (``broadcast``'s when ``broadcast`` is true; ``key`` is the op, or the root) lookup of the
-   previous call's kind, and that call, for a 1-D C-contiguous aligned writable numpy array;
-   NotImplemented when it is not that kind, or not bound here (the caller classifies it). */
+   previous call's kind, and that call (``FastCall.run``: compiled or not), for a 1-D
+   C-contiguous aligned writable numpy array; NotImplemented when it is not that kind (the
+   caller classifies it). */
 static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "enter takes 6 arguments");
@@ -451,13 +458,14 @@ static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (!PyObject_TypeCheck(args[0], &FastPathStateType)) Py_RETURN_NOTIMPLEMENTED;
     FastPathState *fast = (FastPathState *)args[0];
     int broadcast = args[1] == Py_True;
-    BoundCall *b = last_bound(broadcast ? fast->last_broadcast : fast->last_allreduce,
-                              tensor, args[3], broadcast);
-    if (b == NULL || arr->dimensions[0] != b->count) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *run = last_run(broadcast ? fast->last_broadcast : fast->last_allreduce, arr,
+                             args[3], broadcast);
+    if (run == NULL) Py_RETURN_NOTIMPLEMENTED;
     PyObject *call_args[4] = {tensor, args[4], args[5], tensor};
-    Py_INCREF(b);
-    PyObject *r = bound_vectorcall(b, call_args, 4, NULL);
-    Py_DECREF(b);
+    PyObject *r = Py_TYPE(run) == &BoundCallType
+        ? bound_vectorcall((BoundCall *)run, call_args, 4, NULL)
+        : PyObject_Vectorcall(run, call_args, 4, NULL);
+    Py_DECREF(run);
     return r;
 }
 
@@ -522,7 +530,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__callpath(void) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_bytes, "bytes"); INTERN(s_run, "run");
+    INTERN(s_bytes, "bytes"); INTERN(s_run, "run"); INTERN(s_itemsize, "itemsize");
 #undef INTERN
     if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&FastPathStateType) < 0)
         return NULL;

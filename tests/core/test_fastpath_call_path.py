@@ -52,6 +52,14 @@ def _workload(comm):
                 comm.broadcast(b, root)
                 results.append(b.tobytes())
         comm.barrier()
+    # calls bound only in Python (chunked allreduce, single-copy broadcast), which ``enter``
+    # finds and runs as they are
+    for _ in range(3):
+        big = (np.arange(80_000) % 13 + r).astype(np.float32)      # 320 KB: chunked
+        comm.allreduce(big)
+        wide = np.full(8192, r + 7, np.float32)                    # 32 KB: a single copy
+        comm.broadcast(wide, n - 1)
+        results += [big.tobytes(), wide.tobytes()]
     # a one-way broadcast, then at once an allreduce: it settles the broadcast first
     b = np.full(4, r, np.float32)
     comm.broadcast(b, n - 1)
