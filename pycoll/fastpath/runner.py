@@ -330,17 +330,25 @@ class FastPath(FastPathState):
         execution = self.execution
         recorder = execution.recorder
         info = call.info
-        call.run = callpath.BoundCall(
-            fallback=run, after=end, abort=lambda e: execution.fail_inline(info, e),
-            fast=self, execution=execution, call=call, info=info,
-            acquire=execution._idle.acquire, release=execution._idle.release,
-            queued=execution._queued, recorder=recorder,
-            ring=recorder.ring if recorder is not None else None, completed=COMPLETED,
-            ndarray=np.ndarray, descr=descr, count=call.count, nbytes=call.nbytes,
-            capacity=recorder.capacity if recorder is not None else 1,
-            seq_bits=call.seq_bits, later_stages=later_stages, seq_mask=SEQ_MASK,
-            seq_shift=SEQ_SHIFT, one_way=one_way, more=more, kernel=kernel.address,
-            constants=constants, keep=(kernel, call.constants))
+        try:
+            bound = callpath.BoundCall(
+                fallback=run, after=end, abort=lambda e: execution.fail_inline(info, e),
+                fast=self, execution=execution, call=call, info=info,
+                acquire=execution._idle.acquire, release=execution._idle.release,
+                queued=execution._queued, recorder=recorder,
+                ring=recorder.ring if recorder is not None else None, completed=COMPLETED,
+                ndarray=np.ndarray, descr=descr, count=call.count, nbytes=call.nbytes,
+                capacity=recorder.capacity if recorder is not None else 1,
+                seq_bits=call.seq_bits, later_stages=later_stages, seq_mask=SEQ_MASK,
+                seq_shift=SEQ_SHIFT, one_way=one_way, more=more, kernel=kernel.address,
+                constants=constants, keep=(kernel, call.constants))
+        except (TypeError, ValueError, RuntimeError) as e:
+            # a state it cannot read as it expects (the flight recorder's layout, say): the
+            # call keeps the closure, which does the same
+            debug.logger.debug("rank %d: %s: the compiled call path refused this call (%s); "
+                               "it runs in Python", self.rank, execution.name, e)
+            return
+        call.run = bound
 
     def _entry(self, dtype: np.dtype, name: str) -> Any:
         """The compiled entry point of the bound kernel ``name`` (``kernels.allreduce_bound``

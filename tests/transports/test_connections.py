@@ -26,6 +26,20 @@ def data_sockets(store_port: int) -> int:
                for _, local, _, remote in tcp_connections())
 
 
+def settled_sockets(store_port: int, quiet: float = 0.1, limit: float = 3.0) -> int:
+    """``data_sockets`` once it has stayed the same for ``quiet`` seconds (at most ``limit``):
+    a socket a peer is still opening or closing has settled one way or the other."""
+    deadline = time.monotonic() + limit
+    last = data_sockets(store_port)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = data_sockets(store_port)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def _store_barrier(comm, key):
     """Wait for every rank through the store: a collective would open channels itself."""
     comm._store.add(f"test/{key}", 1)
@@ -39,11 +53,15 @@ def _ring_and_groups(comm):
     a = np.full(1 << 18, comm.rank, dtype=np.float32)           # 1 MiB
     comm.allreduce(a, algo="ring")
     assert a[0] == sum(range(comm.size))
-    counts["after_ring"] = data_sockets(port)
+    _store_barrier(comm, "ring-done")    # every rank is out of the ring: its sockets are open
+    counts["after_ring"] = settled_sockets(port)
     evens = comm.new_group([r for r in range(comm.size) if r % 2 == 0])
     odds = comm.new_group([r for r in range(comm.size) if r % 2 == 1])
     halves = comm.split(comm.rank // (comm.size // 2), key=comm.rank)
-    counts["after_groups"] = data_sockets(port)
+    counts["after_groups"] = settled_sockets(port)
+    # nobody opens a group's channel (below) before every rank counted: a faster peer's
+    # first group collective would connect to a rank that has not counted yet
+    _store_barrier(comm, "groups-counted")
     mine = evens if comm.rank % 2 == 0 else odds
     b = np.ones(4, dtype=np.int64)
     mine.allreduce(b, algo="ring")                   # neighbours in the group: 2 apart
