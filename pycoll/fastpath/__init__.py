@@ -220,4 +220,5 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
         for name in dict.fromkeys(dtypes + ("uint8",)):
             K.bound_cfunc("allreduce_bound", name)
         K.bound_cfunc("broadcast_bound", "uint8")
+        K.bound_cfunc("settle_bound", "uint8")
     return time.perf_counter() - start

@@ -8,10 +8,12 @@
    bytecode, no numba dispatcher. It changes nothing of what a call does: the same
    attributes of the same objects are read and written, in the same order, as in the closure
    (``FastPath.bind``, which stays the one description of a call and runs whatever this does
-   not take: an asynchronous call, a timeout, a queued call, a pending settle, a refused
-   communicator, an array that is not exactly what the call was bound to). Whatever the kernel
-   leaves to Python (a sleep, a reduction numpy does, avg's scale, leftovers of a generic
-   call) goes to ``after``, which also ends the call.
+   not take: an asynchronous call, a timeout, a queued call, a refused communicator, an array
+   that is not exactly what the call was bound to). A call right after a one-way broadcast
+   settles it first through the cfunc of ``kernels.settle_bound``, and hands a settle that
+   slept to ``settle_after`` (``FastPath.settle``'s loop). Whatever the kernel leaves to
+   Python (a sleep, a reduction numpy does, avg's scale, leftovers of a generic call) goes to
+   ``after``, which also ends the call.
 
    Optional: pycoll works without it (``pycoll.fastpath.compiled``); setup.py builds it where
    a C compiler is found. */
@@ -131,6 +133,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fallback;     /* the closure: the whole call, the Python way */
     PyObject *after;        /* after(arr, state, k, word): the rest of the call, ends it */
+    PyObject *settle_after; /* settle_after(state): the rest of a settle that slept */
     PyObject *abort;        /* abort(exc) -> the error to raise (fail_inline) */
     FastPathState *fast;
     PyObject *execution, *call, *info;
@@ -143,6 +146,7 @@ typedef struct {
     long long nbytes, seq_bits, later_stages, seq_mask, seq_shift, constants;
     int one_way, more;
     kernel_fn kernel;
+    kernel_fn settle;       /* settle_bound: the pending one-way broadcast, before kernel */
     PyObject *keep;         /* what owns the kernel's code and the constants' words */
 } BoundCall;
 
@@ -232,7 +236,7 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     /* what begin_inline and the closure check before claiming */
     FastPathState *fast = b->fast;
     PyObject *slots = fast->slots;
-    if (slots == NULL || slots == Py_None || (!b->one_way && set_at(fast->unsettled)))
+    if (slots == NULL || slots == Py_None)
         return generic(b, args, nargsf, kwnames);
     Py_INCREF(slots);
     int busy = set_at(FIELD(b->execution, X_REFUSING, PyObject *));
@@ -259,6 +263,9 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     PyObject *mapped = NULL;
     if (number(b, &seq) < 0) goto error;
     long long word = ((seq & b->seq_mask) << b->seq_shift) | b->seq_bits;
+    /* the segment's array is held while a kernel runs (see FastPath.bind) */
+    mapped = PyObject_GetAttr(slots, s_bytes);
+    if (mapped == NULL) goto error;
     if (b->one_way) {       /* settling_call, pending_call = pending_call, call */
         Py_SETREF(fast->unsettled, Py_NewRef(Py_True));
         PyObject *settling = fast->settling_call;
@@ -266,6 +273,19 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
         Py_INCREF(b->call);
         fast->pending_call = b->call;
         Py_XDECREF(settling);
+    } else if (set_at(fast->unsettled)) {      /* FastPath.settle, its first wait here */
+        Py_BEGIN_ALLOW_THREADS
+        state = b->settle(0, 0, b->constants, 0, 0);
+        Py_END_ALLOW_THREADS
+        if (state == 0) {
+            Py_SETREF(fast->unsettled, Py_NewRef(Py_False));
+        } else {
+            PyObject *st = PyLong_FromLongLong(state);
+            PyObject *r = st != NULL ? PyObject_CallOneArg(b->settle_after, st) : NULL;
+            Py_XDECREF(st);
+            if (r == NULL) goto error;
+            Py_DECREF(r);
+        }
     }
     k = fast->k != NULL ? PyLong_AsLongLong(fast->k) : -1;
     if (k < 0) {
@@ -276,9 +296,6 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     PyObject *next_k = PyLong_FromLongLong(k + b->later_stages);
     if (next_k == NULL) goto error;
     Py_SETREF(fast->k, next_k);
-    /* the segment's array is held while the kernel runs (see FastPath.bind) */
-    mapped = PyObject_GetAttr(slots, s_bytes);
-    if (mapped == NULL) goto error;
     int64_t data = (int64_t)(intptr_t)arr->data;
     Py_BEGIN_ALLOW_THREADS
     state = b->kernel(data, b->nbytes, b->constants, k, word);
@@ -319,15 +336,16 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
         "fallback", "after", "abort", "fast", "execution", "call", "info", "acquire",
         "release", "queued", "recorder", "ring", "completed", "ndarray", "descr", "count",
         "nbytes", "capacity", "seq_bits", "later_stages", "seq_mask", "seq_shift",
-        "one_way", "more", "kernel", "constants", "keep", NULL};
+        "one_way", "more", "kernel", "settle", "settle_after", "constants", "keep", NULL};
     PyObject *ndarray;
-    long long kernel;
+    long long kernel, settle;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "OOOOOOOOOOOOOOOnLnLLLLppLLO", names, &b->fallback, &b->after,
+            args, kwargs, "OOOOOOOOOOOOOOOnLnLLLLppLLOLO", names, &b->fallback, &b->after,
             &b->abort, (PyObject **)&b->fast, &b->execution, &b->call, &b->info, &b->acquire, &b->release,
             &b->queued, &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->count,
             &b->nbytes, &b->capacity, &b->seq_bits, &b->later_stages, &b->seq_mask,
-            &b->seq_shift, &b->one_way, &b->more, &kernel, &b->constants, &b->keep))
+            &b->seq_shift, &b->one_way, &b->more, &kernel, &settle, &b->settle_after,
+            &b->constants, &b->keep))
         return -1;
     b->count_at = -1;
     if (execution_state_type == NULL || zero == NULL) {
@@ -342,7 +360,7 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
             b->count_at = ((PyMemberDescrObject *)d)->d_member->offset;
         Py_DECREF(d);
     }
-    if (!PyType_Check(ndarray) || kernel == 0
+    if (!PyType_Check(ndarray) || kernel == 0 || settle == 0 || !PyCallable_Check(b->settle_after)
             || !PyObject_TypeCheck(b->execution, execution_state_type)
             || (b->recorder != Py_None && b->count_at < 0)
             || !PyObject_TypeCheck((PyObject *)b->fast, &FastPathStateType)
@@ -352,7 +370,8 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
     }
     b->ndarray = (PyTypeObject *)ndarray;
     b->kernel = (kernel_fn)(intptr_t)kernel;
-    PyObject **refs[] = {&b->fallback, &b->after, &b->abort, (PyObject **)&b->fast,
+    b->settle = (kernel_fn)(intptr_t)settle;
+    PyObject **refs[] = {&b->fallback, &b->after, &b->settle_after, &b->abort, (PyObject **)&b->fast,
                          &b->execution,
                          &b->call, &b->info, &b->acquire, &b->release, &b->queued,
                          &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->keep};
@@ -362,7 +381,7 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
 }
 
 static int bound_traverse(BoundCall *b, visitproc visit, void *arg) {
-    Py_VISIT(b->fallback); Py_VISIT(b->after); Py_VISIT(b->abort);
+    Py_VISIT(b->fallback); Py_VISIT(b->after); Py_VISIT(b->settle_after); Py_VISIT(b->abort);
     Py_VISIT((PyObject *)b->fast);
     Py_VISIT(b->execution); Py_VISIT(b->call); Py_VISIT(b->info); Py_VISIT(b->acquire);
     Py_VISIT(b->release); Py_VISIT(b->queued); Py_VISIT(b->recorder); Py_VISIT(b->ring);
@@ -372,7 +391,8 @@ static int bound_traverse(BoundCall *b, visitproc visit, void *arg) {
 }
 
 static int bound_clear(BoundCall *b) {
-    Py_CLEAR(b->fallback); Py_CLEAR(b->after); Py_CLEAR(b->abort); Py_CLEAR(b->fast);
+    Py_CLEAR(b->fallback); Py_CLEAR(b->after); Py_CLEAR(b->settle_after); Py_CLEAR(b->abort);
+    Py_CLEAR(b->fast);
     Py_CLEAR(b->execution); Py_CLEAR(b->call); Py_CLEAR(b->info); Py_CLEAR(b->acquire);
     Py_CLEAR(b->release); Py_CLEAR(b->queued); Py_CLEAR(b->recorder); Py_CLEAR(b->ring);
     Py_CLEAR(b->completed); Py_CLEAR(b->ndarray); Py_CLEAR(b->descr); Py_CLEAR(b->keep);

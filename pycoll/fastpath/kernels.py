@@ -227,17 +227,19 @@ def allreduce(seg, dst, rank, n, stride, stage, seq, sig, op, resume, spin, slic
     return DONE
 
 
-#: int64 words of a bound call's constants (``allreduce_bound``)
-BOUND_WORDS = 9
+#: int64 words of a bound call's constants (``allreduce_bound``, ``broadcast_bound``,
+#: ``settle_bound``)
+BOUND_WORDS = 10
 
 
 @njit(nogil=True, cache=True)
 def allreduce_bound(dst, constants, stage, seq):
     """``allreduce`` as a bound fast call runs it (``FastPath.bind``): what never changes for
-    the call is nine int64 words at the address ``constants`` (the segment's address and
-    length, rank, ranks, stride, signature, op, wait policy, sleep slice), so that the entry
-    point unboxes one array and three integers instead of twelve arguments. The caller keeps
-    the words' array alive and holds the segment's array while the call runs, so that the
+    the call is ten int64 words at the address ``constants`` (the segment's address and
+    length, rank, ranks, stride, signature, op (a broadcast's root), wait policy, sleep
+    slice, and the address of the runner's ``pending`` words), so that the entry point
+    unboxes one array and three integers instead of twelve arguments. The caller keeps the
+    words' array alive and holds the segment's array while the call runs, so that the
     mapping stays (``FastPath.bind``)."""
     call = view_as(bytes_at(constants, BOUND_WORDS * 8), np.int64)
     seg = bytes_at(call[0], call[1])
@@ -402,20 +404,26 @@ def broadcast_one_way(seg, dst, rank, n, stride, stage, seq, sig, root, position
     return DONE
 
 
-#: int64 words of a bound one-way broadcast's constants (``broadcast_bound``)
-BROADCAST_WORDS = 10
-
-
 @njit(nogil=True, cache=True)
 def broadcast_bound(dst, constants, stage, seq):
-    """``broadcast_one_way`` as a bound fast call runs it, from position 0: the constants as
-    for ``allreduce_bound`` with the root where the op is, and the address of the runner's
-    ``pending`` words last."""
-    call = view_as(bytes_at(constants, BROADCAST_WORDS * 8), np.int64)
+    """``broadcast_one_way`` as a bound fast call runs it, from position 0 (the constants of
+    ``allreduce_bound``, the root where the op is)."""
+    call = view_as(bytes_at(constants, BOUND_WORDS * 8), np.int64)
     seg = bytes_at(call[0], call[1])
     pending = view_as(bytes_at(call[9], 32), np.int64)
     return broadcast_one_way(seg, dst, call[2], call[3], call[4], stage, seq, call[5], call[6],
                              0, call[7], call[8], pending)
+
+
+@njit(nogil=True, cache=True)
+def settle_bound(dst, constants, stage, seq):
+    """``settle`` as a bound fast call runs it before its own kernel (the constants of
+    ``allreduce_bound``; ``dst``, ``stage`` and ``seq`` are not used): a barrier or an
+    allreduce right after a one-way broadcast settles it without Python."""
+    call = view_as(bytes_at(constants, BOUND_WORDS * 8), np.int64)
+    seg = bytes_at(call[0], call[1])
+    pending = view_as(bytes_at(call[9], 32), np.int64)
+    return settle(seg, call[2], call[3], call[4], pending, call[7], call[8])
 
 
 @njit(nogil=True, cache=True)
@@ -599,24 +607,40 @@ def allreduce_cma(seg, dst, rank, n, stride, stage0, seq, sig, op, ordered, resu
 _CFUNCS: dict = {}
 
 
+def _entry_of(name, elem):
+    """The Python function ``bound_cfunc`` compiles. Its closure holds the element type
+    alone, and the kernel is a global: numba keys its on-disk cache on the pickled closure,
+    and a dispatcher pickles differently in every process, so a kernel in the closure would
+    compile anew (and add an entry to the cache's index) in every process that binds a call."""
+    if name == "allreduce_bound":
+        def entry(data, nbytes, constants, stage, seq):
+            return allreduce_bound(view_as(bytes_at(data, nbytes), elem), constants, stage,
+                                   seq)
+    elif name == "broadcast_bound":
+        def entry(data, nbytes, constants, stage, seq):
+            return broadcast_bound(view_as(bytes_at(data, nbytes), elem), constants, stage,
+                                   seq)
+    elif name == "settle_bound":
+        def entry(data, nbytes, constants, stage, seq):
+            return settle_bound(view_as(bytes_at(data, nbytes), elem), constants, stage, seq)
+    else:
+        raise ValueError(f"no bound kernel {name!r}")
+    return entry
+
+
 def bound_cfunc(name, dtype):
-    """A C entry point of the bound kernel ``name`` (``allreduce_bound`` or
-    ``broadcast_bound``) for arrays of ``dtype``: ``int64 f(data address, bytes, constants
+    """A C entry point of the bound kernel ``name`` (``allreduce_bound``, ``broadcast_bound``
+    or ``settle_bound``) for arrays of ``dtype``: ``int64 f(data address, bytes, constants
     address, stage, sequence word)``, for ``_callpath.BoundCall`` to call with no Python in
     between. The caller keeps the returned cfunc alive for as long as it calls its
-    ``address``. Compiled once per process and dtype (and kept in numba's cache)."""
+    ``address``. Compiled once per dtype and kept in numba's cache (``_entry_of``)."""
     key = (name, np.dtype(dtype).name)
     found = _CFUNCS.get(key)
     if found is None:
         from numba import cfunc, types
 
-        kernel = globals()[name]
-        elem = np.dtype(dtype).type
         signature = types.int64(types.int64, types.int64, types.int64, types.int64,
                                 types.int64)
-
-        def entry(data, nbytes, constants, stage, seq):
-            return kernel(view_as(bytes_at(data, nbytes), elem), constants, stage, seq)
-
+        entry = _entry_of(name, np.dtype(dtype).type)
         found = _CFUNCS[key] = cfunc(signature, nogil=True, cache=True)(entry)
     return found

@@ -244,9 +244,7 @@ class FastPath(FastPathState):
             # keeps them alive
             words = [seg.ctypes.data, seg.size, self.rank, self.size, self.slots.stride,
                      call.code, call.root if one_way else call.op_code, self.spin,
-                     self.slice_ns]
-            if one_way:
-                words.append(self.pending.ctypes.data)
+                     self.slice_ns, self.pending.ctypes.data]
             call.constants = np.array(words, dtype=np.int64)
             constants = call.constants.ctypes.data
 
@@ -327,6 +325,7 @@ class FastPath(FastPathState):
         from .kernels import bound_cfunc
         kernel = bound_cfunc("broadcast_bound" if one_way else "allreduce_bound",
                              kernel_dtype)
+        settle = bound_cfunc("settle_bound", "uint8")
         execution = self.execution
         recorder = execution.recorder
         info = call.info
@@ -341,7 +340,8 @@ class FastPath(FastPathState):
                 capacity=recorder.capacity if recorder is not None else 1,
                 seq_bits=call.seq_bits, later_stages=later_stages, seq_mask=SEQ_MASK,
                 seq_shift=SEQ_SHIFT, one_way=one_way, more=more, kernel=kernel.address,
-                constants=constants, keep=(kernel, call.constants))
+                settle=settle.address, settle_after=self.settle_after, constants=constants,
+                keep=(kernel, settle, call.constants))
         except (TypeError, ValueError, RuntimeError) as e:
             # a state it cannot read as it expects (the flight recorder's layout, say): the
             # call keeps the closure, which does the same
@@ -469,6 +469,14 @@ class FastPath(FastPathState):
                 self.unsettled = False
                 return
             self._between_settles(state, deadline, self.pending_call)
+
+    def settle_after(self, state: int) -> None:
+        """The rest of a settle that the compiled call path began (``settle_bound``) and
+        that returned ``state`` instead of DONE: a sleep slice passed, or a rank disagreed."""
+        execution = self.execution
+        deadline = execution.started + execution.timeout
+        self._between_settles(state, deadline, self.pending_call)
+        self.settle(deadline)
 
     def settled_first(self, body: Any) -> Any:
         """``body`` (of a call of the generic path) that first settles a pending one-way

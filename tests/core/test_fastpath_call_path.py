@@ -6,8 +6,9 @@ The same workload runs twice in fresh interpreters (spawned ranks): once as inst
 sequence numbers, the stages, the flight records and the errors must be the same. The
 workload covers what the C code takes (small allreduces of every native dtype and op,
 one-way broadcasts from every root, barriers) and what it must hand back to Python (avg's
-scale, a float16 reduction numpy does, async calls, timeouts, queued calls, a settle before
-an allreduce, views it must not read, a call the ranks disagree about).
+scale, a float16 reduction numpy does, async calls, timeouts, queued calls, a settle that
+sleeps, views it must not read, a call the ranks disagree about), and that a barrier or an
+allreduce right after a one-way broadcast settles it in C.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ pytestmark = [pytest.mark.timeout(180),
 
 
 def _workload(comm):
+    import time
+
     from pycoll.fastpath import compiled as here
     from pycoll.runtime.flight_recorder import SEQ, STATE
     fast = comm._fast
@@ -66,6 +69,32 @@ def _workload(comm):
     c = np.full(4, r + 1, np.float32)
     comm.allreduce(c)
     results += [b.tobytes(), c.tobytes()]
+    # one-way broadcasts, each followed at once by a barrier or an allreduce, which settles
+    # it first: the compiled path in C (``kernels.settle_bound``), the Python one through
+    # ``FastPath.settle``; and a settle that sleeps (the last rank comes 0.3 s late to a
+    # broadcast): both go on in ``FastPath.settle``
+    settles: list = []
+    settle = fast.settle
+    fast.settle = lambda deadline: (settles.append(deadline), settle(deadline))[1]
+    for i in range(20):
+        b = np.full(4, r + i, np.float32)
+        comm.broadcast(b, i % n)
+        if i % 2:
+            comm.barrier()
+        else:
+            c = np.full(4, r + i, np.float32)
+            comm.allreduce(c)
+            results.append(c.tobytes())
+        results.append(b.tobytes())
+    out["quick_settles"] = len(settles)
+    if r == n - 1:
+        time.sleep(0.3)
+    b = np.full(4, r, np.float32)
+    comm.broadcast(b, 0)
+    comm.barrier()
+    results.append(b.tobytes())
+    out["late_settles"] = len(settles) - out["quick_settles"]
+    del fast.settle
     # what the compiled path hands back: async, timeout=, a queued call, other arrays
     a = np.ones(8, np.float32)
     comm.allreduce(a)
@@ -124,6 +153,12 @@ def test_the_compiled_call_path_does_what_the_python_one_does(monkeypatch):
         assert c["results"] == p["results"], rank
         for key in ("seq", "stages", "records", "frozen", "strided", "mismatch"):
             assert c[key] == p[key], (rank, key, c[key], p[key])
+    # every settle right after its broadcast: in C on the compiled path (a rank more than
+    # a sleep slice late would send one to Python: at most one allowed), in Python on the
+    # other; the late broadcast's settle sleeps on rank 0 and goes on in Python either way
+    for rank, (c, p) in enumerate(zip(c_path, python)):
+        assert c["quick_settles"] <= 1 and p["quick_settles"] == 20, (rank, c, p)
+    assert c_path[0]["late_settles"] >= 1 and python[0]["late_settles"] >= 1
     assert c_path[0]["mismatch"] == "CollectiveMismatch"
     assert c_path[0]["frozen"] != "accepted" and c_path[0]["strided"] == "InvalidArgument"
     assert c_path[0]["results"] == c_path[1]["results"]
@@ -139,3 +174,28 @@ def test_the_compiled_call_path_is_built_where_a_compiler_is():
     if os.environ.get("PYCOLL_FASTPATH_C") == "0":
         pytest.skip("PYCOLL_FASTPATH_C=0 turns it off")
     assert compiled.callpath is not None, compiled.unavailable
+
+
+_CFUNCS_LOADED = """
+from pycoll.fastpath import kernels
+made = [kernels.bound_cfunc(name, dtype) for name, dtype in
+        (("allreduce_bound", "float32"), ("broadcast_bound", "uint8"),
+         ("settle_bound", "uint8"))]
+print(*(f.cache_hits for f in made))
+"""
+
+
+def test_the_compiled_entry_points_load_from_numba_cache_in_a_new_process():
+    """Numba keys its on-disk cache on the pickled closure of what it compiles: a kernel in
+    the closure pickles differently in every process, which made every process compile the
+    entry points again (~0.3 s at its first call) and add an entry to the cache's index (a
+    cache of 250 MB after a few thousand runs). The second of two fresh processes must load
+    all three from the cache."""
+    pytest.importorskip("numba")
+    import subprocess
+    import sys
+    runs = [subprocess.run([sys.executable, "-c", _CFUNCS_LOADED], capture_output=True,
+                           text=True, timeout=150) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert runs[1].stdout.split() == ["1", "1", "1"], (runs[0].stdout, runs[1].stdout)
