@@ -19,6 +19,7 @@ import pytest
 
 import pycoll
 from pycoll import fastpath
+from pycoll.fastpath import compiled
 from pycoll.testing import run_ranks
 
 pytestmark = [pytest.mark.timeout(150),
@@ -106,19 +107,35 @@ def _outcome(call):
         return type(e).__name__, str(e)
 
 
-def _disagreeing_receiver(comm):
+def _bound_barrier(comm, warm: bool) -> bool:
+    """With ``warm``, barriers until the barrier's call is bound (its later calls settle a
+    pending broadcast in the compiled call path where that is built); whether it is."""
+    if warm:
+        for _ in range(3):
+            comm.barrier()
+    call = comm._fast.barrier_call
+    return call is not None and type(call.run).__name__ == "BoundCall"
+
+
+def _disagreeing_receiver(comm, warm):
     """Rank 1 calls an allreduce of the same bytes where the others broadcast from 0."""
+    bound = _bound_barrier(comm, warm)
     a = np.full(8, float(comm.rank))
     if comm.rank == 1:
         first = _outcome(lambda: comm.allreduce(a))
     else:
         first = _outcome(lambda: comm.broadcast(a, 0))
     second = _outcome(lambda: comm.barrier())
-    return first, second
+    return first, second, bound
 
 
-def test_a_receiver_that_disagrees_is_named_on_the_root_at_its_next_call():
-    (first0, second0), (first1, _) = run_ranks(_disagreeing_receiver, 2, collective_timeout=20)
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_receiver_that_disagrees_is_named_on_the_root_at_its_next_call(warm):
+    """Warm: the root's barrier is bound, and settles in C where the compiled call path is
+    built: a disagreement there goes on in Python (``FastPath.settle_after``)."""
+    (first0, second0, bound), (first1, _, _) = run_ranks(_disagreeing_receiver, 2, warm,
+                                                         collective_timeout=20)
+    assert bound == (warm and compiled.callpath is not None)
     assert first1[0] == "CollectiveMismatch", first1
     assert first0 == ("no error", "")                 # the root did not wait
     kind, message = second0
@@ -126,19 +143,22 @@ def test_a_receiver_that_disagrees_is_named_on_the_root_at_its_next_call():
     assert "broadcast" in message and "rank 1" in message, message
 
 
-def _receiver_dies(comm):
+def _receiver_dies(comm, warm):
+    bound = _bound_barrier(comm, warm)
     a = np.full(8, float(comm.rank))
     comm.broadcast(a, 0)
     if comm.rank == 1:
         os._exit(3)
-    return _outcome(lambda: comm.barrier())
+    return _outcome(lambda: comm.barrier()), bound
 
 
-def test_a_receiver_that_dies_after_the_broadcast_is_named_at_the_next_call():
-    outcomes = run_ranks(_receiver_dies, 2, expect_failure=True, collective_timeout=30)
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_receiver_that_dies_after_the_broadcast_is_named_at_the_next_call(warm):
+    outcomes = run_ranks(_receiver_dies, 2, warm, expect_failure=True, collective_timeout=30)
     kind, value = outcomes[0]
     assert kind == "ok", value
-    name, message = value
+    (name, message), bound = value
+    assert bound == (warm and compiled.callpath is not None)
     assert name == "PeerLost" and "peer rank 1" in message, value
 
 
