@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 /* numpy's array object, as its ABI fixes it (PyArrayObject_fields: unchanged since numpy
@@ -266,6 +267,11 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     /* the segment's array is held while a kernel runs (see FastPath.bind) */
     mapped = PyObject_GetAttr(slots, s_bytes);
     if (mapped == NULL) goto error;
+    if (mapped == Py_None) {    /* SharedSlots.close ran (a finalize on another thread) */
+        PyErr_SetString(PyExc_RuntimeError, "the fast path's segment is closed "
+                        "(communicator finalized)");
+        goto error;
+    }
     if (b->one_way) {       /* settling_call, pending_call = pending_call, call */
         Py_SETREF(fast->unsettled, Py_NewRef(Py_True));
         PyObject *settling = fast->settling_call;
@@ -331,51 +337,62 @@ static PyObject *bound_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     return PyVectorcall_Call(self, args, kwargs);
 }
 
+static int bound_clear(BoundCall *b);
+
+/* The arguments are parsed into ``p`` (borrowed references) and checked there; ``b`` takes
+   its own references only once they all passed, so that a refused call (the closure keeps
+   the call, ``FastPath._bind_compiled``) leaves nothing to release that was not taken. */
 static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
     static char *names[] = {
         "fallback", "after", "abort", "fast", "execution", "call", "info", "acquire",
         "release", "queued", "recorder", "ring", "completed", "ndarray", "descr", "count",
         "nbytes", "capacity", "seq_bits", "later_stages", "seq_mask", "seq_shift",
         "one_way", "more", "kernel", "settle", "settle_after", "constants", "keep", NULL};
+    BoundCall p;
+    memset(&p, 0, sizeof(p));
     PyObject *ndarray;
     long long kernel, settle;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "OOOOOOOOOOOOOOOnLnLLLLppLLOLO", names, &b->fallback, &b->after,
-            &b->abort, (PyObject **)&b->fast, &b->execution, &b->call, &b->info, &b->acquire, &b->release,
-            &b->queued, &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->count,
-            &b->nbytes, &b->capacity, &b->seq_bits, &b->later_stages, &b->seq_mask,
-            &b->seq_shift, &b->one_way, &b->more, &kernel, &settle, &b->settle_after,
-            &b->constants, &b->keep))
+            args, kwargs, "OOOOOOOOOOOOOOOnLnLLLLppLLOLO", names, &p.fallback, &p.after,
+            &p.abort, (PyObject **)&p.fast, &p.execution, &p.call, &p.info, &p.acquire,
+            &p.release, &p.queued, &p.recorder, &p.ring, &p.completed, &ndarray, &p.descr,
+            &p.count, &p.nbytes, &p.capacity, &p.seq_bits, &p.later_stages, &p.seq_mask,
+            &p.seq_shift, &p.one_way, &p.more, &kernel, &settle, &p.settle_after,
+            &p.constants, &p.keep))
         return -1;
-    b->count_at = -1;
+    p.count_at = -1;
     if (execution_state_type == NULL || zero == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "BoundCall: use_execution_state was not called");
         return -1;
     }
-    if (b->recorder != Py_None) {   /* FlightRecorder's ``count``: a __slots__ member */
-        PyObject *d = PyObject_GetAttrString((PyObject *)Py_TYPE(b->recorder), "count");
+    if (p.recorder != Py_None) {   /* FlightRecorder's ``count``: a __slots__ member */
+        PyObject *d = PyObject_GetAttrString((PyObject *)Py_TYPE(p.recorder), "count");
         if (d == NULL) return -1;
         if (Py_TYPE(d) == &PyMemberDescr_Type
                 && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
-            b->count_at = ((PyMemberDescrObject *)d)->d_member->offset;
+            p.count_at = ((PyMemberDescrObject *)d)->d_member->offset;
         Py_DECREF(d);
     }
-    if (!PyType_Check(ndarray) || kernel == 0 || settle == 0 || !PyCallable_Check(b->settle_after)
-            || !PyObject_TypeCheck(b->execution, execution_state_type)
-            || (b->recorder != Py_None && b->count_at < 0)
-            || !PyObject_TypeCheck((PyObject *)b->fast, &FastPathStateType)
-            || (b->recorder != Py_None && (!PyList_Check(b->ring) || b->capacity < 1))) {
+    if (!PyType_Check(ndarray) || kernel == 0 || settle == 0
+            || !PyCallable_Check(p.settle_after)
+            || !PyObject_TypeCheck(p.execution, execution_state_type)
+            || (p.recorder != Py_None && p.count_at < 0)
+            || !PyObject_TypeCheck((PyObject *)p.fast, &FastPathStateType)
+            || (p.recorder != Py_None && (!PyList_Check(p.ring) || p.capacity < 1))) {
         PyErr_SetString(PyExc_ValueError, "BoundCall: bad arguments");
         return -1;
     }
-    b->ndarray = (PyTypeObject *)ndarray;
-    b->kernel = (kernel_fn)(intptr_t)kernel;
-    b->settle = (kernel_fn)(intptr_t)settle;
-    PyObject **refs[] = {&b->fallback, &b->after, &b->settle_after, &b->abort, (PyObject **)&b->fast,
-                         &b->execution,
-                         &b->call, &b->info, &b->acquire, &b->release, &b->queued,
-                         &b->recorder, &b->ring, &b->completed, &ndarray, &b->descr, &b->keep};
+    p.ndarray = (PyTypeObject *)ndarray;
+    p.kernel = (kernel_fn)(intptr_t)kernel;
+    p.settle = (kernel_fn)(intptr_t)settle;
+    PyObject **refs[] = {&p.fallback, &p.after, &p.settle_after, &p.abort,
+                         (PyObject **)&p.fast, &p.execution, &p.call, &p.info, &p.acquire,
+                         &p.release, &p.queued, &p.recorder, &p.ring, &p.completed,
+                         (PyObject **)&p.ndarray, &p.descr, &p.keep};
     for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_INCREF(*refs[i]);
+    bound_clear(b);             /* a second __init__ drops what the first one took */
+    p.ob_base = b->ob_base;
+    *b = p;
     b->vectorcall = (vectorcallfunc)bound_vectorcall;
     return 0;
 }

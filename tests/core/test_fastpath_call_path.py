@@ -199,3 +199,42 @@ def test_the_compiled_entry_points_load_from_numba_cache_in_a_new_process():
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     assert runs[1].stdout.split() == ["1", "1", "1"], (runs[0].stdout, runs[1].stdout)
+
+
+_REFUSED_BINDINGS = """
+import gc
+from pycoll.fastpath import compiled
+class Thing:
+    pass
+names = ["fallback", "after", "abort", "fast", "execution", "call", "info", "acquire",
+         "release", "queued", "recorder", "ring", "completed", "ndarray", "descr", "keep",
+         "settle_after"]
+refused = set()
+for i in range(3000):
+    kw = {name: Thing() for name in names}
+    if i % 2:
+        kw["recorder"] = None
+    kw.update(count=1, nbytes=8, capacity=1, seq_bits=0, later_stages=0, seq_mask=1,
+              seq_shift=1, one_way=False, more=False, kernel=1, settle=1, constants=0)
+    try:
+        compiled.callpath.BoundCall(**kw)
+    except (AttributeError, ValueError, RuntimeError) as e:
+        refused.add(type(e).__name__)
+    if i % 500 == 0:
+        gc.collect()
+print(sorted(refused))
+"""
+
+
+@pytest.mark.skipif(compiled.callpath is None,
+                    reason=f"the compiled call path is not built here: {compiled.unavailable}")
+def test_a_refused_binding_releases_only_what_it_took():
+    """``FastPath._bind_compiled`` keeps the closure when ``BoundCall`` refuses its arguments
+    (a flight recorder it cannot read, say). The refused object must not release references
+    it never took: before 2026-11-28 a few thousand refusals crashed the interpreter."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _REFUSED_BINDINGS], capture_output=True,
+                       text=True, timeout=150)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["['AttributeError',", "'ValueError']"], r.stdout
