@@ -24,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../object_fields.h"
+
 /* numpy's array object, as its ABI fixes it (PyArrayObject_fields: unchanged since numpy
    1.7, the same in 2.x). Only read, and checked against numpy at import
    (``compiled.usable``): a mismatch leaves the compiled path off. */
@@ -59,38 +61,6 @@ typedef struct {
     PyObject *last_allreduce, *last_broadcast;
 } FastPathState;               /* objects: see ExecutionState (_execution_state.c) */
 
-static int state_traverse(FastPathState *f, visitproc visit, void *arg) {
-    Py_VISIT(f->slots); Py_VISIT(f->k); Py_VISIT(f->unsettled); Py_VISIT(f->pending_call);
-    Py_VISIT(f->settling_call); Py_VISIT(f->last_allreduce); Py_VISIT(f->last_broadcast);
-    return 0;
-}
-
-static int state_clear(FastPathState *f) {
-    Py_CLEAR(f->slots); Py_CLEAR(f->k); Py_CLEAR(f->unsettled); Py_CLEAR(f->pending_call);
-    Py_CLEAR(f->settling_call); Py_CLEAR(f->last_allreduce); Py_CLEAR(f->last_broadcast);
-    return 0;
-}
-
-static void state_dealloc(FastPathState *f) {
-    PyObject_GC_UnTrack(f);
-    state_clear(f);
-    Py_TYPE(f)->tp_free((PyObject *)f);
-}
-
-static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    FastPathState *f = (FastPathState *)type->tp_alloc(type, 0);
-    if (f == NULL) return NULL;
-    PyObject **refs[] = {&f->slots, &f->pending_call, &f->settling_call, &f->last_allreduce,
-                         &f->last_broadcast};
-    for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) *refs[i] = Py_NewRef(Py_None);
-    f->unsettled = Py_NewRef(Py_False);
-    if ((f->k = PyLong_FromLong(0)) == NULL) {
-        Py_DECREF(f);
-        return NULL;
-    }
-    return (PyObject *)f;
-}
-
 static PyMemberDef state_members[] = {
     {"slots", T_OBJECT_EX, offsetof(FastPathState, slots), 0, NULL},
     {"k", T_OBJECT_EX, offsetof(FastPathState, k), 0, NULL},
@@ -102,18 +72,22 @@ static PyMemberDef state_members[] = {
     {NULL}
 };
 
-static PyTypeObject FastPathStateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pycoll.fastpath._callpath.FastPathState",
-    .tp_doc = "What a FastPath changes on every call (FastPath derives from it).",
-    .tp_basicsize = sizeof(FastPathState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = state_new,
-    .tp_dealloc = (destructor)state_dealloc,
-    .tp_traverse = (traverseproc)state_traverse,
-    .tp_clear = (inquiry)state_clear,
-    .tp_members = state_members,
-};
+static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    FastPathState *f = (FastPathState *)object_fields_new(type, state_members);
+    if (f == NULL) return NULL;
+    PyObject *k = PyLong_FromLong(0);
+    if (k == NULL) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    Py_SETREF(f->k, k);
+    Py_SETREF(f->unsettled, Py_NewRef(Py_False));
+    return (PyObject *)f;
+}
+
+OBJECT_FIELDS_TYPE(fast_path_state, FastPathState, state_members, state_new,
+                   "pycoll.fastpath._callpath.FastPathState",
+                   "What a FastPath changes on every call (FastPath derives from it).");
 
 static PyObject *s_run, *s_itemsize;
 static PyTypeObject *ndarray_type = NULL;
@@ -377,7 +351,7 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
             || !PyCallable_Check(p.settle_after)
             || !PyObject_TypeCheck(p.execution, execution_state_type)
             || (p.recorder != Py_None && p.count_at < 0)
-            || !PyObject_TypeCheck((PyObject *)p.fast, &FastPathStateType)
+            || !PyObject_TypeCheck((PyObject *)p.fast, &fast_path_state_type)
             || (p.recorder != Py_None && (!PyList_Check(p.ring) || p.capacity < 1))) {
         PyErr_SetString(PyExc_ValueError, "BoundCall: bad arguments");
         return -1;
@@ -492,7 +466,7 @@ static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     ArrayFields *arr = (ArrayFields *)tensor;
     if (arr->nd != 1 || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
         Py_RETURN_NOTIMPLEMENTED;
-    if (!PyObject_TypeCheck(args[0], &FastPathStateType)) Py_RETURN_NOTIMPLEMENTED;
+    if (!PyObject_TypeCheck(args[0], &fast_path_state_type)) Py_RETURN_NOTIMPLEMENTED;
     FastPathState *fast = (FastPathState *)args[0];
     int broadcast = args[1] == Py_True;
     PyObject *run = last_run(broadcast ? fast->last_broadcast : fast->last_allreduce, arr,
@@ -569,7 +543,7 @@ PyMODINIT_FUNC PyInit__callpath(void) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_bytes, "bytes"); INTERN(s_run, "run"); INTERN(s_itemsize, "itemsize");
 #undef INTERN
-    if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&FastPathStateType) < 0)
+    if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&fast_path_state_type) < 0)
         return NULL;
     if (zero == NULL && (zero = PyFloat_FromDouble(0.0)) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
@@ -580,9 +554,9 @@ PyMODINIT_FUNC PyInit__callpath(void) {
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&FastPathStateType);
-    if (PyModule_AddObject(m, "FastPathState", (PyObject *)&FastPathStateType) < 0) {
-        Py_DECREF(&FastPathStateType);
+    Py_INCREF(&fast_path_state_type);
+    if (PyModule_AddObject(m, "FastPathState", (PyObject *)&fast_path_state_type) < 0) {
+        Py_DECREF(&fast_path_state_type);
         Py_DECREF(m);
         return NULL;
     }

@@ -9,6 +9,8 @@
 #include <structmember.h>
 #include <stddef.h>
 
+#include "../object_fields.h"
+
 /* Python objects, not C numbers: CPython specializes reading an object slot (a member of
    type T_OBJECT_EX) as it does an instance attribute, so the Python paths that read these
    (every generic call) pay nothing for them being here. */
@@ -28,39 +30,6 @@ static const Py_ssize_t OFFSETS[] = {
     offsetof(ExecutionState, generic_ran), sizeof(ExecutionState),
 };
 
-static int state_traverse(ExecutionState *s, visitproc visit, void *arg) {
-    Py_VISIT(s->seq); Py_VISIT(s->started); Py_VISIT(s->current); Py_VISIT(s->refusing);
-    Py_VISIT(s->generic_ran);
-    return 0;
-}
-
-static int state_clear(ExecutionState *s) {
-    Py_CLEAR(s->seq); Py_CLEAR(s->started); Py_CLEAR(s->current); Py_CLEAR(s->refusing);
-    Py_CLEAR(s->generic_ran);
-    return 0;
-}
-
-static void state_dealloc(ExecutionState *s) {
-    PyObject_GC_UnTrack(s);
-    state_clear(s);
-    Py_TYPE(s)->tp_free((PyObject *)s);
-}
-
-static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    ExecutionState *s = (ExecutionState *)type->tp_alloc(type, 0);
-    if (s == NULL) return NULL;
-    s->seq = PyLong_FromLong(0);
-    s->started = PyFloat_FromDouble(0.0);
-    if (s->seq == NULL || s->started == NULL) {
-        Py_DECREF(s);
-        return NULL;
-    }
-    s->current = Py_NewRef(Py_None);
-    s->refusing = Py_NewRef(Py_False);
-    s->generic_ran = Py_NewRef(Py_False);
-    return (PyObject *)s;
-}
-
 static PyMemberDef state_members[] = {
     {"seq", T_OBJECT_EX, offsetof(ExecutionState, seq), 0, NULL},
     {"started", T_OBJECT_EX, offsetof(ExecutionState, started), 0, NULL},
@@ -70,18 +39,26 @@ static PyMemberDef state_members[] = {
     {NULL}
 };
 
-static PyTypeObject ExecutionStateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pycoll.runtime._execution_state.ExecutionState",
-    .tp_doc = "What an Execution changes on every call (Execution derives from it).",
-    .tp_basicsize = sizeof(ExecutionState),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = state_new,
-    .tp_dealloc = (destructor)state_dealloc,
-    .tp_traverse = (traverseproc)state_traverse,
-    .tp_clear = (inquiry)state_clear,
-    .tp_members = state_members,
-};
+static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    ExecutionState *s = (ExecutionState *)object_fields_new(type, state_members);
+    if (s == NULL) return NULL;
+    PyObject *seq = PyLong_FromLong(0), *started = PyFloat_FromDouble(0.0);
+    if (seq == NULL || started == NULL) {
+        Py_XDECREF(seq);
+        Py_XDECREF(started);
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_SETREF(s->seq, seq);
+    Py_SETREF(s->started, started);
+    Py_SETREF(s->refusing, Py_NewRef(Py_False));
+    Py_SETREF(s->generic_ran, Py_NewRef(Py_False));
+    return (PyObject *)s;
+}
+
+OBJECT_FIELDS_TYPE(execution_state, ExecutionState, state_members, state_new,
+                   "pycoll.runtime._execution_state.ExecutionState",
+                   "What an Execution changes on every call (Execution derives from it).");
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
@@ -91,17 +68,17 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__execution_state(void) {
-    if (PyType_Ready(&ExecutionStateType) < 0) return NULL;
+    if (PyType_Ready(&execution_state_type) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *offsets = PyCapsule_New((void *)OFFSETS,
                                       "pycoll.runtime._execution_state.offsets", NULL);
-    Py_INCREF(&ExecutionStateType);
+    Py_INCREF(&execution_state_type);
     if (offsets == NULL
-            || PyModule_AddObject(m, "ExecutionState", (PyObject *)&ExecutionStateType) < 0
+            || PyModule_AddObject(m, "ExecutionState", (PyObject *)&execution_state_type) < 0
             || PyModule_AddObject(m, "offsets", offsets) < 0) {
         Py_XDECREF(offsets);
-        Py_DECREF(&ExecutionStateType);
+        Py_DECREF(&execution_state_type);
         Py_DECREF(m);
         return NULL;
     }
