@@ -23,7 +23,7 @@ from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, prepare
 from ..buffers.tensors import torch_host_view
 from ..errors import InvalidArgument
-from ..fastpath.compiled import enter
+from ..fastpath.compiled import FastMethod, enter
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
@@ -626,3 +626,11 @@ class Collectives:
                         for is_send, a, p, t in plan])
 
         return self._submit(CallInfo("batch_p2p", total), body, timeout, async_op)
+
+
+# The compiled front of the small calls a loop makes most (``_callpath.FastMethod``): it
+# runs the calls the fast path has bound without the Python method, and hands that every
+# other one. Not installed where the module is not built (or PYCOLL_FASTPATH_C=0).
+if FastMethod is not None:
+    for _name in ("allreduce", "broadcast", "barrier"):
+        setattr(Collectives, _name, FastMethod(getattr(Collectives, _name), _name))

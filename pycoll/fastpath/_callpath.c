@@ -59,6 +59,8 @@ typedef struct {
     PyObject *unsettled;        /* bool: a one-way broadcast may be pending */
     PyObject *pending_call, *settling_call;
     PyObject *last_allreduce, *last_broadcast;
+    PyObject *barrier_call;     /* FastCall of the barrier (None until the first one) */
+    PyObject *barrier_buffer;   /* the empty array it runs on */
 } FastPathState;               /* objects: see ExecutionState (_execution_state.c) */
 
 static PyMemberDef state_members[] = {
@@ -69,6 +71,8 @@ static PyMemberDef state_members[] = {
     {"settling_call", T_OBJECT_EX, offsetof(FastPathState, settling_call), 0, NULL},
     {"last_allreduce", T_OBJECT_EX, offsetof(FastPathState, last_allreduce), 0, NULL},
     {"last_broadcast", T_OBJECT_EX, offsetof(FastPathState, last_broadcast), 0, NULL},
+    {"barrier_call", T_OBJECT_EX, offsetof(FastPathState, barrier_call), 0, NULL},
+    {"barrier_buffer", T_OBJECT_EX, offsetof(FastPathState, barrier_buffer), 0, NULL},
     {NULL}
 };
 
@@ -80,8 +84,8 @@ static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(f);
         return NULL;
     }
-    Py_SETREF(f->k, k);
-    Py_SETREF(f->unsettled, Py_NewRef(Py_False));
+    Py_XSETREF(f->k, k);
+    Py_XSETREF(f->unsettled, Py_NewRef(Py_False));
     return (PyObject *)f;
 }
 
@@ -143,8 +147,8 @@ static int number(BoundCall *b, long long *seq_out) {
         Py_XDECREF(seq_obj); Py_XDECREF(start);
         return -1;
     }
-    Py_SETREF(*seq_at, seq_obj);                /* the execution holds them, */
-    Py_SETREF(FIELD(ex, X_STARTED, PyObject *), start);
+    Py_XSETREF(*seq_at, seq_obj);                /* the execution holds them, */
+    Py_XSETREF(FIELD(ex, X_STARTED, PyObject *), start);
     *seq_out = seq;
     if (b->recorder == Py_None) return 0;
     /* FlightRecorder.open, as begin_inline writes it out (and the record, too) */
@@ -165,8 +169,8 @@ static int number(BoundCall *b, long long *seq_out) {
     PyList_SET_ITEM(rec, 4, Py_NewRef(start));
     PyList_SET_ITEM(rec, 5, Py_NewRef(zero));
     PyList_SET_ITEM(rec, 6, Py_NewRef(Py_None));
-    Py_SETREF(*count_slot, next);
-    Py_SETREF(FIELD(ex, X_CURRENT, PyObject *), Py_NewRef(rec));
+    Py_XSETREF(*count_slot, next);
+    Py_XSETREF(FIELD(ex, X_CURRENT, PyObject *), Py_NewRef(rec));
     return PyList_SetItem(b->ring, (Py_ssize_t)(i % b->capacity), rec);    /* takes rec */
 }
 
@@ -247,7 +251,7 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
         goto error;
     }
     if (b->one_way) {       /* settling_call, pending_call = pending_call, call */
-        Py_SETREF(fast->unsettled, Py_NewRef(Py_True));
+        Py_XSETREF(fast->unsettled, Py_NewRef(Py_True));
         PyObject *settling = fast->settling_call;
         fast->settling_call = fast->pending_call;
         Py_INCREF(b->call);
@@ -258,7 +262,7 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
         state = b->settle(0, 0, b->constants, 0, 0);
         Py_END_ALLOW_THREADS
         if (state == 0) {
-            Py_SETREF(fast->unsettled, Py_NewRef(Py_False));
+            Py_XSETREF(fast->unsettled, Py_NewRef(Py_False));
         } else {
             PyObject *st = PyLong_FromLongLong(state);
             PyObject *r = st != NULL ? PyObject_CallOneArg(b->settle_after, st) : NULL;
@@ -275,7 +279,7 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     k += 1;
     PyObject *next_k = PyLong_FromLongLong(k + b->later_stages);
     if (next_k == NULL) goto error;
-    Py_SETREF(fast->k, next_k);
+    Py_XSETREF(fast->k, next_k);
     int64_t data = (int64_t)(intptr_t)arr->data;
     Py_BEGIN_ALLOW_THREADS
     state = b->kernel(data, b->nbytes, b->constants, k, word);
@@ -290,10 +294,12 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
         a[1] = PyLong_FromLongLong(state);
         a[2] = PyLong_FromLongLong(k);
         a[3] = PyLong_FromLongLong(word);
-        PyObject *r = NULL;
-        if (a[1] != NULL && a[2] != NULL && a[3] != NULL)
-            r = PyObject_Vectorcall(b->after, a, 4, NULL);
-        Py_XDECREF(a[1]); Py_XDECREF(a[2]); Py_XDECREF(a[3]);
+        if (a[1] == NULL || a[2] == NULL || a[3] == NULL) {
+            Py_XDECREF(a[1]); Py_XDECREF(a[2]); Py_XDECREF(a[3]);
+            return failed(b);       /* no memory for them: the call still has to end */
+        }
+        PyObject *r = PyObject_Vectorcall(b->after, a, 4, NULL);
+        Py_DECREF(a[1]); Py_DECREF(a[2]); Py_DECREF(a[3]);
         return r;       /* after ended the call, or failed it */
     }
     PyObject *r = PyObject_CallNoArgs(b->release);      /* finish_inline */
@@ -451,34 +457,202 @@ static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int b
     return run;
 }
 
+/* ``run(arr, timeout, async_op, output)`` (``args``; a BoundCall without its Python
+   wrapping), and ``run`` released. */
+static PyObject *run_call(PyObject *run, PyObject *const *args) {
+    PyObject *r = Py_TYPE(run) == &BoundCallType && ((BoundCall *)run)->fallback != NULL
+        ? bound_vectorcall((BoundCall *)run, args, 4, NULL)
+        : PyObject_Vectorcall(run, args, 4, NULL);
+    Py_DECREF(run);
+    return r;
+}
+
+/* The previous call's kind, if ``tensor`` is a 1-D C-contiguous aligned writable numpy
+   array of it, run (``FastCall.run``: compiled or not) with ``timeout`` and ``async_op``;
+   NotImplemented (a new reference) when it is not that kind (the caller classifies it). */
+static PyObject *run_last(FastPathState *fast, int broadcast, PyObject *tensor, PyObject *key,
+                          PyObject *timeout, PyObject *async_op) {
+    if (ndarray_type == NULL || Py_TYPE(tensor) != ndarray_type) Py_RETURN_NOTIMPLEMENTED;
+    ArrayFields *arr = (ArrayFields *)tensor;
+    if (arr->nd != 1 || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *run = last_run(broadcast ? fast->last_broadcast : fast->last_allreduce, arr,
+                             key, broadcast);
+    if (run == NULL) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *call_args[4] = {tensor, timeout, async_op, tensor};
+    return run_call(run, call_args);
+}
+
 /* enter(fast, broadcast, tensor, key, timeout, async_op): ``Communicator.allreduce``'s
    (``broadcast``'s when ``broadcast`` is true; ``key`` is the op, or the root) lookup of the
-   previous call's kind, and that call (``FastCall.run``: compiled or not), for a 1-D
-   C-contiguous aligned writable numpy array; NotImplemented when it is not that kind (the
-   caller classifies it). */
+   previous call's kind, and that call (``run_last``); NotImplemented when it is not that
+   kind. */
 static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "enter takes 6 arguments");
         return NULL;
     }
-    PyObject *tensor = args[2];
-    if (ndarray_type == NULL || Py_TYPE(tensor) != ndarray_type) Py_RETURN_NOTIMPLEMENTED;
-    ArrayFields *arr = (ArrayFields *)tensor;
-    if (arr->nd != 1 || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
-        Py_RETURN_NOTIMPLEMENTED;
     if (!PyObject_TypeCheck(args[0], &fast_path_state_type)) Py_RETURN_NOTIMPLEMENTED;
-    FastPathState *fast = (FastPathState *)args[0];
-    int broadcast = args[1] == Py_True;
-    PyObject *run = last_run(broadcast ? fast->last_broadcast : fast->last_allreduce, arr,
-                             args[3], broadcast);
-    if (run == NULL) Py_RETURN_NOTIMPLEMENTED;
-    PyObject *call_args[4] = {tensor, args[4], args[5], tensor};
-    PyObject *r = Py_TYPE(run) == &BoundCallType
-        ? bound_vectorcall((BoundCall *)run, call_args, 4, NULL)
-        : PyObject_Vectorcall(run, call_args, 4, NULL);
-    Py_DECREF(run);
-    return r;
+    return run_last((FastPathState *)args[0], args[1] == Py_True, args[2], args[3], args[4],
+                    args[5]);
 }
+
+/* ``Communicator.allreduce``, ``broadcast`` and ``barrier`` as C methods
+   (``collectives.py`` installs them where this module is built). A small call's Python
+   method (its frame, its eight parameters, its checks) cost 0.2-0.3 us of a 1 us call; this
+   one reads the arguments of the calls the fast path takes (``tensor`` and the op or root,
+   ``timeout`` and ``async_op``, the other options at None) and the communicator's ``_fast``
+   (and ``_integrity_every``), and runs the bound call: ``run_last``, or the barrier's. Every
+   other call, and every call those do not take, goes to the Python method ``func`` as it
+   was made, which stays the one description of the call. A method descriptor
+   (``Py_TPFLAGS_METHOD_DESCRIPTOR``): ``comm.allreduce(t)`` calls it with the communicator
+   first and makes no bound method. */
+enum { ALLREDUCE, BROADCAST, BARRIER };
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *func;             /* the Python method */
+    int kind;                   /* allreduce(tensor, op), broadcast(tensor, root), barrier() */
+} FastMethod;
+
+static PyObject *s_fast, *s_integrity_every, *s_op, *s_root, *s_algo, *s_timeout,
+    *s_async_op, *s_deterministic, *s_accumulate, *s_integrity, *s_sum, *zero_int;
+
+static PyObject *method_vectorcall(FastMethod *m, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int broadcast = m->kind == BROADCAST;
+    if (m->kind == BARRIER ? nargs != 1 : nargs < 2 || nargs > 3) goto python;
+    PyObject *key = nargs == 3 ? args[2] : NULL;
+    PyObject *timeout = Py_None, *async_op = Py_False;
+    if (kwnames != NULL) {      /* names from a call site are interned: compared by identity */
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+            if (name == s_timeout) timeout = value;
+            else if (name == s_async_op) async_op = value;
+            else if (value == Py_None && name == s_algo) continue;
+            else if (m->kind == BARRIER) goto python;
+            else if (key == NULL && name == (broadcast ? s_root : s_op)) key = value;
+            else if (value == Py_None && (name == s_integrity
+                                          || (!broadcast && (name == s_deterministic
+                                                             || name == s_accumulate))))
+                continue;
+            else goto python;
+        }
+    }
+    if (key == NULL) key = broadcast ? zero_int : s_sum;
+    PyObject *comm = args[0];
+    PyObject *fast = PyObject_GetAttr(comm, s_fast);
+    if (fast == NULL) { PyErr_Clear(); goto python; }
+    if (!PyObject_TypeCheck(fast, &fast_path_state_type)) { Py_DECREF(fast); goto python; }
+    if (m->kind == BARRIER) {   /* the barrier's bound call, once the first one made it */
+        FastPathState *f = (FastPathState *)fast;
+        PyObject *call = f->barrier_call, *buffer = f->barrier_buffer;
+        PyObject *run = call != NULL && call != Py_None && buffer != NULL
+            ? PyObject_GetAttr(call, s_run) : NULL;
+        if (run == NULL) { PyErr_Clear(); Py_DECREF(fast); goto python; }
+        Py_INCREF(buffer);      /* the call may replace the fields: hold what it runs on */
+        PyObject *call_args[4] = {buffer, timeout, async_op, Py_None};
+        PyObject *r = run_call(run, call_args);
+        Py_DECREF(buffer);
+        Py_DECREF(fast);
+        return r;
+    }
+    PyObject *every = PyObject_GetAttr(comm, s_integrity_every);    /* sampled checks: */
+    int sampling = every != NULL ? PyObject_IsTrue(every) : -1;      /* the Python way */
+    Py_XDECREF(every);
+    if (sampling != 0) {
+        PyErr_Clear();
+        Py_DECREF(fast);
+        goto python;
+    }
+    PyObject *r = run_last((FastPathState *)fast, broadcast, args[1], key, timeout,
+                           async_op);
+    Py_DECREF(fast);
+    if (r != Py_NotImplemented) return r;
+    Py_DECREF(r);
+python:
+    return PyObject_Vectorcall(m->func, args, nargsf, kwnames);
+}
+
+static PyObject *method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *func;
+    const char *kind;
+    if (kwargs != NULL || !PyArg_ParseTuple(args, "Os:FastMethod", &func, &kind))
+        return NULL;
+    int k = strcmp(kind, "allreduce") == 0 ? ALLREDUCE : strcmp(kind, "broadcast") == 0
+        ? BROADCAST : strcmp(kind, "barrier") == 0 ? BARRIER : -1;
+    if (!PyCallable_Check(func) || k < 0) {
+        PyErr_SetString(PyExc_TypeError, "FastMethod(func, kind): a callable, and "
+                        "'allreduce', 'broadcast' or 'barrier'");
+        return NULL;
+    }
+    FastMethod *m = (FastMethod *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    m->func = Py_NewRef(func);
+    m->kind = k;
+    m->vectorcall = (vectorcallfunc)method_vectorcall;
+    return (PyObject *)m;
+}
+
+static int method_traverse(FastMethod *m, visitproc visit, void *arg) {
+    Py_VISIT(m->func);
+    return 0;
+}
+
+static int method_clear(FastMethod *m) {
+    Py_CLEAR(m->func);
+    return 0;
+}
+
+static void method_dealloc(FastMethod *m) {
+    PyObject_GC_UnTrack(m);
+    method_clear(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+/* ``comm.allreduce`` not called at once: a bound method, as for a Python function. */
+static PyObject *method_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* What is not this object's own (``__name__``, ``__doc__``, ``__module__``...) is the
+   Python method's: ``help`` and ``inspect.signature`` (through ``__wrapped__``) see it. */
+static PyObject *method_getattro(PyObject *self, PyObject *name) {
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0)
+        return Py_NewRef(((FastMethod *)self)->func);
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__class__") != 0
+            && PyUnicode_CompareWithASCIIString(name, "__get__") != 0) {
+        PyObject *v = PyObject_GetAttr(((FastMethod *)self)->func, name);
+        if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+        PyErr_Clear();
+    }
+    return PyObject_GenericGetAttr(self, name);
+}
+
+static PyObject *method_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyTypeObject FastMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycoll.fastpath._callpath.FastMethod",
+    .tp_doc = "FastMethod(func, kind): Communicator.allreduce, broadcast or barrier, "
+              "compiled.",
+    .tp_basicsize = sizeof(FastMethod),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+        | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = method_new,
+    .tp_dealloc = (destructor)method_dealloc,
+    .tp_traverse = (traverseproc)method_traverse,
+    .tp_clear = (inquiry)method_clear,
+    .tp_call = method_call,
+    .tp_vectorcall_offset = offsetof(FastMethod, vectorcall),
+    .tp_descr_get = method_get,
+    .tp_getattro = method_getattro,
+};
 
 /* use_execution_state(ExecutionState, offsets): the Execution's base type and where its
    fields are (``pycoll/runtime/_execution_state.c``), set once, at import. */
@@ -516,6 +690,10 @@ static PyObject *use_ndarray(PyObject *module, PyObject *type) {
 /* array_fields(arr) -> (data, nd, first dimension, flags, descr): what this module reads of
    a numpy array, for the check at import (``compiled.usable``). */
 static PyObject *array_fields(PyObject *module, PyObject *arr) {
+    if (ndarray_type == NULL || !PyObject_TypeCheck(arr, ndarray_type)) {
+        PyErr_SetString(PyExc_TypeError, "array_fields takes a numpy array (after use_ndarray)");
+        return NULL;
+    }
     ArrayFields *a = (ArrayFields *)arr;
     return Py_BuildValue("(LiniO)", (long long)(intptr_t)a->data, a->nd,
                          a->nd > 0 ? a->dimensions[0] : (Py_ssize_t)-1, a->flags, a->descr);
@@ -542,21 +720,25 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__callpath(void) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_bytes, "bytes"); INTERN(s_run, "run"); INTERN(s_itemsize, "itemsize");
+    INTERN(s_fast, "_fast"); INTERN(s_integrity_every, "_integrity_every");
+    INTERN(s_op, "op"); INTERN(s_root, "root"); INTERN(s_algo, "algo");
+    INTERN(s_timeout, "timeout"); INTERN(s_async_op, "async_op");
+    INTERN(s_deterministic, "deterministic"); INTERN(s_accumulate, "accumulate");
+    INTERN(s_integrity, "integrity"); INTERN(s_sum, "sum");
 #undef INTERN
-    if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&fast_path_state_type) < 0)
+    if (zero_int == NULL && (zero_int = PyLong_FromLong(0)) == NULL) return NULL;
+    if (PyType_Ready(&BoundCallType) < 0 || PyType_Ready(&fast_path_state_type) < 0
+            || PyType_Ready(&FastMethodType) < 0)
         return NULL;
     if (zero == NULL && (zero = PyFloat_FromDouble(0.0)) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&BoundCallType);
-    if (PyModule_AddObject(m, "BoundCall", (PyObject *)&BoundCallType) < 0) {
-        Py_DECREF(&BoundCallType);
+    if (PyModule_AddObjectRef(m, "BoundCall", (PyObject *)&BoundCallType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&fast_path_state_type);
-    if (PyModule_AddObject(m, "FastPathState", (PyObject *)&fast_path_state_type) < 0) {
-        Py_DECREF(&fast_path_state_type);
+    if (PyModule_AddObjectRef(m, "FastPathState", (PyObject *)&fast_path_state_type) < 0
+            || PyModule_AddObjectRef(m, "FastMethod", (PyObject *)&FastMethodType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

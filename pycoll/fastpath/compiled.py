@@ -31,6 +31,7 @@ def _load() -> tuple[Any, str]:
     except ImportError as e:
         return None, (f"not built ({e}): reinstall pycoll where a C compiler and Python's "
                       "headers are found (docs/troubleshooting.md#the-compiled-call-path)")
+    _callpath.use_ndarray(np.ndarray)
     if not _reads_numpy(_callpath):
         return None, f"it does not read numpy {np.__version__}'s arrays as numpy does"
     if ExecutionState is object:
@@ -38,7 +39,6 @@ def _load() -> tuple[Any, str]:
                       "fields from, is not built")
     fields = importlib.import_module("pycoll.runtime._execution_state").offsets
     _callpath.use_execution_state(ExecutionState, fields)
-    _callpath.use_ndarray(np.ndarray)
     return _callpath, ""
 
 
@@ -66,6 +66,9 @@ callpath, unavailable = _load()
 #: ``_callpath.enter(fast, broadcast, tensor, op or root, timeout, async_op)``: the call of
 #: the previous call's kind on ``tensor``, or NotImplemented (``Collectives.allreduce``)
 enter = callpath.enter if callpath is not None else None
+#: ``_callpath.FastMethod(func, kind)``: ``Communicator.allreduce`` (``broadcast``,
+#: ``barrier``) in C in front of its Python method ``func``, or None
+FastMethod = callpath.FastMethod if callpath is not None else None
 #: ``FastPath``'s base: the attributes a call changes (stages, settling, the previous call's
 #: kind), kept where the C code reads them directly; a plain object without ``_callpath``
 FastPathState: Any = callpath.FastPathState if callpath is not None else object

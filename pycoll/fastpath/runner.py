@@ -291,6 +291,8 @@ class FastPath(FastPathState):
                     # exported), and dropped after, so that a failure's traceback does not
                     # keep it
                     mapped = slots.bytes
+                    if mapped is None:      # closed by a finalize while this call settled
+                        self._open(call, word)
                     state = single(arr.view(np.uint8) if entry_raw else arr, constants, k,
                                    word)
                     del mapped
@@ -378,9 +380,7 @@ class FastPath(FastPathState):
     def execute(self, call: FastCall, arr: np.ndarray, word: int, deadline: float) -> None:
         """The whole call, as the body of a call of the generic execution."""
         seq = (word >> SEQ_SHIFT) & SEQ_MASK
-        if self.slots is None:
-            raise PycollError(f"rank {self.rank}: {call.collective} #{seq}: the fast path's "
-                              "segment is closed (communicator finalized)")
+        self._open(call, word)
         if call.prepare:
             prepare(call.rop, call.dtype, arr)      # type: ignore[arg-type]
         if self.unsettled and not call.one_way:
@@ -395,8 +395,7 @@ class FastPath(FastPathState):
                position: int) -> int:
         """Run ``call``'s kernel from stage ``k`` (``resume``: after a sleep, at
         ``position``); returns its status."""
-        slots = self.slots
-        assert slots is not None
+        slots = self._open(call, word)
         kind = call.kind
         kernel = self._kernels[kind]
         rank, size = self.rank, self.size
@@ -432,8 +431,7 @@ class FastPath(FastPathState):
                   seq: int, word: int, k: int, deadline: float) -> None:
         """Wait on in sleep slices until done, then what the kernel left to Python."""
         while state != 0:
-            slots = self.slots
-            assert slots is not None
+            slots = self._open(call, word)
             if state == CMA_REFUSED:        # the same on every rank: all go on this way
                 call, k = self._without_cma(call)
                 state = self.launch(call, data, k, word, False, 0)
@@ -451,7 +449,7 @@ class FastPath(FastPathState):
                                              only=call.root if call.one_way else None)
             state = self.launch(call, data, k, word, True, position)
         if call.reduce_here:
-            self._reduce_here(call, arr, k)
+            self._reduce_here(call, arr, k, word)
         if call.finish and call.spec is not None:
             call.spec.finish(arr)
 
@@ -459,10 +457,9 @@ class FastPath(FastPathState):
         """Before a stage of any other kernel: wait until every rank has published the last
         one-way broadcast's stage (``kernels.settle``), in sleep slices with the liveness
         checks, as any wait."""
-        slots = self.slots
-        assert slots is not None
         settle = self._kernels[SETTLE]
         while True:
+            slots = self._open(self.pending_call, int(self.pending[1]))
             state = settle(slots.bytes, self.rank, self.size, slots.stride, self.pending,
                            self.spin, self.slice_ns)
             if state == 0:
@@ -492,9 +489,9 @@ class FastPath(FastPathState):
         """The liveness checks of a wait for a one-way broadcast's stage (``pending``):
         errors name that broadcast, ``call`` (a rank that published another call in its
         stage disagreed about it)."""
-        slots = self.slots
-        assert slots is not None and call is not None
+        assert call is not None
         stage, word = int(self.pending[0]), int(self.pending[1])
+        slots = self._open(call, word)
         self.liveness.between_slices(slots, state, call, (word >> SEQ_SHIFT) & SEQ_MASK, word,
                                      stage, 2 * stage, deadline)
 
@@ -519,15 +516,26 @@ class FastPath(FastPathState):
         self.k += fallback.stages
         return fallback, k
 
-    def _reduce_here(self, call: FastCall, arr: np.ndarray, k: int) -> None:
+    def _reduce_here(self, call: FastCall, arr: np.ndarray, k: int, word: int) -> None:
         """The reduction for dtypes the kernels do not know: the rank-order fold of the
         slots (``folding.Fold``; accumulated in float32 where the call says so), finished."""
-        slots = self.slots
-        assert slots is not None and call.spec is not None and call.spec.fold is not None
+        assert call.spec is not None and call.spec.fold is not None
+        slots = self._open(call, word)
         fold = call.spec.fold
         sources = [slots.payload(r, k, call.nbytes).view(arr.dtype) for r in range(self.size)]
         acc = np.empty(arr.size, dtype=fold.acc_dtype) if fold.acc_dtype is not None else None
         fold(arr, sources, acc)
+
+    def _open(self, call: FastCall | None, word: int) -> SharedSlots:
+        """The segment, while it is mapped. A finalize on another thread can close it between
+        two waits of a call (``SharedSlots.close``): no kernel may run on it then, and the call
+        (``word``: its sequence word) says why it failed."""
+        slots = self.slots
+        if slots is None or slots.bytes is None:
+            name = call.collective if call is not None else "a call"
+            raise PycollError(f"rank {self.rank}: {name} #{(word >> SEQ_SHIFT) & SEQ_MASK}: "
+                              "the fast path's segment is closed (communicator finalized)")
+        return slots
 
     # -- teardown ----------------------------------------------------------------------------
     def segment_bytes(self) -> int:

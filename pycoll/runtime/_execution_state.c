@@ -49,10 +49,10 @@ static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(s);
         return NULL;
     }
-    Py_SETREF(s->seq, seq);
-    Py_SETREF(s->started, started);
-    Py_SETREF(s->refusing, Py_NewRef(Py_False));
-    Py_SETREF(s->generic_ran, Py_NewRef(Py_False));
+    Py_XSETREF(s->seq, seq);
+    Py_XSETREF(s->started, started);
+    Py_XSETREF(s->refusing, Py_NewRef(Py_False));
+    Py_XSETREF(s->generic_ran, Py_NewRef(Py_False));
     return (PyObject *)s;
 }
 
@@ -73,14 +73,14 @@ PyMODINIT_FUNC PyInit__execution_state(void) {
     if (m == NULL) return NULL;
     PyObject *offsets = PyCapsule_New((void *)OFFSETS,
                                       "pycoll.runtime._execution_state.offsets", NULL);
-    Py_INCREF(&execution_state_type);
     if (offsets == NULL
-            || PyModule_AddObject(m, "ExecutionState", (PyObject *)&execution_state_type) < 0
-            || PyModule_AddObject(m, "offsets", offsets) < 0) {
+            || PyModule_AddObjectRef(m, "ExecutionState",
+                                     (PyObject *)&execution_state_type) < 0
+            || PyModule_AddObjectRef(m, "offsets", offsets) < 0) {
         Py_XDECREF(offsets);
-        Py_DECREF(&execution_state_type);
         Py_DECREF(m);
         return NULL;
     }
+    Py_DECREF(offsets);
     return m;
 }

@@ -189,6 +189,8 @@ class Executor:
                     return
             with self._run_lock:
                 with self._cv:
+                    if not self.pending:    # close() failed the queue while this waited
+                        continue
                     task, work = self.pending.popleft()
                 error: BaseException | None = None
                 try:
