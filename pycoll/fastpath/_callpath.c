@@ -313,10 +313,6 @@ error:
     return failed(b);
 }
 
-static PyObject *bound_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static int bound_clear(BoundCall *b);
 
 /* The arguments are parsed into ``p`` (borrowed references) and checked there; ``b`` takes
@@ -420,7 +416,7 @@ static PyTypeObject BoundCallType = {
     .tp_dealloc = (destructor)bound_dealloc,
     .tp_traverse = (traverseproc)bound_traverse,
     .tp_clear = (inquiry)bound_clear,
-    .tp_call = bound_call,
+    .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(BoundCall, vectorcall),
     .tp_members = bound_members,
 };
@@ -632,10 +628,6 @@ static PyObject *method_getattro(PyObject *self, PyObject *name) {
     return PyObject_GenericGetAttr(self, name);
 }
 
-static PyObject *method_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static PyTypeObject FastMethodType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pycoll.fastpath._callpath.FastMethod",
@@ -648,7 +640,7 @@ static PyTypeObject FastMethodType = {
     .tp_dealloc = (destructor)method_dealloc,
     .tp_traverse = (traverseproc)method_traverse,
     .tp_clear = (inquiry)method_clear,
-    .tp_call = method_call,
+    .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(FastMethod, vectorcall),
     .tp_descr_get = method_get,
     .tp_getattro = method_getattro,
