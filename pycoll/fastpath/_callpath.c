@@ -435,8 +435,9 @@ static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int b
     if (!same && !by_value && PyUnicode_CheckExact(key) && PyUnicode_CheckExact(was))
         same = PyUnicode_Compare(was, key) == 0;
     if (!same) return NULL;
+    Py_INCREF(last);        /* the lookup below could run code that replaces it */
     PyObject *run = PyObject_GetAttr(PyTuple_GET_ITEM(last, 3), s_run);
-    if (run == NULL) { PyErr_Clear(); return NULL; }
+    if (run == NULL) { PyErr_Clear(); Py_DECREF(last); return NULL; }
     /* the array's length: a BoundCall's count, or (a call bound only in Python) its bytes */
     int fits;
     if (Py_TYPE(run) == &BoundCallType) {
@@ -449,6 +450,7 @@ static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int b
         PyErr_Clear();
         fits = itemsize >= 0 && nbytes == itemsize * (long long)arr->dimensions[0];
     }
+    Py_DECREF(last);
     if (!fits) { Py_DECREF(run); return NULL; }
     return run;
 }
@@ -539,16 +541,33 @@ static PyObject *method_vectorcall(FastMethod *m, PyObject *const *args, size_t 
     }
     if (key == NULL) key = broadcast ? zero_int : s_sum;
     PyObject *comm = args[0];
+    /* an attribute that is not there: the Python method says what is wrong; any other
+       error (a KeyboardInterrupt in a property, no memory) is this call's */
     PyObject *fast = PyObject_GetAttr(comm, s_fast);
-    if (fast == NULL) { PyErr_Clear(); goto python; }
+    if (fast == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        goto python;
+    }
     if (!PyObject_TypeCheck(fast, &fast_path_state_type)) { Py_DECREF(fast); goto python; }
     if (m->kind == BARRIER) {   /* the barrier's bound call, once the first one made it */
         FastPathState *f = (FastPathState *)fast;
         PyObject *call = f->barrier_call, *buffer = f->barrier_buffer;
-        PyObject *run = call != NULL && call != Py_None && buffer != NULL
-            ? PyObject_GetAttr(call, s_run) : NULL;
-        if (run == NULL) { PyErr_Clear(); Py_DECREF(fast); goto python; }
-        Py_INCREF(buffer);      /* the call may replace the fields: hold what it runs on */
+        if (call == NULL || call == Py_None || buffer == NULL) {
+            Py_DECREF(fast);
+            goto python;
+        }
+        Py_INCREF(call);        /* held first: the lookup below (and the call) may run code */
+        Py_INCREF(buffer);      /* that replaces the fields */
+        PyObject *run = PyObject_GetAttr(call, s_run);
+        Py_DECREF(call);
+        if (run == NULL) {
+            Py_DECREF(buffer);
+            Py_DECREF(fast);
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+            PyErr_Clear();
+            goto python;
+        }
         PyObject *call_args[4] = {buffer, timeout, async_op, Py_None};
         PyObject *r = run_call(run, call_args);
         Py_DECREF(buffer);
@@ -556,11 +575,16 @@ static PyObject *method_vectorcall(FastMethod *m, PyObject *const *args, size_t 
         return r;
     }
     PyObject *every = PyObject_GetAttr(comm, s_integrity_every);    /* sampled checks: */
-    int sampling = every != NULL ? PyObject_IsTrue(every) : -1;      /* the Python way */
-    Py_XDECREF(every);
-    if (sampling != 0) {
+    int sampling = 1;                                                /* the Python way */
+    if (every != NULL) {
+        sampling = PyObject_IsTrue(every);
+        Py_DECREF(every);
+    } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
+    }
+    if (sampling != 0) {
         Py_DECREF(fast);
+        if (PyErr_Occurred()) return NULL;
         goto python;
     }
     PyObject *r = run_last((FastPathState *)fast, broadcast, args[1], key, timeout,
