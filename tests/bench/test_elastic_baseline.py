@@ -73,6 +73,14 @@ def test_timeline_from_event_lines():
     s = bench.summarise([t, t])
     assert s["rank_start_to_imports_s"]["p50"] == pytest.approx(2.0)
     assert s["last_rank_step_s"]["max"] == pytest.approx(7.5)
+    # the checkpoint the restart resumed from proves its step was done before the kill,
+    # even when that step's log line is stamped after it (a loaded machine)
+    late = [e for e in events if not (e[1] == "step" and e[2] == 9 and e[4] == 0)]
+    late = [(e[0], e[1], 9 if e[1] == "checkpoint" else e[2], e[3], e[4]) for e in late]
+    late += [(100.2, "step", 9, 0, 0)]
+    t = bench.timeline(late, kill, victim=1, nproc=2)
+    assert t["kill_step"] == 9 and t["resumed_from"] == 9
+    assert t["progress_s"] == pytest.approx(107.5 + 0.3 - kill)   # step 10 on rank 1
     # a rank that never logged after the restart is an error, not a number
     with pytest.raises(bench.TrialError, match="incomplete"):
         bench.timeline([e for e in events if not (e[3] == 1 and e[4] == 1)], kill, 1, 2)

@@ -159,3 +159,61 @@ def test_the_c_method_keeps_the_python_methods_name_doc_and_signature():
         assert method.__name__ == name and method.__doc__ == python.__doc__
         assert inspect.signature(method) == inspect.signature(python)
     assert "root" in inspect.signature(Communicator.broadcast).parameters
+
+
+_HELD_AND_PASSED_ON = """
+import numpy as np
+from pycoll.comm.collectives import Collectives
+from pycoll.fastpath import compiled
+
+class State(compiled.FastPathState):
+    pass
+
+state = State()
+freed, ran = [], []
+
+class Buffer:
+    def __del__(self):
+        freed.append(True)
+
+class Call:
+    @property
+    def run(self):
+        state.barrier_buffer = None                 # drops the only other reference
+        return lambda *args: ran.append((type(args[0]).__name__, bool(freed)))
+
+class Comm:
+    _fast = state
+
+state.barrier_buffer, state.barrier_call = Buffer(), Call()
+Collectives.barrier(Comm())
+print("barrier", ran, freed)
+for name in ("_fast", "_integrity_every"):
+    class Failing:
+        def __getattr__(self, attr, name=name):
+            if attr == name:
+                raise KeyboardInterrupt("once")
+            return state if attr == "_fast" else 0
+    try:
+        Collectives.allreduce(Failing(), np.zeros(4, np.float32))
+        print(name, "returned")
+    except BaseException as e:
+        print(name, type(e).__name__, e)
+"""
+
+
+def test_the_c_method_holds_what_it_runs_and_passes_on_errors():
+    """Found by a review (hand-built objects): the barrier's buffer must be held before
+    anything that can run Python code replaces it (it crashed), and an error reading the
+    communicator (other than a missing attribute) is the call's, not a reason to try the
+    Python method (a KeyboardInterrupt was lost). In a child process: a crash is a failure
+    here, not the end of the test run."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _HELD_AND_PASSED_ON], capture_output=True,
+                       text=True, timeout=150)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert r.stdout.splitlines() == [
+        "barrier [('Buffer', False)] [True]",
+        "_fast KeyboardInterrupt once",
+        "_integrity_every KeyboardInterrupt once"], r.stdout
