@@ -95,6 +95,7 @@ def main() -> None:
               f"step time median {statistics.median(times) * 1e3:.1f} ms "
               f"(p10 {q[0] * 1e3:.1f}, p90 {q[-1] * 1e3:.1f}) over {len(times)} steps; "
               f"checksum {checksum:.6f}", flush=True)
+    dist.barrier()  # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 

@@ -108,6 +108,12 @@ def test_timeouts_are_enforced():
     assert r0["leftovers"] == {} and results[1]["leftovers"] == {}, describe(results)
 
 
+def _gloo_teardown_abort(out: str) -> bool:
+    """Gloo's run printed its result line and then died in C++ teardown, nothing else."""
+    return ("step time median" in out and "terminate called without an active exception" in out
+            and "signal 6 (SIGABRT)" in out and "Traceback" not in out)
+
+
 def test_example_under_pycoll_run():
     """examples/ddp_train.py under the launcher; same checksum as Gloo's run."""
     sums = {}
@@ -118,7 +124,15 @@ def test_example_under_pycoll_run():
              "--warmup", "1", "--width", "128", "--depth", "2"],
             cwd=str(ROOT), capture_output=True, text=True, timeout=110,
             env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = proc.stdout + proc.stderr
+        if backend == "gloo" and proc.returncode != 0 and _gloo_teardown_abort(out):
+            # The reference run printed its checksum and then Gloo aborted in its own
+            # teardown (a C++ thread destroyed while joinable; once in 40 CI runs, never
+            # reproduced here). The checksum it printed is still the reference; pycoll's
+            # own run above had to exit 0.
+            pass
+        else:
+            assert proc.returncode == 0, out
         line = [ln for ln in proc.stdout.splitlines() if "step time median" in ln]
         assert line and f"backend={backend}" in line[0], proc.stdout + proc.stderr
         sums[backend] = line[0].rsplit("checksum", 1)[1].strip()
