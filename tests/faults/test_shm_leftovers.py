@@ -4,7 +4,8 @@ Rank 0 creates its inbox for rank 1 on its first collective; rank 1 never gets t
 sleeps), so nobody maps the segment and nothing unlinks it: killing the job then used to
 leave the segments behind (6 x 2 MiB in the report). Now the launcher sweeps its ranks'
 segments once it has reaped them, and any later pycoll process sweeps segments whose creator
-is dead (names carry the creator's pid and pid namespace).
+is dead (names carry the creator's pid and pid namespace), and so do the survivors of a rank
+killed alone, at ``finalize``.
 """
 from __future__ import annotations
 
@@ -98,3 +99,58 @@ def test_later_jobs_sweep_segments_of_dead_processes(tmp_path):
     assert left, "the kill -9 should have left segments (else this test proves nothing)"
     run_ranks(_noop, 2, env={"PYCOLL_TRANSPORTS": "shm"})
     assert _segments(pids) == []
+
+
+SURVIVOR_JOB = """
+import os, sys, time
+import numpy as np
+import pycoll
+comm = pycoll.init(timeout=60)
+with open(os.path.join(sys.argv[1], f"pid{comm.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+if comm.rank == 1:
+    comm.allreduce(np.ones(4))   # creates its inbox for rank 0, then waits (and is killed)
+go = os.path.join(sys.argv[1], "go")
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.02)
+pycoll.finalize()                # rank 0 never mapped rank 1's inbox
+"""
+
+
+def test_survivors_remove_the_segments_of_a_rank_killed_before_they_mapped_them(tmp_path):
+    """No launcher to sweep (a fork harness, an MPI job): a rank killed after it made its
+    inbox for a peer, before the peer mapped it, left that inbox behind. The survivors'
+    finalize sweeps the segments of dead creators, as ``init`` does (CI saw it once in
+    ``test_dead_peers``: an 8-rank broadcast left the victim's inboxes for ranks 1 and 2)."""
+    from pycoll.testing import free_port
+    job = tmp_path / "job.py"
+    job.write_text(SURVIVOR_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
+    env.update(PYTHONPATH=str(ROOT), PYCOLL_TRANSPORTS="shm", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, str(job), str(tmp_path)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        victim = 0
+        while time.monotonic() < deadline and not victim:
+            pidfile = tmp_path / "pid1"
+            if pidfile.exists() and pidfile.read_text() and _segments([int(pidfile.read_text())]):
+                victim = int(pidfile.read_text())
+            time.sleep(0.05)
+        assert victim, "rank 1 should have created its inbox for rank 0 by now"
+        procs[1].kill()
+        procs[1].wait(10)
+        assert _segments([victim]), "the kill should have left the inbox (else this proves nothing)"
+        (tmp_path / "go").touch()
+        _, err = procs[0].communicate(timeout=60)
+        assert procs[0].returncode == 0, err.decode()[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    assert _segments([victim]) == []

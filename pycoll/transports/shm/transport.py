@@ -7,7 +7,9 @@ a temporary name, sized with ``posix_fallocate`` (a full /dev/shm is an exceptio
 SIGBUS later) and renamed into place, so a peer never maps a half-made segment. Each side
 opens its peer's inbox in the background of progress, so neither waits for the other.
 Segments are unlinked as soon as both sides have mapped them, so nothing is left in /dev/shm
-even if a process is killed afterwards. Peer death is noticed through a pidfd.
+even if a process is killed afterwards. One killed before its peer mapped its inbox leaves
+that inbox: ``open`` and ``close`` sweep the segments whose creator is dead (and the launcher
+does once it has reaped its ranks). Peer death is noticed through a pidfd.
 
 The probe refuses weakly ordered CPUs: the channel relies on x86 store order (``channel.py``).
 """
@@ -43,10 +45,7 @@ class ShmTransport(Transport):
         self.rank = rank = ctx.rank
         self._size = ctx.size
         self.settings = ShmSettings.from_env(crowded=False)   # see configure
-        removed = sweep()          # leftovers of killed jobs (their creators are dead)
-        if removed:
-            debug.logger.info("shm: removed %d segment(s) left by dead processes",
-                              len(removed))
+        _sweep_dead("open")        # leftovers of killed jobs (their creators are dead)
         self._prefix = f"{SHM_DIR}/{segment_prefix(os.getpid())}{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}
         self._active = ActiveSet()
@@ -161,3 +160,15 @@ class ShmTransport(Transport):
                 except BufferError:
                     pass  # a request still references it; the mapping goes with the process
         self._channels.clear()
+        # A peer killed after it made its inbox for us, before we mapped it (and so before
+        # anyone unlinked it), left that inbox behind; without a launcher to sweep (a fork
+        # harness, an MPI job), the survivors are the last to know.
+        _sweep_dead("close")
+
+
+def _sweep_dead(when: str) -> None:
+    """Unlink the segments of this namespace whose creator is dead (``segment.sweep``)."""
+    removed = sweep()
+    if removed:
+        debug.logger.info("shm %s: removed %d segment(s) left by dead processes",
+                          when, len(removed))
