@@ -3,7 +3,7 @@
 ``--collectives`` given: also reduce, reduce_scatter), off against
 ``PYCOLL_INTEGRITY=sample:100`` against ``sample:1``, 8 B to 64 MiB.
 
-    python benchmarks/integrity_cost.py [--transport shm] [--ranks 2] [--max-bytes 64M]
+    python benchmarks/experiments/integrity_cost.py [--transport shm] [--ranks 2] [--max-bytes 64M]
                                         [--reps 5] [--json out.jsonl]
                                         [--collectives allreduce,broadcast]
 

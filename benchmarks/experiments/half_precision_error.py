@@ -2,7 +2,7 @@
 """How accurate a float16/bfloat16 sum is, accumulated in float32 (``accumulate="fp32"``)
 and in the dtype, against the exact (float64) sum of the same inputs.
 
-    python benchmarks/half_precision_error.py [--count 200000] [--out results.md]
+    python benchmarks/experiments/half_precision_error.py [--count 200000] [--out results.md]
 
 The fold is pycoll's (``pycoll.buffers.folding.reference``: the rank-order fold every
 deterministic reduction returns, tests/algorithms/test_deterministic.py checks it against

@@ -3,7 +3,7 @@
 back from the communicator's flight recorder (size, the path that ran it, the time it waited
 behind other calls, the time it ran) after ``--steps`` steps.
 
-    python -m pycoll.run -n 2 benchmarks/ddp_allreduces.py [--steps 20] [--last 8]
+    python -m pycoll.run -n 2 benchmarks/experiments/ddp_allreduces.py [--steps 20] [--last 8]
 
 DDP's allreduces are asynchronous (issued from its reducer during backward), so they run on
 the communicator's worker thread, and their records carry the three times.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 import pycoll.torch  # noqa: F401
 from pycoll.runtime.flight_recorder import INFO, SEQ, T_ENDED, T_SCHEDULED, T_STARTED
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ after a death, and as torch's ``SHRINK_ABORT``). Timed on every survivor: the sh
 to the end of its first allreduce of 8 floats that touches every pair (n-1 sends), the
 median over survivors and steps; ``--reps`` runs of each, alternating.
 
-    python benchmarks/shrink_sharing.py --ranks 8 --transports shm tcp --reps 3 \\
-        --out benchmarks/results/2026-11-25-shrink-sharing
+    python benchmarks/experiments/shrink_sharing.py --ranks 8 --transports shm tcp --reps 3 \\
+        --out benchmarks/out/NAME
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 """One torch-layer benchmark on two source trees, interleaved: before/after in the same run.
 
     git worktree add --detach /tmp/before <commit>
-    python benchmarks/torch_trees.py /tmp/before . --reps 7 --out DIR \\
-        -- benchmarks/torch_overhead.py --mib 1
+    python benchmarks/experiments/torch_trees.py /tmp/before . --reps 7 --out DIR \\
+        -- benchmarks/experiments/torch_overhead.py --mib 1
 
 Runs ``python -m pycoll.run -n 2 <benchmark> <args>`` with ``PYTHONPATH`` on each tree in
 turn (the benchmark file is the after tree's, so both run the same measurement), alternating

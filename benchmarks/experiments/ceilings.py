@@ -5,7 +5,7 @@
 * ``memory``: aggregate copy bandwidth of two processes (``np.copyto``) at a given size,
   the ceiling of any shared-memory collective on one host.
 
-Usage: ``python benchmarks/ceilings.py [--size 64M] [--reps 5]``; prints one markdown row per
+Usage: ``python benchmarks/experiments/ceilings.py [--size 64M] [--reps 5]``; prints one markdown row per
 ceiling (median of the repetitions). Run it in the same session as the benchmark it
 normalises: this machine is shared and its numbers drift.
 """

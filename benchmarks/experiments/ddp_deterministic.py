@@ -2,7 +2,7 @@
 """DDP step time with ``torch.use_deterministic_algorithms(True)`` against without, on the
 "pycoll" backend (which then folds every gradient allreduce in rank order).
 
-    python -m pycoll.run -n 2 benchmarks/ddp_deterministic.py [--rounds 6] [--steps 10]
+    python -m pycoll.run -n 2 benchmarks/experiments/ddp_deterministic.py [--rounds 6] [--steps 10]
 
 examples/ddp_train.py's model, trained from the same seed in alternating rounds (on, off,
 off, on, ...) so that the machine's noise hits both alike; rank 0 prints the median step
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import pycoll.torch  # noqa: F401  (registers the backend)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Channels, sockets and shared-memory segments per rank before and after torch groups.
 
-    python -m pycoll.run -n 4 benchmarks/torch_group_channels.py [--mib 4]
+    python -m pycoll.run -n 4 benchmarks/experiments/torch_group_channels.py [--mib 4]
 
 The default group first opens a channel to every peer (an all_to_all); then ``new_group()``,
 ``new_subgroups(2)`` and ``init_device_mesh("cpu", (2, 2))`` each run one all_reduce of

@@ -6,7 +6,7 @@ teardown), and the allreduce time inside the job at a few sizes, against the sam
 forked ranks (``pycoll.testing.run_ranks``). The collectives should not care who started the
 processes (both use shared memory); the start-up is Ray's price.
 
-    python benchmarks/ray_overhead.py --out benchmarks/results/2026-11-25-ray
+    python benchmarks/experiments/ray_overhead.py --out benchmarks/out/NAME
 
 Writes results.json and results.md to ``--out``.
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SIZES = [1 << 12, 1 << 20, 1 << 24]      # bytes of float32
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import pycoll.ray
     from pycoll.testing import run_ranks
 
-    command = " ".join(["python", "benchmarks/ray_overhead.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python", "benchmarks/experiments/ray_overhead.py", *(argv or sys.argv[1:])])
     worlds = [int(n) for n in args.ranks.split(",")]
     results: dict = {"command": command, "worlds": {}}
     # forked first: a process that runs a Ray driver has gRPC threads, which fork does not carry

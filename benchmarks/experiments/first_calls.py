@@ -3,7 +3,7 @@
 allreduce, broadcast and barrier (8 bytes), which load the fast path's kernels and the
 compiled call path's entry points from numba's cache.
 
-    python -m pycoll.run -n 2 benchmarks/first_calls.py
+    python -m pycoll.run -n 2 benchmarks/experiments/first_calls.py
 
 Rank 0 prints both times in seconds. Run it a few times: the first run on a machine (or
 after a change of the kernels) compiles instead of loading.

@@ -5,10 +5,10 @@
 # transport here), against perftest's ib_write_lat (C, busy polling) and a bare Python
 # function call (how fast the emulated CPU runs Python). Alternated ROUNDS times. From the host:
 #
-#   bash tests/verbs/run_in_vm.sh --cmd bash benchmarks/verbs_floor.sh [ROUNDS]
+#   bash tests/verbs/run_in_vm.sh --cmd bash benchmarks/experiments/verbs_floor.sh [ROUNDS]
 set -uo pipefail
 ROUNDS=${1:-3}
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
 DEV=${RDMA_LAB_DEV:-rxe0}; GIDX=${RDMA_LAB_GID_INDEX:-1}
 lat() { PYTHONPATH=$HERE python3 -m pycoll.bench latency -n 2 -m 8:8 -i 300 -x 30 --transport "$1" \
           2>/dev/null | grep -v '^#' | grep -v '^$' | tail -1 | awk '{print $2}'; }

@@ -5,7 +5,7 @@ limit and the cipher's cost shows), ``python -m pycoll.bench allreduce`` over ``
 the plain job and the TLS job (``PYCOLL_TLS_CERT/KEY/CA``, certificates made for the run
 with ``openssl``) interleaved ``--reps`` times in one run, so both see the same machine load.
 
-    python benchmarks/tls_cost.py --out benchmarks/results/2026-11-25-tls
+    python benchmarks/experiments/tls_cost.py --out benchmarks/out/NAME
 
 Needs root, iproute2 and openssl; writes results.json and results.md to ``--out``.
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from multihost import _size, bench_job, busbw  # noqa: E402
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ok or not openssl_available():
         print(f"cannot run: {why or 'no openssl command'}", file=sys.stderr)
         return 2
-    command = " ".join(["python", "benchmarks/tls_cost.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python", "benchmarks/experiments/tls_cost.py", *(argv or sys.argv[1:])])
     common = ["allreduce", "-m", args.sizes, "--time-budget", args.budget,
               "--min-iterations", "3", "-x", "1"]
     runs: dict[str, list[dict[int, float]]] = {"plain": [], "tls": []}

@@ -6,8 +6,8 @@ Each trial runs ``python -m pycoll.run --elastic -n N examples/elastic_ddp.py`` 
 ``--victim`` SIGKILLing itself in step ``--kill-step``; the victim prints the wall time of
 its kill, every survivor the wall time at which its first step after the shrink completed.
 
-    python benchmarks/elastic_ddp_recovery.py --trials 10 \\
-        --out benchmarks/results/2026-11-25-elastic-recovery
+    python benchmarks/experiments/elastic_ddp_recovery.py --trials 10 \\
+        --out benchmarks/out/NAME
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_ddp.py"
 
 

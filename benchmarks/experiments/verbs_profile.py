@@ -1,7 +1,7 @@
 """Where an 8-byte verbs message's time goes: a ping-pong timed plainly, then under cProfile
 (rank 0's top functions by own time), plus the cost of single pyverbs calls in a loop.
 
-    bash tests/verbs/run_in_vm.sh --cmd python3 benchmarks/verbs_profile.py [iters]
+    bash tests/verbs/run_in_vm.sh --cmd python3 benchmarks/experiments/verbs_profile.py [iters]
 
 Runs in the rdma-lab VM (Soft-RoCE under TCG: absolute numbers are ~10x native; the split
 is what counts). ``PYCOLL_TRANSPORTS`` defaults to verbs; set it to tcp to compare.

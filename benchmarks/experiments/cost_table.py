@@ -1,6 +1,6 @@
 """Print the cost model's algorithm choices at large world sizes as a markdown table.
 
-    python benchmarks/cost_table.py            # the table in docs/algorithms.md
+    python benchmarks/experiments/cost_table.py            # the table in docs/algorithms.md
 
 Pure arithmetic (``pycoll.algorithms.selection.Selector``): no ranks are started. ``tcp`` is a job spread
 over hosts (every rank on its own core); ``inproc`` is the in-process transport of the

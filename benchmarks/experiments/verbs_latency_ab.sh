@@ -4,11 +4,11 @@
 # alternating and taking each one's best and median is the fair comparison). From the host:
 #
 #   RDMA_LAB_SHARES=/tmp/verbs-before bash tests/verbs/run_in_vm.sh --cmd \
-#       bash benchmarks/verbs_latency_ab.sh /tmp/verbs-before [ROUNDS]
+#       bash benchmarks/experiments/verbs_latency_ab.sh /tmp/verbs-before [ROUNDS]
 set -uo pipefail
 BASE=${1:?usage: verbs_latency_ab.sh BASE_CHECKOUT [ROUNDS]}
 ROUNDS=${2:-3}
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
 DEV=${RDMA_LAB_DEV:-rxe0}; GIDX=${RDMA_LAB_GID_INDEX:-1}
 lat() { PYTHONPATH=$1 python3 -m pycoll.bench latency -n 2 -m 8:8 -i 300 -x 30 --transport "$2" \
           2>/dev/null | grep -v '^#' | grep -v '^$' | tail -1 | awk '{print $2}'; }
