@@ -174,7 +174,7 @@ def render(runs: list[dict], plots: dict | None = None, every: int = 2) -> str:
         L.append(f"### {coll}")
         L.append("")
         if plots and coll in plots:
-            L.append(f"![{coll}: latency against size, 2 and 4 ranks]({plots[coll]})")
+            L.append(f"![{coll}: latency against size, a panel per world size]({plots[coll]})")
             L.append("")
         libs = [lib for lib in LIBS if any(lib in c for k, (_, c) in points.items()
                                            if k[0] == coll)]
