@@ -8,7 +8,7 @@ and of ``algo=None`` (what ``tuning.Selector`` picks), and reports busbw with th
 formulas (docs/bench.md; nccl-tests' ``doc/PERFORMANCE.md``): the size is the largest buffer
 of the operation (the whole array for allreduce/broadcast/reduce, the total over ranks for
 allgather/reduce_scatter/gather/scatter/alltoall). It writes
-``benchmarks/results/algorithms-<date>.md`` (and the raw numbers as ``.json`` next to it) and says,
+``benchmarks/out/algorithms-<date>.md`` (and the raw numbers as ``.json`` next to it) and says,
 per size, whether the automatic choice is within 10% of the best algorithm.
 
 The machine is shared, so one timing means little: every (algorithm, size) is measured in
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="interleaved rounds per cell (median)")
     p.add_argument("--target-ms", type=float, default=30.0, help="time per round and cell")
     p.add_argument("--max-iters", type=int, default=200)
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=os.path.join(HERE, "out"))
     p.add_argument("--transport", default="", help="PYCOLL_TRANSPORT for the ranks")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)

@@ -2,12 +2,12 @@
 """pycoll against an earlier pycoll: the same benchmark on two source trees, interleaved.
 
     git worktree add /tmp/before <commit>
-    python benchmarks/before_after.py /tmp/before . --out benchmarks/results/<date>-<label>
+    python benchmarks/before_after.py /tmp/before . --out benchmarks/out/<date>-<label>
 
 or one tree in two settings (``--env-after``: variables of the second variant, ``--labels``):
 
     python benchmarks/before_after.py . . --env-after PYCOLL_DETERMINISTIC=1 \
-        --labels default,deterministic --out benchmarks/results/<date>-deterministic
+        --labels default,deterministic --out benchmarks/out/<date>-deterministic
 
 Runs ``python -m pycoll.bench`` for allreduce and broadcast at 2 and 4 ranks on each tree
 (``PYTHONPATH`` picks the tree), alternating which tree goes first every repetition so that

@@ -14,10 +14,10 @@ MPICH from --python's venv (the `mpich` wheel, Hydra's mpiexec), Open MPI from i
 because both wheels install a libmpi and cannot share one venv.  A library whose interpreter,
 mpi4py or launcher is missing is skipped with the reason printed and written in the report.
 
-Output in benchmarks/results/<date>-<label>/: results.md (tables: latency, busbw, and the ratios
-pycoll/<peer> of busbw, i.e. >1 = pycoll faster, plus pycoll/best MPI), <collective>-n<N>.png
-(latency and busbw against size, log axes), raw.jsonl (every row of every repetition),
-machine.json.
+Output in benchmarks/out/<date>-<label>/ (ignored by git; --out to change): results.md
+(tables: latency, busbw, and the ratios pycoll/<peer> of busbw, i.e. >1 = pycoll faster,
+plus pycoll/best MPI), <collective>-n<N>.png (latency and busbw against size, log axes),
+raw.jsonl (every row of every repetition), machine.json (with the command line, ``argv``).
 
 ``--device cuda`` benchmarks CUDA buffers (torch CUDA tensors): only pycoll runs (the peer
 runners allocate host buffers only) and the report puts pycoll's busbw next to the
@@ -614,8 +614,8 @@ def parse_args(argv=None):
                    help="buffer device (default cpu); cuda: pycoll only (the peer runners move "
                         "host buffers), reported next to the GPU's D2D copy bandwidth")
     p.add_argument("--label", default="adhoc", help="results folder suffix")
-    p.add_argument("--out", default=os.path.join(HERE, "results"),
-                   help="parent folder (default benchmarks/results)")
+    p.add_argument("--out", default=os.path.join(HERE, "out"),
+                   help="parent folder (default benchmarks/out, ignored by git)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter for pycoll, Gloo and MPICH jobs (default this one)")
     p.add_argument("--ompi-python", default=DEFAULT_OMPI_PYTHON,
@@ -657,6 +657,7 @@ def main(argv=None) -> int:
     outdir = os.path.join(a.out, f"{stamp}-{a.label}")
     os.makedirs(outdir, exist_ok=True)
     machine = machine_description(py)
+    machine["argv"] = a.argv
     skipped = {}
     libs = []
     for lib in a.libs:

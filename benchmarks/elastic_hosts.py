@@ -50,7 +50,7 @@ from multihost.elastic_jobs import (  # noqa: E402
 
 from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-11-25-elastic-recovery"
+DEFAULT_OUT = ROOT / "benchmarks" / "out" / "elastic-recovery"
 
 
 def record(trial: ElasticTrial, seed: int, wall: float) -> dict:

@@ -45,7 +45,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "elastic_restart_train.py")
-DEFAULT_OUT = os.path.join(HERE, "results", "2026-11-25-elastic-recovery")
+DEFAULT_OUT = os.path.join(HERE, "out", "elastic-recovery")
 NAME = "torchrun-gloo-restart"
 POLL_S = 0.02
 # the workers' milestones in the order they happen; "step" lines follow

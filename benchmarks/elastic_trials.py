@@ -9,7 +9,7 @@ successful collective on the shrunk communicator) and detection (the SIGKILL to 
 survivor's error) as p50 / p99 / max.
 
     python benchmarks/elastic_trials.py --trials 100 --ranks 4 8 --transports shm tcp \\
-        --modes loop agree shrink --out benchmarks/results/2026-11-25-elastic-recovery
+        --modes loop agree shrink --out benchmarks/out/elastic-recovery
 """
 from __future__ import annotations
 

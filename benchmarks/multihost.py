@@ -11,7 +11,7 @@ host's outgoing link shaped to ``--rate`` (tc tbf):
   choice (links measured at init), with ranks placed in blocks (ranks 0-1 on host 0, ...) and
   round-robin (rank r on host r % 4: Slurm's ``--distribution=cyclic``).
 
-    python benchmarks/multihost.py --rate 2gbit --out benchmarks/results/2026-11-23-multihost
+    python benchmarks/multihost.py --rate 2gbit --out benchmarks/out/multihost
 
 Needs root, iproute2 (ip, tc) and unshare; writes results.json and results.md to ``--out``.
 """

@@ -51,7 +51,7 @@ from multihost.jobs import (DEAD_MS, bound_seconds, fault_trial,  # noqa: E402
                             launcher_trial)
 from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-11-23-multihost-faults"
+DEFAULT_OUT = ROOT / "benchmarks" / "out" / "multihost-faults"
 LAYOUT = {"link-down": (2, 2), "host-kill": (2, 2), "partition": (4, 2), "launcher": (2, 2),
           "launcher-link": (2, 2)}
 

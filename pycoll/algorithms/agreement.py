@@ -39,7 +39,7 @@ from .primitives import Peers
 #: rank, one round); larger communicators use the dissemination pattern (ceil(log2 p)
 #: messages each way, as many rounds). Every message costs CPU time on both ends: with 4
 #: ranks on 2 cores the direct exchange's 12 messages per call measured slower than the
-#: dissemination's 8 (benchmarks/results/2026-11-25-roots)
+#: dissemination's 8 (docs/performance.md, agreement on rooted collectives)
 DIRECT_MAX = 3
 _EMPTY = np.empty(0, dtype=np.uint8)
 

@@ -22,9 +22,9 @@ ORDERED_ALGORITHMS = frozenset({ORDERED, "ordered_gather"})
 #: the reducing collectives with ordered algorithms
 ORDERED_COLLECTIVES = frozenset({"allreduce", "reduce", "reduce_scatter"})
 
-# Calibrated with benchmarks/algorithms_sweep.py (2 ranks, 2-core VM, medians; see
-# docs/algorithms.md): one exchange step of 8 bytes costs ~12 us end to end over shm, of
-# which the transport declares 1 us; a large float32 sum streams at ~10 GB/s.
+# Fitted with benchmarks/algorithms_sweep.py (2-rank medians; docs/algorithms.md): the
+# step cost is an 8-byte exchange over shm end to end less the 1 us the transport declares;
+# REDUCE_GBPS is a large float32 sum's streaming rate.
 PYTHON_STEP_US = 11.0       # pycoll's own cost of one primitive step (Python, waiting)
 REDUCE_GBPS = 10.0          # numpy in-place add, large buffers, this class of machine
 
@@ -77,7 +77,7 @@ def _oversub(p: int, link: LinkModel) -> float:
 
 def _alpha(p: int, link: LinkModel, everyone: bool) -> float:
     """Latency of one step. With more ranks than cores a step waits for a descheduled peer:
-    measured here, a step in which every rank is busy (ring, exchanges) costs about
+    measured, a step in which every rank is busy (ring, exchanges) costs about
     oversub**2.5 times as much, a step of a tree (few ranks active) about oversub times."""
     o = _oversub(p, link)
     return link.alpha * (o ** 2.5 if everyone else o)
@@ -239,7 +239,7 @@ def cost_gather(algo: str, nbytes: int, p: int, link: LinkModel) -> float:
     if algo == "binomial":
         # Store and forward: the half of the data bound for the far subtree crosses the
         # root's link and then, once staged whole, the next level's (measured: linear wins
-        # from a few KiB with 4 ranks here); blocks are copied lg(p)/2 times on average.
+        # from a few KiB with 4 ranks); blocks are copied lg(p)/2 times on average.
         work = (p - 1) / p * nbytes * b * max(1.0, _lg(p) / 2)
         critical = _lg(p) * a + (p - 1) / p * nbytes * b + nbytes / 2 * b
         return _bound(critical, work, p, link, False)

@@ -84,7 +84,7 @@ def chunk_sums(values: np.ndarray, chunk: int, absolute: bool = True
 
     The signed sums accumulate in float64 (their rounding must stay far below the
     reduction's). The magnitudes only scale the bound: they accumulate in float32 for
-    float16/float32 data (about twice as fast here), a block of rows at a time through one
+    float16/float32 data (half the memory traffic of float64), a block of rows at a time through one
     small buffer, and are raised by their own worst-case rounding (``chunk`` roundings)."""
     n = len(values)
     whole = n // chunk * chunk

@@ -131,8 +131,8 @@ class Collectives:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
-        and a function with cells allocates them on every entry (0.1 us here: a quarter of
-        what a small fast call costs in Python)."""
+        and a function with cells allocates them on every entry (a visible share of what a
+        small fast call costs in Python)."""
         fast = self._fast
         plan = self._plan
         plan.begin()

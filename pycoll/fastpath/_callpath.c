@@ -1,9 +1,9 @@
 /* The fast path's bound call, compiled: ``FastPath.bind``'s closure as a C callable.
 
-   A small fast call (one slot, or a one-way broadcast) costs its kernel (~0.4 us of flags and
-   copies between two cores) plus the Python around it: claiming the execution, numbering,
-   the flight record, the stage counter and the call into numba's entry point. This object
-   does that Python's work through the C API, and calls the kernel through the C function
+   A small fast call (one slot, or a one-way broadcast) costs its kernel (flags and copies
+   between cores) plus the Python around it, which can cost more: claiming the execution,
+   numbering, the flight record, the stage counter and the call into numba's entry point.
+   This object does that Python's work through the C API, and calls the kernel through the C function
    pointer of a numba ``cfunc`` (``kernels.bound_cfunc``) with the array's data pointer: no
    bytecode, no numba dispatcher. It changes nothing of what a call does: the same
    attributes of the same objects are read and written, in the same order, as in the closure
@@ -497,7 +497,7 @@ static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
 /* ``Communicator.allreduce``, ``broadcast`` and ``barrier`` as C methods
    (``collectives.py`` installs them where this module is built). A small call's Python
-   method (its frame, its eight parameters, its checks) cost 0.2-0.3 us of a 1 us call; this
+   method (its frame, its eight parameters, its checks) is a large part of the call; this
    one reads the arguments of the calls the fast path takes (``tensor`` and the op or root,
    ``timeout`` and ``async_op``, the other options at None) and the communicator's ``_fast``
    (and ``_integrity_every``), and runs the bound call: ``run_last``, or the barrier's. Every

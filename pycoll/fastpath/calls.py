@@ -2,8 +2,8 @@
 from one call of that kind to the next (``FastCall``), plus the constants the kernels and
 their callers share. Importing this module does not import numba.
 
-The numbers behind the constants (chunk size, thresholds, wait policy) are measured in
-docs/algorithms.md#the-fast-path-one-host.
+Why the constants (chunk size, thresholds, wait policy) are what they are:
+docs/algorithms.md#fast-path-thresholds; the measurements: docs/performance.md.
 """
 from __future__ import annotations
 

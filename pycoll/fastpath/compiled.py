@@ -2,7 +2,7 @@
 
 ``FastPath.bind`` makes every small fast call (one slot, or a one-way broadcast) a closure
 that claims the execution, numbers the call, records it, and calls the kernel's numba entry
-point. On the 2-vCPU machine that Python costs more than the kernel. Where setup.py built
+point. That Python can cost more than the kernel. Where setup.py built
 ``_callpath`` (a C compiler was found at install), ``bind`` wraps the closure in a
 ``BoundCall``. The BoundCall does the closure's work through the C API and calls the kernel
 through a numba ``cfunc`` (``kernels.bound_cfunc``), and hands everything else back to the

@@ -82,8 +82,7 @@ def _raise_flag(seg, words, w, value):
 
     Every publisher wakes the sleepers (when the count says there are some), not only the
     last one: with more ranks than cores, waking them as the flags arrive lets the scheduler
-    run them in turn; waking all at the end made a 4-rank call on 2 cores about twice as
-    slow (22-27 us against 48-55 here)."""
+    run them in turn; waking all at the end made a crowded call about twice as slow."""
     store_release(words, w + FLAG, value)
     full_fence()                      # the flag before the sleeper count (see _wait)
     ints = view_as(seg, np.uint32)
@@ -478,8 +477,8 @@ def broadcast_cma(seg, dst, rank, n, stride, stage0, seq, sig, root, resume, pos
     scratch words (the iovecs).
 
     One stage for the whole buffer: cutting it into stages of 1 or 4 MiB, so that the
-    readers take the root's bytes from the cache together, made 4 ranks on 2 cores no
-    faster (64 MiB: 16.0-17.2 ms against 14.5) and 2 ranks slower."""
+    readers take the root's bytes from the cache together, made crowded ranks no faster and
+    2 ranks slower."""
     words = view_as(seg, np.uint64)
     raw = view_as(dst, np.uint8)
     total = raw.size

@@ -228,7 +228,7 @@ class FastPath(FastPathState):
             return
         # what the bound kernel takes: the array itself, or its bytes. A one-way broadcast
         # of a dtype the kernels know gets an entry point for that dtype (it copies bytes
-        # either way): ``arr.view(np.uint8)`` is ~0.17 us of a ~2 us call. Its resumption
+        # either way): ``arr.view(np.uint8)`` is a measurable part of a small call. Its resumption
         # (``_complete``) still runs the uint8 kernel that ``warm`` compiled
         entry_raw = raw and not (one_way and call.dtype in NATIVE_DTYPES)
         bound = (call.kind is SMALL or one_way) and self.slots is not None

@@ -1,9 +1,9 @@
 """The numpy view of the tensor a group's synchronous calls keep passing, remembered.
 
 ``dist.all_reduce(t)`` in a loop hands pycoll the same tensor every time, and pycoll's fast
-path wants a 1-D numpy array: making one (``torch_host_view``) is 1.3 us of an 8 B call's
-3 us. The view of the last tensor is kept and reused while that tensor still has the same
-memory, dtype, element count and layout; telling that costs 0.3 us.
+path wants a 1-D numpy array: making one (``torch_host_view``) is a large part of an 8 B
+call. The view of the last tensor is kept and reused while that tensor still has the same
+memory, dtype, element count and layout, which is much cheaper to tell.
 
 The view holds no reference to the tensor or its storage (it is made over the tensor's
 address), so remembering it keeps no memory alive. It is used only after checking that the

@@ -1,5 +1,5 @@
 """The cost model's choices: the table in docs/algorithms.md is what the code picks, and the
-crossovers measured by benchmarks/algorithms_sweep.py (benchmarks/results/algorithms-2026-11-23-refit.md)
+crossovers measured by benchmarks/algorithms_sweep.py (docs/performance.md, the cost model's choice)
 hold. Pure arithmetic (no processes): ``Selector.choose`` on the declared capabilities."""
 from __future__ import annotations
 

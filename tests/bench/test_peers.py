@@ -78,10 +78,10 @@ def test_call_loop_times_pycoll_and_mpich():
 
 
 def test_broadcast_order_reports_every_rank_for_pycoll_and_mpich():
-    """benchmarks/broadcast_order.py: each rank's broadcast time, each receiver's start after
-    the root's, how often each rank left the barrier first (one count per timed iteration,
+    """benchmarks/experiments/broadcast_order.py: each rank's broadcast time, each receiver's start
+    after the root's, how often each rank left the barrier first (one count per timed iteration,
     2,500 in all) and the loop's period, under pycoll's launcher and MPICH's."""
-    script = os.path.join(ROOT, "benchmarks", "broadcast_order.py")
+    script = os.path.join(ROOT, "benchmarks", "experiments", "broadcast_order.py")
     jobs = [("pycoll", [PY, "-m", "pycoll.run", "-n", "3", script, "pycoll"])]
     if os.path.exists(MPIEXEC):
         jobs.append(("mpi", [MPIEXEC, "-launcher", "fork", "-hosts", "127.0.0.1", "-n", "3",
@@ -99,9 +99,10 @@ def test_broadcast_order_reports_every_rank_for_pycoll_and_mpich():
 
 
 def test_first_calls_reports_both_times():
-    """benchmarks/first_calls.py: the init and the first calls of a 2-rank job, in seconds."""
-    r = run([PY, "-m", "pycoll.run", "-n", "2", os.path.join(ROOT, "benchmarks",
-                                                              "first_calls.py")],
+    """benchmarks/experiments/first_calls.py: the init and the first calls of a 2-rank job, in
+    seconds."""
+    r = run([PY, "-m", "pycoll.run", "-n", "2",
+             os.path.join(ROOT, "benchmarks", "experiments", "first_calls.py")],
             env=clean_env(), timeout=80)
     assert r.returncode == 0, (r.stdout[-1000:], r.stderr[-2000:])
     m = re.search(r"init (\d+\.\d+) s, first three calls (\d+\.\d+) s", r.stdout)

@@ -43,16 +43,15 @@ class ShmSettings:
     """Tunables, read from the environment when a transport is opened."""
 
     # 8 x 256 KiB: messages up to 256 KiB go eager. Cross-memory attach pins the peer's
-    # pages on every call (~10 us for 64 KiB here, against ~2 us for two cached copies), so
+    # pages on every call, which costs more than two cached copies of a small message, so
     # it only pays once messages are large enough to come from DRAM.
     slot_bytes: int = 256 * 1024
     num_slots: int = 8
     cma: bool = True                 # use process_vm_readv for large messages when permitted
-    # Below ~2 MiB, streaming through the (cache-resident) slots beats one cross-memory copy:
-    # measured here, a 2-rank ring allreduce of 1-4 MiB ran ~2x faster with fragments. Above
-    # it, one copy instead of two wins (a 2-rank broadcast: ~11 GB/s against 3-8). When ranks
-    # outnumber cores, CPU time is what runs out, so the copy saved wins from 1 MiB (4 ranks
-    # on 2 cores: ~3.2 GB/s against ~2.3 for a 256 MiB allreduce).
+    # Below ~2 MiB, streaming through the (cache-resident) slots beats one cross-memory copy
+    # (a 2-rank ring allreduce of 1-4 MiB ran faster with fragments). Above it, one copy
+    # instead of two wins. When ranks outnumber cores, CPU time is what runs out, so the copy
+    # saved wins from 1 MiB.
     cma_threshold: int = 2 << 20
 
     @classmethod
