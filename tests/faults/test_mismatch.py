@@ -1,12 +1,14 @@
 """Mismatched collectives: DETAIL names who called what; without it, no silent hang forever."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 import pytest
 
 import pycoll
+from pycoll import fastpath
 from pycoll.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -204,6 +206,39 @@ def test_launcher_exits_nonzero_on_a_mismatch(tmp_path):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "CollectiveMismatch" in proc.stdout + proc.stderr
     assert "result" not in proc.stdout
+
+
+_LAST_BROADCAST = ("import numpy as np, pycoll\n"
+                   "c = pycoll.init()\n"
+                   "a = np.full(8, float(c.rank))\n"
+                   "c.broadcast(a, {root})\n"
+                   "print('returned', c.rank, a[0], flush=True)\n")
+
+
+@pytest.mark.skipif(not fastpath.probe_limit(), reason="needs the fast path (numba)")
+@pytest.mark.parametrize("agree", [False, True])
+def test_a_disagreement_found_by_the_finalize_at_exit_fails_the_job(tmp_path, agree):
+    """The last call, a one-way broadcast (shm's fast path), returns on both ranks before
+    any rank can see that each named itself the root; the program never calls finalize, so
+    the one at interpreter exit finds it. That used to end as Python's "Exception ignored in
+    atexit callback" with exit code 0, and the launcher reported success. A broadcast the
+    ranks agree about still exits 0."""
+    import subprocess
+    import sys
+    script = tmp_path / "last.py"
+    script.write_text(_LAST_BROADCAST.format(root="0" if agree else "c.rank"))
+    proc = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "30",
+                           str(script)], capture_output=True, text=True, timeout=90,
+                          env={**os.environ, "PYCOLL_TRANSPORTS": "shm"})
+    out = proc.stdout + proc.stderr
+    assert out.count("returned") == 2, out      # the calls themselves returned
+    if agree:
+        assert proc.returncode == 0, out
+        assert "Error" not in out, out
+        return
+    assert proc.returncode != 0, out
+    assert "CollectiveMismatch" in out and "broadcast #1" in out, out
+    assert "finalize at exit failed" in out, out
 
 
 # -- an empty buffer against a non-empty one ---------------------------------------------------
