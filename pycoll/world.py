@@ -76,8 +76,8 @@ def _register_finalize_last() -> None:
     channel for root causes down with it); the exit marker goes before both."""
     from .runtime.abort import register_exit_marker
 
-    atexit.unregister(finalize)
-    atexit.register(finalize)
+    atexit.unregister(_finalize_at_exit)
+    atexit.register(_finalize_at_exit)
     register_exit_marker(again=True)
 
 
@@ -100,7 +100,36 @@ def finalize() -> None:
         comm.finalize()
 
 
-atexit.register(finalize)
+def _finalize_at_exit() -> None:
+    """``finalize`` at interpreter exit, for a program that did not call it. A failure it
+    finds (a last one-way broadcast that the ranks disagreed about) must not end as Python's
+    "Exception ignored in atexit callback" with exit code 0, which a launcher reports as
+    success: like an uncaught exception, it is printed and the process exits with code 1
+    (as MPI_Finalize's error reaches mpirun), once the exit handlers registered before this
+    one have run (they would have run after it)."""
+    try:
+        finalize()
+    except BaseException as e:  # noqa: BLE001 - whatever it is, the exit code must say so
+        import os
+        import sys
+        import traceback
+
+        sys.stderr.write("".join(traceback.format_exception(e)))
+        sys.stderr.write(f"pycoll: the automatic finalize at exit failed: {type(e).__name__}: "
+                         f"{e}\npycoll: exiting with code 1 (call pycoll.finalize() to handle "
+                         "it in the program)\n")
+        try:
+            atexit._run_exitfuncs()     # the other handlers (this one finds nothing left)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - a closed stream: nothing to flush
+                    pass
+            os._exit(1)
+
+
+atexit.register(_finalize_at_exit)
 
 
 def get_rank() -> int:

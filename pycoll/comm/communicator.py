@@ -39,6 +39,7 @@ from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
@@ -55,7 +56,8 @@ from .topology import hierarchy_members, host_identity, is_uniform, node_layout,
 DEFAULT_TIMEOUT = 300.0
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
 FAILED_FINALIZE_SECONDS = 2.0
-#: how long finalize waits for every rank to publish a last one-way broadcast (to check it)
+#: how long finalize (or a shrink, a grow) waits for every rank to publish a last one-way
+#: broadcast (to check it)
 SETTLE_AT_FINALIZE_SECONDS = 5.0
 
 Timeout = float | timedelta | None
@@ -243,8 +245,9 @@ class Communicator(Collectives, FusedCollectives):
         communicator shares this one's channels (no new sockets or segments); its messages
         carry its own id, so collectives on different communicators never interfere.
         """
-        return self._groups.split(color, key, name,
-                                  as_seconds(timeout, "timeout") or self.timeout)
+        limit = as_seconds(timeout, "timeout") or self.timeout
+        self._raise_unsettled(limit, quiet=False)
+        return self._groups.split(color, key, name, limit)
 
     def subgroup(self, ranks: Sequence[int], *, name: str,
                  timeout: Timeout = None) -> Communicator:
@@ -305,7 +308,9 @@ class Communicator(Collectives, FusedCollectives):
         fast path and cost model) and checks that every survivor has it; a rank that dies
         meanwhile is left out by a new attempt. This communicator and its groups then refuse
         every call with ``Revoked``. A rank the others found gone gets ``Excluded``."""
-        return self._elastic.shrink(exclude, as_seconds(timeout, "timeout") or self.timeout)
+        limit = as_seconds(timeout, "timeout") or self.timeout
+        self._raise_unsettled(min(limit, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
+        return self._elastic.shrink(exclude, limit)
 
     def grow(self, count: int | None = None, *, timeout: Timeout = None) -> Communicator:
         """A new communicator of this one's ranks (same numbers) plus processes waiting to
@@ -315,7 +320,9 @@ class Communicator(Collectives, FusedCollectives):
         None: admit whoever waits now, and return this communicator itself when nobody
         does (cheap enough to call every few steps). Like shrink, it commits only when every
         participant built the new communicator; this one and its groups are then revoked."""
-        grown = self._elastic.grow(count, as_seconds(timeout, "timeout") or self.timeout)
+        limit = as_seconds(timeout, "timeout") or self.timeout
+        self._raise_unsettled(min(limit, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
+        grown = self._elastic.grow(count, limit)
         return self if grown is None else grown
 
     def joiners_waiting(self) -> int:
@@ -590,7 +597,7 @@ class Communicator(Collectives, FusedCollectives):
         execution = self._exec
         if execution.closed:
             return
-        disagreed = self._settle_last_broadcast(timeout)
+        disagreed = self._settle(min(timeout, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
         execution.close()
         if self._fast is not None:
             self._fast.close()
@@ -600,7 +607,10 @@ class Communicator(Collectives, FusedCollectives):
         lost = self._lost_rank()
         for child in self._groups.children:
             lost = lost if lost is not None else child._lost_rank()
-            child.finalize()
+            try:        # a group's disagreement is raised once this one is released too
+                child.finalize()
+            except CollectiveMismatch as e:
+                disagreed = disagreed or e
         self._groups.children.clear()
         if self._owns_conn and self._conn is not None:
             self._conn.close(farewell=lost)
@@ -632,23 +642,40 @@ class Communicator(Collectives, FusedCollectives):
         if disagreed is not None:
             raise disagreed
 
-    def _settle_last_broadcast(self, timeout: float) -> CollectiveMismatch | None:
-        """A one-way broadcast that was this communicator's last call has not been checked
-        against the other ranks yet (the fast path's next call would): check it now, for a
-        few seconds at most. Its disagreement is raised once everything is released; a peer
-        that is gone or late is no reason for finalize to fail."""
-        fast = self._fast
-        if fast is None or not fast.unsettled or self._exec.failed is not None:
+    def _settle(self, limit: float, *, quiet: bool) -> BaseException | None:
+        """Settle the fast path's last one-way broadcast if no later call has: what the next
+        call would do first (``FastPath.settle``: wait, ``limit`` seconds at most, until
+        every rank has published it, and compare their codes). Finalize, split, shrink and
+        grow do it, so that a disagreement it hides is raised on every rank even when no call
+        follows it. The failure fails this communicator as the broadcast's own would have
+        (``Execution.fail``: the error names this rank, the peer, the broadcast and its
+        sequence number; the abort record), and is returned. ``quiet``: only a disagreement
+        counts; a peer that is gone or late is logged (no reason for finalize or a shrink,
+        which must work after failures, to fail)."""
+        fast, execution = self._fast, self._exec
+        if fast is None or not fast.unsettled or execution.failed is not None:
             return None
+        call, seq = fast.pending_call, 0
         try:
-            with self._exec.executor.idle():     # not while the worker runs a call
-                if fast.unsettled:
-                    fast.settle(time.monotonic() + min(timeout, SETTLE_AT_FINALIZE_SECONDS))
-        except CollectiveMismatch as e:
-            return e
-        except Exception as e:  # noqa: BLE001 - a gone peer, an abort: not finalize's failure
-            debug.logger.info("finalize: the last broadcast was not checked (%s)", e)
+            with execution.executor.idle():     # not while the worker runs a call
+                if not fast.unsettled:
+                    return None
+                call, seq = fast.pending_call, (int(fast.pending[1]) >> SEQ_SHIFT) & SEQ_MASK
+                fast.settle(time.monotonic() + limit)
+        except Exception as e:  # noqa: BLE001 - reported as the broadcast's failure
+            if quiet and not isinstance(e, CollectiveMismatch):
+                debug.logger.info("rank %d: %s: the last broadcast was not checked (%s)",
+                                  self.rank, self.name, e)
+                return None
+            assert call is not None
+            return execution.fail(call.info, seq, limit, e, None, None)
         return None
+
+    def _raise_unsettled(self, limit: float, *, quiet: bool) -> None:
+        """``_settle``, raising what it finds (before a split, a shrink, a grow)."""
+        err = self._settle(limit, quiet=quiet)
+        if err is not None:
+            raise err
 
     close = finalize
 

@@ -59,6 +59,18 @@ class CallInfo:
         return self.collective in P2P
 
     @property
+    def agrees_apart(self) -> bool:
+        """Whether the generic execution runs an agreement round beside the body
+        (``algorithms.agreement``), because the body alone may let a rank return before it
+        heard from every rank: a rooted call (its data flows one way), and a call whose
+        agreed count is zero (its body moves nothing: a rank with an empty buffer would
+        return at once, and a rank with data, waiting for it, would find it gone instead of
+        learning that they disagree). Not calls whose ranks may move different amounts
+        (alltoall's splits, allgatherv: ``count`` None), nor a barrier (its algorithm is
+        the exchange)."""
+        return self.root is not None or (self.nbytes == 0 and self.count is not None)
+
+    @property
     def agreed(self) -> tuple:
         """(dtype, count, op, root), and the fold when the order is fixed: what every rank
         of a collective must agree on."""

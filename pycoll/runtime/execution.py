@@ -8,9 +8,10 @@ some ranks), a message tag made of that number and the call's kind (``tags``), a
 flight-recorder entry, a deadline, and a place to run: inline in the caller's thread when
 nothing is queued (a thread hand-off costs more than a small allreduce), else on the
 communicator's worker thread, strictly in issue order, which is what keeps ranks matched
-without negotiation. A rooted call (``CallInfo.root`` set) runs its body beside an agreement
-round (``algorithms.agreement``): it returns on no rank before every rank showed that it
-runs the same call. Failures go through ``failures.Failures``.
+without negotiation. A rooted call (``CallInfo.root`` set), and one with nothing to move,
+runs its body beside an agreement round (``algorithms.agreement``, ``CallInfo.agrees_apart``):
+it returns on no rank before every rank showed that it runs the same call. Failures go
+through ``failures.Failures``.
 
 A body that needs no channels (the fast path's compiled kernels) may run inline without a
 ``Peers``: ``begin_inline`` claims the execution and numbers the call, ``finish_inline``
@@ -210,8 +211,8 @@ class Execution(ExecutionState):
                 self.failures.compare_fingerprints(info, seq, deadline, rec)
             if generic and not info.p2p:
                 self.generic_ran = True
-            if generic and info.root is not None and self.size > 1:
-                # a rooted call: no rank returns before every rank showed it agrees
+            if generic and info.agrees_apart and self.size > 1:
+                # a rooted or empty call: no rank returns before every rank showed it agrees
                 first = agreement.begin(peers)
                 body(peers)
                 agreement.finish(peers, first)

@@ -163,26 +163,81 @@ def test_a_receiver_that_dies_after_the_broadcast_is_named_at_the_next_call(warm
 
 
 def _own_root_then(comm, then):
-    """Every rank names itself root (each returns its own buffer), then ``then``."""
+    """Every rank names itself root (each returns its own buffer), then ``then``; with
+    "group finalize" the broadcast is a group's, and its parent's finalize finds it. Also
+    what is left after: the channels still open, and what a second shrink (of a
+    communicator that failed) makes."""
+    on = comm.new_group(list(range(comm.size))) if then == "group finalize" else comm
     a = np.full(8, float(comm.rank))
-    first = _outcome(lambda: comm.broadcast(a, comm.rank))
+    first = _outcome(lambda: on.broadcast(a, comm.rank))
+    after = None
     if then == "generic":
         second = _outcome(lambda: comm.allreduce(np.ones(4), algo="ring"))
     elif then == "one-way":         # another one-way broadcast, of another size
         second = _outcome(lambda: comm.broadcast(np.zeros(100), 0))
+    elif then == "split":
+        second = _outcome(lambda: comm.split(0))
+    elif then == "shrink":
+        second = _outcome(lambda: comm.shrink())
+        if comm.failed is not None:    # the broadcast failed it: a shrink now goes on
+            shrunk = comm.shrink()
+            b = np.full(8, float(shrunk.rank))
+            shrunk.broadcast(b, 1)
+            shrunk.finalize()
+            after = b.tolist()
     else:
         second = _outcome(comm.finalize)
-    return first, second
+        after = comm.open_channels()
+    return first, second, after
 
 
-@pytest.mark.parametrize("then", ["generic", "one-way", "finalize"])
+@pytest.mark.parametrize("then", ["generic", "one-way", "finalize", "split", "shrink",
+                                  "group finalize"])
 def test_own_roots_raise_at_the_next_call_whatever_it_is(then):
     """The disagreement a one-way broadcast cannot see is raised by the next call on the
-    communicator, fast or generic, or by finalize when there is none; the error names that
-    broadcast (64 bytes), not the call that found it."""
-    for first, (kind, message) in run_ranks(_own_root_then, 2, then, collective_timeout=20):
+    communicator, fast or generic, or, when there is none, by whatever ends it or makes
+    another from it: its finalize (a group's: its parent's finalize, which still releases
+    everything), a split, a shrink (a second one then goes on, the communicator having
+    failed). The error names this rank and that broadcast (#1, 64 bytes)."""
+    results = run_ranks(_own_root_then, 2, then, collective_timeout=20)
+    for rank, (first, (kind, message), after) in enumerate(results):
         assert first == ("no error", "")
         assert kind in ("CollectiveMismatch", "Aborted"), (kind, message)
         if kind == "CollectiveMismatch":
-            assert "broadcast" in message and "(64 bytes)" in message, message
-            assert "disagree" in message
+            assert message.startswith(f"rank {rank}: ") and "broadcast #1" in message, message
+            assert "(64 bytes)" in message and "disagree" in message, message
+        if then == "shrink":
+            assert after == [1.0] * 8
+        elif "finalize" in then:
+            assert not any(after.values()), after
+
+
+def _late_broadcast(comm, dies):
+    """The root's last call is a one-way broadcast; rank 1 calls it (``dies``: it exits
+    before the call instead). The root's finalize waits for rank 1 to publish it, no
+    longer than it lives."""
+    a = np.full(8, 5.0) if comm.rank == 0 else np.zeros(8)
+    if comm.rank == 1:
+        comm._store.get("test/root-done", timeout=20)
+        if dies:
+            os._exit(0)
+    comm.broadcast(a, 0)
+    if comm.rank == 0:
+        comm._store.set("test/root-done", b"1")
+    return a.tolist(), _outcome(comm.finalize)
+
+
+@pytest.mark.parametrize("dies", [False, True])
+def test_finalize_after_a_broadcast_the_ranks_agree_on(dies):
+    """A last broadcast that every rank called alike finalizes cleanly on every rank, the
+    root's finalize having waited for a receiver that entered the call after it returned;
+    a receiver that died before the call leaves the root's finalize to return, not to wait
+    (the liveness checks of any wait)."""
+    results = run_ranks(_late_broadcast, 2, dies, collective_timeout=20, timeout=60,
+                        expect_failure=dies)
+    if dies:
+        kind, value = results[0]
+        assert kind == "ok", value
+        assert value == ([5.0] * 8, ("no error", "")), value
+        return
+    assert results == [([5.0] * 8, ("no error", ""))] * 2

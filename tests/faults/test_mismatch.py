@@ -1,12 +1,14 @@
 """Mismatched collectives: DETAIL names who called what; without it, no silent hang forever."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 import pytest
 
 import pycoll
+from pycoll import fastpath
 from pycoll.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -204,3 +206,96 @@ def test_launcher_exits_nonzero_on_a_mismatch(tmp_path):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "CollectiveMismatch" in proc.stdout + proc.stderr
     assert "result" not in proc.stdout
+
+
+_LAST_BROADCAST = ("import numpy as np, pycoll\n"
+                   "c = pycoll.init()\n"
+                   "a = np.full(8, float(c.rank))\n"
+                   "c.broadcast(a, {root})\n"
+                   "print('returned', c.rank, a[0], flush=True)\n")
+
+
+@pytest.mark.skipif(not fastpath.probe_limit(), reason="needs the fast path (numba)")
+@pytest.mark.parametrize("agree", [False, True])
+def test_a_disagreement_found_by_the_finalize_at_exit_fails_the_job(tmp_path, agree):
+    """The last call, a one-way broadcast (shm's fast path), returns on both ranks before
+    any rank can see that each named itself the root; the program never calls finalize, so
+    the one at interpreter exit finds it. That used to end as Python's "Exception ignored in
+    atexit callback" with exit code 0, and the launcher reported success. A broadcast the
+    ranks agree about still exits 0."""
+    import subprocess
+    import sys
+    script = tmp_path / "last.py"
+    script.write_text(_LAST_BROADCAST.format(root="0" if agree else "c.rank"))
+    proc = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "2", "--timeout", "30",
+                           str(script)], capture_output=True, text=True, timeout=90,
+                          env={**os.environ, "PYCOLL_TRANSPORTS": "shm"})
+    out = proc.stdout + proc.stderr
+    assert out.count("returned") == 2, out      # the calls themselves returned
+    if agree:
+        assert proc.returncode == 0, out
+        assert "Error" not in out, out
+        return
+    assert proc.returncode != 0, out
+    assert "CollectiveMismatch" in out and "broadcast #1" in out, out
+    assert "finalize at exit failed" in out, out
+
+
+# -- an empty buffer against a non-empty one ---------------------------------------------------
+def _one_rank_empty(comm, name):
+    """Rank 0 passes empty buffers, the others 8 elements. ``algo="ring"`` keeps the
+    allreduce off shm's fast path (which compares its slots' signatures itself)."""
+    n = 0 if comm.rank == 0 else 8
+    calls = {
+        "allreduce": lambda: comm.allreduce(np.ones(n, F32)),
+        "allreduce ring": lambda: comm.allreduce(np.ones(n, F32), algo="ring"),
+        "allgather": lambda: comm.allgather(np.zeros(n * comm.size, F32), np.ones(n, F32)),
+        "reduce_scatter": lambda: comm.reduce_scatter(np.zeros(n, F32),
+                                                      np.ones(n * comm.size, F32)),
+        "allreduce_coalesced": lambda: comm.allreduce_coalesced([np.ones(n, F32)]),
+    }
+    try:
+        calls[name]()
+        return "no error", ""
+    except pycoll.PycollError as e:
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("name", ["allreduce", "allreduce ring", "allgather", "reduce_scatter",
+                                  "allreduce_coalesced"])
+def test_an_empty_buffer_against_a_non_empty_one_is_a_mismatch_on_every_rank(name, transport):
+    """An empty call's body moves nothing: the rank with the empty buffer returned at once
+    and exited, and over tcp the rank with data reported that peer lost (PeerLost), not the
+    disagreement. Every rank now takes part in an agreement round and names it."""
+    results = run_ranks(_one_rank_empty, 2, name, collective_timeout=10, timeout=50,
+                        env={"PYCOLL_TRANSPORTS": transport})
+    for kind, message in results:
+        assert kind == "CollectiveMismatch", results
+        assert name.split()[0] in message and "disagree" in message, results
+
+
+def _empty_everywhere(comm):
+    """Calls that agree on moving nothing, and an alltoall where one rank sends nothing
+    (its ranks may move different amounts), still pass."""
+    e = np.zeros(0, F32)
+    comm.allreduce(e, algo="ring")
+    comm.allgather(np.zeros(0, F32), e)
+    comm.reduce_scatter(np.zeros(0, F32), e)
+    comm.allreduce_coalesced([np.zeros(0, F32)])
+    comm.broadcast(e, 1)
+    moved = comm.size - 1 if comm.rank else 0
+    out, inp = np.zeros(moved, F32), np.full(moved, comm.rank, F32)
+    splits = [0] + [1] * (comm.size - 1) if comm.rank else [0] * comm.size
+    comm.alltoall(out, inp, splits, splits)
+    a = np.ones(2, F32)
+    comm.allreduce(a)
+    return out.tolist(), a.tolist()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_calls_that_agree_on_moving_nothing_pass(transport):
+    results = run_ranks(_empty_everywhere, 3, collective_timeout=20,
+                        env={"PYCOLL_TRANSPORTS": transport})
+    assert results[0] == ([], [3.0, 3.0])
+    assert results[1] == results[2] == ([1.0, 2.0], [3.0, 3.0])
