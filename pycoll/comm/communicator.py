@@ -44,12 +44,12 @@ from ..transports import registry
 from ..transports.base import Channel
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
-from .elastic import Elastic, base_name
 from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
 from .membership import Lease, Membership, alive_key, gone_keys
 from .planning import Planner, reduction_defaults
+from .recovery import Elastic, base_name
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
 DEFAULT_TIMEOUT = 300.0
@@ -275,7 +275,7 @@ class Communicator(Collectives, FusedCollectives):
         self._peers.engine.share(self._exec.executor.idle())
         return child
 
-    # -- elastic (comm/elastic.py, docs/elastic.md) ------------------------------------------
+    # -- elastic (comm/recovery.py, docs/elastic.md) -----------------------------------------
     def revoke(self, reason: str = "") -> None:
         """Revoke this communicator: every pending and later call on it raises ``Revoked``
         on every rank that can still be reached (a waiting rank within
@@ -331,7 +331,7 @@ class Communicator(Collectives, FusedCollectives):
         """Join a running job's communicator ``name`` (its base name: "world" also finds
         "world~3") from a new process: wait until its ranks call ``grow``, then return the
         grown communicator (this process's rank follows theirs)."""
-        from .elastic import join
+        from .recovery import join
 
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
 
@@ -358,7 +358,7 @@ class Communicator(Collectives, FusedCollectives):
     def _make_successor(self, rank: int, size: int, name: str, watch: Callable[[], None],
                         extra: dict) -> Communicator:
         """The communicator a shrink or grow builds. A shrink whose ranks all were quiet
-        (``extra["share"]``: ``comm/elastic.py``) makes it over this communicator's channels,
+        (``extra["share"]``: ``comm/recovery.py``) makes it over this communicator's channels,
         as a group of the survivors with a fresh message id (its own fast path and cost
         model; no new socket or channel segment). Otherwise a fresh bootstrap among its
         ranks, new channels included: a failed call leaves the pairs it used out of step."""
