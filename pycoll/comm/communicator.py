@@ -42,6 +42,7 @@ from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
+from . import lobby
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
@@ -275,7 +276,7 @@ class Communicator(Collectives, FusedCollectives):
         self._peers.engine.share(self._exec.executor.idle())
         return child
 
-    # -- elastic (comm/recovery.py, docs/elastic.md) -----------------------------------------
+    # -- elastic (comm/recovery.py, comm/lobby.py, docs/elastic.md) ------------------------
     def revoke(self, reason: str = "") -> None:
         """Revoke this communicator: every pending and later call on it raises ``Revoked``
         on every rank that can still be reached (a waiting rank within
@@ -315,14 +316,14 @@ class Communicator(Collectives, FusedCollectives):
         None: admit whoever waits now, and return this communicator itself when nobody
         does (cheap enough to call every few steps). Like shrink, it commits only when every
         participant built the new communicator; this one and its groups are then revoked."""
-        grown = self._elastic.grow(count, as_seconds(timeout, "timeout") or self.timeout)
+        grown = lobby.grow(self._elastic, count, as_seconds(timeout, "timeout") or self.timeout)
         return self if grown is None else grown
 
     def joiners_waiting(self) -> int:
         """How many processes wait to join (``join``) this communicator's family now: one
         look at the store, not collective (ranks may see different counts: let ``grow``,
         which agrees, decide)."""
-        return self._elastic.waiting()
+        return lobby.waiting(self._elastic)
 
     @classmethod
     def join(cls, store: Store, *, name: str = "world", timeout: Timeout = DEFAULT_TIMEOUT,
@@ -331,7 +332,6 @@ class Communicator(Collectives, FusedCollectives):
         """Join a running job's communicator ``name`` (its base name: "world" also finds
         "world~3") from a new process: wait until its ranks call ``grow``, then return the
         grown communicator (this process's rank follows theirs)."""
-        from .recovery import join
 
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
 
@@ -341,7 +341,7 @@ class Communicator(Collectives, FusedCollectives):
                               master_addr=master_addr, host=host, watch=watch,
                               **extra.get("numerics", {}))
 
-        return join(store, base_name(name), make, limit)
+        return lobby.join(store, base_name(name), make, limit)
 
     def _absent_peers(self, world_ranks: list[int]) -> list[int]:
         """Which of ``world_ranks`` the store's leases say are gone (``Peers.absent``)."""
