@@ -30,8 +30,9 @@ from rendezvous import Store, StoreError
 
 from .. import debug, fastpath
 from ..algorithms import ALGORITHMS, link_probe
+from ..algorithms.cost import Hierarchy, LinkModel
 from ..algorithms.primitives import Peers
-from ..algorithms.selection import Hierarchy, LinkModel, Selector
+from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
 from ..envvars import env_int
 from ..errors import CollectiveMismatch, InvalidArgument, PycollError

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.algorithms.selection import ORDERED_ALGORITHMS, Hierarchy, LinkModel, Selector
+from pycoll.algorithms.cost import Hierarchy, LinkModel
+from pycoll.algorithms.selection import ORDERED_ALGORITHMS, Selector
 from pycoll.errors import InvalidArgument
 from pycoll.transports.base import Capabilities
 
