@@ -205,7 +205,7 @@ def report(rows: list[dict], meta: dict) -> str:
            "Method: float32, sum; each cell is the median over "
            f"{meta['reps']} interleaved rounds of the slowest rank's mean time per operation "
            f"(each round ~{meta['target_ms']} ms of back-to-back calls). busbw uses the "
-           "nccl-tests factors. `auto` is `algo=None` (the cost model in pycoll/algorithms/selection.py); "
+           "nccl-tests factors. `auto` is `algo=None` (the cost model: pycoll/algorithms/selection.py); "
            "'≤1.1×' is yes when auto is within 10% of the best forced algorithm or picked it "
            "(auto and the best differ only by noise then).", ""]
     summary = ["## Summary: automatic choice within 10% of the best", "",

@@ -1,6 +1,6 @@
 """Kill -9 trials of the elastic calls: how often a job survives, and how fast.
 
-Each trial (``pycoll.testing.elastic``): n ranks on this host run a loop of mixed, checked
+Each trial (``pycoll.testing.kill_trials``): n ranks on this host run a loop of mixed, checked
 collectives; one rank SIGKILLs itself at a random moment ("loop"), or inside an agree
 ("agree"), or a second rank dies while the survivors shrink ("shrink"); every survivor
 shrinks and runs checked collectives on the shrunk communicator. Reported per
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from pycoll.testing.elastic import run_trial
+from pycoll.testing.kill_trials import run_trial
 
 #: a trial whose detection or recovery takes longer is listed with its survivors' errors
 SLOW_SECONDS = 5.0

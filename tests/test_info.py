@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from pycoll.algorithms.selection import COST_MODELS
+from pycoll.algorithms import ALGORITHMS
 from pycoll.info.choices import SIZES
 from pycoll.info.variables import BY_NAME
 
@@ -121,7 +121,7 @@ def test_algorithm_table_two_nodes():
     assert (alg["nodes"], alg["ranks_per_node"]) == (2, 4)
     assert alg["transports"] == {"intra_node": "shm", "inter_node": "tcp"}
     assert alg["sizes"] == SIZES and SIZES[0] == 8 and SIZES[-1] == 256 << 20
-    assert set(alg["choices"]) == set(COST_MODELS)
+    assert set(alg["choices"]) == set(ALGORITHMS)
     assert all(len(row) == len(SIZES) for row in alg["choices"].values())
     # several equal nodes: the two-level model competes (and wins allreduce somewhere)
     assert "hierarchical" in alg["choices"]["allreduce"]

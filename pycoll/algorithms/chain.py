@@ -13,8 +13,11 @@ tcp out) forwards an outgoing segment once every byte of it has arrived.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .cost import Algorithm, Network, alpha, bound
 from .primitives import Peers
 
 
@@ -44,3 +47,15 @@ def broadcast_pipeline(peers: Peers, arr: np.ndarray, root: int) -> None:
             sends.append(peers.isend(succ, arr[sent:stop]))
             sent = stop
     peers.wait(sends)
+
+
+def _cost(nbytes: int, p: int, net: Network) -> float:
+    """(p - 2 + k)(alpha + n beta / k) for k segments of the largest segment size in use."""
+    link = net.link
+    a = alpha(p, link, True)
+    k = max(1, math.ceil(nbytes / link.segment_bytes))
+    return bound((p - 2 + k) * (a + nbytes / k * link.beta), (p - 1) * nbytes * link.beta, p,
+                 link)
+
+
+BROADCAST = Algorithm("broadcast", "pipeline", broadcast_pipeline, _cost)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pairwise import allgather_bruck
+from .cost import Algorithm, Network, alpha, bound, fold_cost, gamma, lg, pof2
+from .pairwise import allgather_bruck, allgather_bruck_cost
 from .primitives import (
     Peers,
     ReduceSpec,
@@ -158,3 +159,39 @@ def allgather_recursive_doubling(peers: Peers, out: np.ndarray, bounds: Bounds) 
         allgather_bruck(peers, out, bounds)
     else:
         double(peers, out, bounds, peers.rank, 0)
+
+
+def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """Rabenseifner: halving then doubling among q = pof2(p) ranks, 2 lg(q) steps moving
+    (q - 1) / q of the buffer each way, after the fold."""
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    q = pof2(p)
+    folding = fold_cost(nbytes, p, link)
+    per_rank = (q - 1) / q * nbytes * (2 * b + g)
+    return bound(2 * lg(q) * a + per_rank + folding, q * per_rank + folding, p, link)
+
+
+def _reduce_scatter_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    q = pof2(p)
+    folding = 0.0 if q == p else fold_cost(nbytes, p, link) / 2 + nbytes / p * b
+    per_rank = (q - 1) / q * nbytes * (b + g)
+    return bound(lg(q) * a + per_rank + folding, q * per_rank + folding, p, link)
+
+
+def _allgather_cost(nbytes: int, p: int, net: Network) -> float:
+    """Bruck's when p is not a power of two (``allgather_bruck_cost``)."""
+    if pof2(p) != p:
+        return allgather_bruck_cost(nbytes, p, net)
+    link = net.link
+    a, b = alpha(p, link, True), link.beta
+    return bound(lg(p) * a + (p - 1) / p * nbytes * b, (p - 1) * nbytes * b, p, link)
+
+
+ALLREDUCE = Algorithm("allreduce", "rabenseifner", allreduce_rabenseifner, _allreduce_cost)
+REDUCE_SCATTER = Algorithm("reduce_scatter", "recursive_halving",
+                           reduce_scatter_recursive_halving, _reduce_scatter_cost)
+ALLGATHER = Algorithm("allgather", "recursive_doubling", allgather_recursive_doubling,
+                      _allgather_cost)

@@ -12,8 +12,13 @@ flat algorithm, so forcing ``algo="hierarchical"`` is always safe.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
+from . import recursive_doubling, ring
+from .cost import Algorithm, Hierarchy, Network, gamma
 from .primitives import Peers, ReduceSpec, chunk_bounds
 from .recursive_doubling import allreduce_recursive_doubling
 from .ring import allgather_ring, allreduce_ring, reduce_scatter_ring
@@ -50,3 +55,42 @@ def broadcast_hierarchical(peers: Peers, arr: np.ndarray, root: int) -> None:
     if peers.layout[peers.rank][1] == root_local:
         broadcast_binomial(cross, arr, root_node)
     broadcast_binomial(node, arr, root_local)
+
+
+# -- costs: on the two levels' own links (``Hierarchy``) ---------------------------------------
+def _two_levels(net: Network) -> bool:
+    """Only a uniform multi-node layout has a two-level model: elsewhere the hierarchical
+    algorithms run the flat one, which the model already weighs under its own name."""
+    return net.hierarchy is not None
+
+
+def _levels(net: Network) -> Hierarchy:
+    assert net.hierarchy is not None, "applies() admits only layouts with a hierarchy"
+    return net.hierarchy
+
+
+def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """The intra-node reduce-scatter and allgather on the node link; the cross-node
+    allreduce of each shard (ring or recursive doubling, the cheaper) on the network link
+    shared by the node's ranks (they run at the same time over one NIC)."""
+    h = _levels(net)
+    local, a, b, g = h.local, h.intra.alpha, h.intra.beta, gamma()
+    inside = 2 * (local - 1) * a + (local - 1) / local * nbytes * (2 * b + g)
+    shard = nbytes / local
+    shared = Network(replace(h.inter, beta=h.inter.beta * local))
+    across = min(flat.cost(int(shard), h.nodes, shared)
+                 for flat in (ring.ALLREDUCE, recursive_doubling.ALLREDUCE))
+    return inside + across
+
+
+def _broadcast_cost(nbytes: int, p: int, net: Network) -> float:
+    h = _levels(net)
+    inter = h.inter.alpha + nbytes * h.inter.beta
+    intra = h.intra.alpha + nbytes * h.intra.beta
+    return math.ceil(math.log2(h.nodes)) * inter + math.ceil(math.log2(h.local)) * intra
+
+
+ALLREDUCE = Algorithm("allreduce", "hierarchical", allreduce_hierarchical, _allreduce_cost,
+                      applies=_two_levels)
+BROADCAST = Algorithm("broadcast", "hierarchical", broadcast_hierarchical, _broadcast_cost,
+                      applies=_two_levels)

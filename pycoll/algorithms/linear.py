@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cost import PER_MESSAGE_US, Algorithm, Network, alpha, bound
 from .primitives import Peers, chunk_bounds
 
 
@@ -36,3 +37,16 @@ def scatter_linear(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: 
     a, b = bounds[root]
     peers.copy(out, inp[a:b])
     peers.wait(reqs)
+
+
+def _cost(nbytes: int, p: int, net: Network) -> float:
+    """Gather and scatter (the same messages, the other way): the root posts every message
+    at once and waits once."""
+    link = net.link
+    critical = (alpha(p, link, False) + (p - 2) * PER_MESSAGE_US * 1e-6
+                + (p - 1) / p * nbytes * link.beta)
+    return bound(critical, (p - 1) / p * nbytes * link.beta, p, link, False)
+
+
+GATHER = Algorithm("gather", "linear", gather_linear, _cost)
+SCATTER = Algorithm("scatter", "linear", scatter_linear, _cost)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..transports.base import Request
+from .cost import PER_MESSAGE_US, Algorithm, LinkModel, Network, alpha, bound, gamma, lg, pof2
 from .halving_doubling import allgather_recursive_doubling
 from .primitives import Peers, ReduceSpec, chunk_bounds
 from .ring import allgather_ring
@@ -143,3 +144,65 @@ def reduce_ordered_gather(peers: Peers, arr: np.ndarray, root: int, spec: Reduce
     acc = (peers.scratch(arr.size, fold.acc_dtype or arr.dtype, slot=3)
            if fold.wide or r >= 2 else None)
     fold(arr, pieces[:r] + [arr] + pieces[r:], acc)
+
+
+# -- costs -----------------------------------------------------------------------------------
+def _reduce_scatter_time(nbytes: int, p: int, link: LinkModel) -> float:
+    """The ordered reduce-scatter: one round in which every rank posts its p - 1 pieces at
+    once, the owner's link bringing in (p - 1) / p of the buffer, and the owner's fold of p
+    pieces of 1/p of it (p - 1 passes, segment by segment)."""
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    return (a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * nbytes * b
+            + (p - 1) / p * nbytes * g)
+
+
+def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    rs = _reduce_scatter_time(nbytes, p, link)
+    rounds = lg(p) if p > 2 and pof2(p) == p else p - 1     # the allgather's
+    ag = rounds * a + (p - 1) / p * nbytes * b
+    return bound(rs + ag, p * (p - 1) / p * nbytes * (2 * b + 2 * g), p, link)
+
+
+def _allreduce_gather_cost(nbytes: int, p: int, net: Network) -> float:
+    """One round: every buffer to every rank, folded there."""
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    critical = a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) * nbytes * (b + g)
+    return bound(critical, p * (p - 1) * nbytes * (b + g), p, link)
+
+
+def _reduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """The ordered reduce-scatter, then the root gathers p - 1 chunks at once."""
+    link = net.link
+    b, g = link.beta, gamma()
+    critical = (_reduce_scatter_time(nbytes, p, link) + alpha(p, link, False)
+                + (p - 1) / p * nbytes * b)
+    return bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p,
+                 link, False)
+
+
+def _reduce_gather_cost(nbytes: int, p: int, net: Network) -> float:
+    """Every buffer to the root, folded there (one round)."""
+    link = net.link
+    b, g = link.beta, gamma()
+    critical = (alpha(p, link, False) + (p - 2) * PER_MESSAGE_US * 1e-6
+                + (p - 1) * nbytes * (b + g))
+    return bound(critical, (p - 1) * nbytes * (b + g), p, link, False)
+
+
+def _reduce_scatter_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    return bound(_reduce_scatter_time(nbytes, p, link),
+                 (p - 1) * nbytes * (link.beta + gamma()), p, link)
+
+
+ALLREDUCE = Algorithm("allreduce", "ordered", allreduce_ordered, _allreduce_cost, ordered=True)
+ALLREDUCE_GATHER = Algorithm("allreduce", "ordered_gather", allreduce_ordered_gather,
+                             _allreduce_gather_cost, ordered=True)
+REDUCE = Algorithm("reduce", "ordered", reduce_ordered, _reduce_cost, ordered=True)
+REDUCE_GATHER = Algorithm("reduce", "ordered_gather", reduce_ordered_gather,
+                          _reduce_gather_cost, ordered=True)
+REDUCE_SCATTER = Algorithm("reduce_scatter", "ordered", reduce_scatter_ordered_owned,
+                           _reduce_scatter_cost, ordered=True)

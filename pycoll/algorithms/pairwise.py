@@ -8,8 +8,11 @@ with data: ceil(log2 p) rounds for any p, the latency-optimal allgather for smal
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .cost import PER_MESSAGE_US, Algorithm, Network, alpha, bound, lg
 from .primitives import Peers, sendrecv
 
 
@@ -125,3 +128,48 @@ def allgather_bruck(peers: Peers, out: np.ndarray, bounds: list[tuple[int, int]]
         reqs += [peers.isend(dst, view) for view in pieces(r, count)]
         peers.wait(reqs)
         dist <<= 1
+
+
+# -- costs -----------------------------------------------------------------------------------
+def _alltoall_pairwise_cost(nbytes: int, p: int, net: Network) -> float:
+    return (p - 1) * (alpha(p, net.link, True) + nbytes / p * net.link.beta)
+
+
+def _alltoall_scattered_cost(nbytes: int, p: int, net: Network) -> float:
+    """Blocks of ``SCATTER_BLOCK`` messages posted at once: one wait per block, and
+    ``PER_MESSAGE_US`` per message (measured no slower per byte than the pairwise rounds)."""
+    blocks = -(-(p - 1) // SCATTER_BLOCK)
+    return (blocks * alpha(p, net.link, True)
+            + (p - 1) * (PER_MESSAGE_US * 1e-6 + nbytes / p * net.link.beta))
+
+
+def _unmodelled(nbytes: int, p: int, net: Network) -> float:
+    return math.inf
+
+
+def _on_request_only(net: Network) -> bool:
+    """Bruck's alltoall needs equal blocks on every rank, which no rank can know: it runs
+    only when forced (``algo=`` / ``PYCOLL_ALGO``)."""
+    return False
+
+
+def _barrier_cost(nbytes: int, p: int, net: Network) -> float:
+    return lg(p) * alpha(p, net.link, True)
+
+
+def allgather_bruck_cost(nbytes: int, p: int, net: Network) -> float:
+    """lg(p) rounds; the ranges wrap in some of them, which costs a second message there
+    (half a step more per round on average)."""
+    link = net.link
+    a, b = alpha(p, link, True), link.beta
+    return bound((lg(p) + 0.5 * lg(p)) * a + (p - 1) / p * nbytes * b, (p - 1) * nbytes * b,
+                 p, link)
+
+
+ALLTOALL_PAIRWISE = Algorithm("alltoall", "pairwise", alltoall_pairwise, _alltoall_pairwise_cost)
+ALLTOALL_SCATTERED = Algorithm("alltoall", "scattered", alltoall_scattered,
+                               _alltoall_scattered_cost)
+ALLTOALL_BRUCK = Algorithm("alltoall", "bruck", alltoall_bruck, _unmodelled,
+                           applies=_on_request_only)
+BARRIER = Algorithm("barrier", "dissemination", barrier_dissemination, _barrier_cost)
+ALLGATHER_BRUCK = Algorithm("allgather", "bruck", allgather_bruck, allgather_bruck_cost)

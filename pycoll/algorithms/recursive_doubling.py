@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cost import Algorithm, Network, alpha, bound, fold_cost, gamma, lg, pof2
 from .primitives import Peers, ReduceSpec, recv, send, sendrecv
 
 
@@ -45,3 +46,17 @@ def allreduce_recursive_doubling(peers: Peers, arr: np.ndarray, spec: ReduceSpec
             recv(peers, r + 1, arr)
         else:
             send(peers, r - 1, arr)
+
+
+def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """lg(q) whole-buffer exchanges among the q = pof2(p) ranks left after the fold."""
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    q = pof2(p)
+    folding = fold_cost(nbytes, p, link)
+    per_rank = lg(q) * nbytes * (b + g)
+    return bound(lg(q) * a + per_rank + folding, q * per_rank + folding, p, link)
+
+
+ALLREDUCE = Algorithm("allreduce", "recursive_doubling", allreduce_recursive_doubling,
+                      _allreduce_cost)

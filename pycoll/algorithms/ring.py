@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cost import Algorithm, Network, alpha, bound, crowd, gamma
 from .primitives import Peers, ReduceSpec, chunk_bounds, send, sendrecv, sendrecv_reduce
 
 
@@ -76,3 +77,46 @@ def reduce_ring(peers: Peers, arr: np.ndarray, root: int, spec: ReduceSpec) -> N
         return
     peers.wait([peers.irecv(i, arr[a:b]) for i, (a, b) in enumerate(bounds) if i != root])
     spec.finish(arr)
+
+
+def _allgather_ring(peers: Peers, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+    allgather_ring(peers, out, bounds=bounds)      # the registry's signature
+
+
+# -- costs: (p - 1) steps of 1/p of the buffer each way --------------------------------------
+def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    per_rank = (p - 1) / p * nbytes * (2 * b + g)
+    return bound(2 * (p - 1) * a + per_rank, p * per_rank, p, link)
+
+
+def _reduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """The ring reduce-scatter (every rank at once), then the root gathers p - 1 chunks."""
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    critical = (p * a + crowd(p, link) * (p - 1) / p * nbytes * (b + g)
+                + (p - 1) / p * nbytes * b)
+    # the contention is in the critical path already: no thrash factor on the work
+    return bound(critical, (p - 1) * nbytes * (b + g) + (p - 1) / p * nbytes * b, p, link,
+                 False)
+
+
+def _allgather_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    a, b = alpha(p, link, True), link.beta
+    return bound((p - 1) * a + (p - 1) / p * nbytes * b, (p - 1) * nbytes * b, p, link)
+
+
+def _reduce_scatter_cost(nbytes: int, p: int, net: Network) -> float:
+    link = net.link
+    a, b, g = alpha(p, link, True), link.beta, gamma()
+    per_rank = (p - 1) / p * nbytes * (b + g)
+    return bound((p - 1) * a + per_rank, p * per_rank, p, link)
+
+
+ALLREDUCE = Algorithm("allreduce", "ring", allreduce_ring, _allreduce_cost)
+REDUCE = Algorithm("reduce", "ring", reduce_ring, _reduce_cost)
+ALLGATHER = Algorithm("allgather", "ring", _allgather_ring, _allgather_cost)
+REDUCE_SCATTER = Algorithm("reduce_scatter", "ring", reduce_scatter_ring_owned,
+                           _reduce_scatter_cost)

@@ -148,7 +148,7 @@ class Collectives:
                 fast.remember(("allreduce", op), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = plan.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
-        algorithm = ALGORITHMS["allreduce"][name]
+        algorithm = ALGORITHMS["allreduce"][name].run
         arr = buf.array
         ops = self._ops if buf.mem_type == HOST else plan.device_ops()
         spec = ops.reduce_spec(rop, buf.dtype, self.size, wide=fold == "fp32")
@@ -199,7 +199,7 @@ class Collectives:
         """barrier by an algorithm (apart: see ``_allreduce``)."""
         self._plan.begin()
         name = self._plan.select("barrier", 0, algo)
-        fn = ALGORITHMS["barrier"][name]
+        fn = ALGORITHMS["barrier"][name].run
 
         def body(peers: Peers) -> None:
             if self.size > 1:
@@ -246,7 +246,7 @@ class Collectives:
             fast.remember(("broadcast", root), buf.array, call)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("broadcast", buf.nbytes, algo)
-        fn = ALGORITHMS["broadcast"][name]
+        fn = ALGORITHMS["broadcast"][name].run
         arr = buf.array
 
         def body(peers: Peers) -> None:
@@ -295,7 +295,7 @@ class Collectives:
         root = plan.check_rank(root, "root", "reduce")
         fold = plan.fold_mode("reduce", rop, buf, deterministic, accumulate, algo)
         name = plan.select("reduce", buf.nbytes, algo, ordered=fold is not None)
-        fn = ALGORITHMS["reduce"][name]
+        fn = ALGORITHMS["reduce"][name].run
         ops = self._ops if buf.mem_type == HOST else plan.device_ops()
         arr, spec = buf.array, ops.reduce_spec(rop, buf.dtype, self.size, wide=fold == "fp32")
         check = self._sum_check("reduce", integrity, rop, buf.dtype, buf.count, buf.mem_type,
@@ -332,7 +332,7 @@ class Collectives:
                                                            dtype=inp.array.dtype)
         bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
         name = self._plan.select("allgather", fused.nbytes, algo)
-        fn = ALGORITHMS["allgather"][name]
+        fn = ALGORITHMS["allgather"][name].run
         check = self._move_check("allgather", integrity, inp.mem_type,
                                  *(o.mem_type for o in outs))
 
@@ -375,7 +375,7 @@ class Collectives:
         fold = plan.fold_mode("reduce_scatter", rop, out, deterministic, accumulate, algo)
         name = plan.select("reduce_scatter", out.nbytes * self.size, algo,
                            ordered=fold is not None)
-        fn = ALGORITHMS["reduce_scatter"][name]
+        fn = ALGORITHMS["reduce_scatter"][name].run
         spec = self._ops.reduce_spec(rop, out.dtype, self.size, wide=fold == "fp32")
         count = out.count
         check = self._sum_check("reduce_scatter", integrity, rop, out.dtype, count * self.size,
@@ -426,7 +426,7 @@ class Collectives:
             raise InvalidArgument(f"rank {self.rank}: alltoall: algo 'bruck' needs equal "
                                   "blocks for every rank (in_splits and out_splits); use "
                                   "'pairwise' or 'scattered' for uneven splits")
-        fn = ALGORITHMS["alltoall"][name]
+        fn = ALGORITHMS["alltoall"][name].run
         check = self._move_check("alltoall", integrity, inp.mem_type, out.mem_type)
 
         def body(peers: Peers) -> None:
@@ -458,7 +458,7 @@ class Collectives:
             outs = self._plan.output_list(output, inp, "gather")
             out = outs
         name = self._plan.select("gather", inp.nbytes * self.size, algo)
-        fn = ALGORITHMS["gather"][name]
+        fn = ALGORITHMS["gather"][name].run
         check = self._move_check("gather", integrity, inp.mem_type,
                                  *(o.mem_type for o in out or ()))
 
@@ -499,7 +499,7 @@ class Collectives:
         if self.rank == root:
             ins = self._plan.output_list(input, out, "scatter", writable=False, name="input")
         name = self._plan.select("scatter", out.nbytes * self.size, algo)
-        fn = ALGORITHMS["scatter"][name]
+        fn = ALGORITHMS["scatter"][name].run
         check = self._move_check("scatter", integrity, out.mem_type,
                                  *(b.mem_type for b in ins or ()))
 

@@ -30,8 +30,9 @@ from rendezvous import Store, StoreError
 
 from .. import debug, fastpath
 from ..algorithms import ALGORITHMS, link_probe
+from ..algorithms.cost import Hierarchy, LinkModel
 from ..algorithms.primitives import Peers
-from ..algorithms.selection import Hierarchy, LinkModel, Selector
+from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
 from ..envvars import env_int
 from ..errors import CollectiveMismatch, InvalidArgument, PycollError
@@ -43,14 +44,15 @@ from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
+from . import lobby
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
-from .elastic import Elastic, base_name
 from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
 from .membership import Lease, Membership, alive_key, gone_keys
 from .planning import Planner, reduction_defaults
+from .recovery import Elastic, base_name
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 
 DEFAULT_TIMEOUT = 300.0
@@ -278,7 +280,7 @@ class Communicator(Collectives, FusedCollectives):
         self._peers.engine.share(self._exec.executor.idle())
         return child
 
-    # -- elastic (comm/elastic.py, docs/elastic.md) ------------------------------------------
+    # -- elastic (comm/recovery.py, comm/lobby.py, docs/elastic.md) ------------------------
     def revoke(self, reason: str = "") -> None:
         """Revoke this communicator: every pending and later call on it raises ``Revoked``
         on every rank that can still be reached (a waiting rank within
@@ -322,14 +324,14 @@ class Communicator(Collectives, FusedCollectives):
         participant built the new communicator; this one and its groups are then revoked."""
         limit = as_seconds(timeout, "timeout") or self.timeout
         self._raise_unsettled(min(limit, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
-        grown = self._elastic.grow(count, limit)
+        grown = lobby.grow(self._elastic, count, limit)
         return self if grown is None else grown
 
     def joiners_waiting(self) -> int:
         """How many processes wait to join (``join``) this communicator's family now: one
         look at the store, not collective (ranks may see different counts: let ``grow``,
         which agrees, decide)."""
-        return self._elastic.waiting()
+        return lobby.waiting(self._elastic)
 
     @classmethod
     def join(cls, store: Store, *, name: str = "world", timeout: Timeout = DEFAULT_TIMEOUT,
@@ -338,7 +340,6 @@ class Communicator(Collectives, FusedCollectives):
         """Join a running job's communicator ``name`` (its base name: "world" also finds
         "world~3") from a new process: wait until its ranks call ``grow``, then return the
         grown communicator (this process's rank follows theirs)."""
-        from .elastic import join
 
         limit = as_seconds(timeout) or DEFAULT_TIMEOUT
 
@@ -348,7 +349,7 @@ class Communicator(Collectives, FusedCollectives):
                               master_addr=master_addr, host=host, watch=watch,
                               **extra.get("numerics", {}))
 
-        return join(store, base_name(name), make, limit)
+        return lobby.join(store, base_name(name), make, limit)
 
     def _absent_peers(self, world_ranks: list[int]) -> list[int]:
         """Which of ``world_ranks`` the store's leases say are gone (``Peers.absent``)."""
@@ -365,7 +366,7 @@ class Communicator(Collectives, FusedCollectives):
     def _make_successor(self, rank: int, size: int, name: str, watch: Callable[[], None],
                         extra: dict) -> Communicator:
         """The communicator a shrink or grow builds. A shrink whose ranks all were quiet
-        (``extra["share"]``: ``comm/elastic.py``) makes it over this communicator's channels,
+        (``extra["share"]``: ``comm/recovery.py``) makes it over this communicator's channels,
         as a group of the survivors with a fresh message id (its own fast path and cost
         model; no new socket or channel segment). Otherwise a fresh bootstrap among its
         ranks, new channels included: a failed call leaves the pairs it used out of step."""

@@ -82,7 +82,7 @@ class FusedCollectives:
             check = self._sum_check("allreduce_coalesced", integrity, rop, dtype,
                                     sum(b.count for b in members),
                                     *(b.mem_type for b in members))
-            plans.append((dtype, members, ALGORITHMS["allreduce"][name],
+            plans.append((dtype, members, ALGORITHMS["allreduce"][name].run,
                           self._ops.reduce_spec(rop, dtype, self.size, wide=fold == "fp32"),
                           check))
             names.append(name)
@@ -155,7 +155,7 @@ class FusedCollectives:
         total = offsets[-1]
         bounds = [(r * total, (r + 1) * total) for r in range(self.size)]
         name = self._plan.select("allgather", total * self.size, algo)
-        fn = ALGORITHMS["allgather"][name]
+        fn = ALGORITHMS["allgather"][name].run
         rank, size = self.rank, self.size
         check = self._move_check("allgather_coalesced", integrity,
                                  *(b.mem_type for b in ins),
@@ -200,8 +200,8 @@ class FusedCollectives:
         dtype = inp.array.dtype
         rank, size = self.rank, self.size
         outcome = Outcome()
-        counts_fn = ALGORITHMS["allgather"][self._plan.select("allgather", 8 * size)]
-        ring = ALGORITHMS["allgather"]["ring"]
+        counts_fn = ALGORITHMS["allgather"][self._plan.select("allgather", 8 * size)].run
+        ring = ALGORITHMS["allgather"]["ring"].run
         check = self._move_check("allgatherv", integrity, inp.mem_type)
 
         def body(peers: Peers) -> None:

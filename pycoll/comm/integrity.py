@@ -58,7 +58,7 @@ def exchange(peers: Peers, mine: np.ndarray) -> np.ndarray:
     table = np.zeros(n * size, dtype=np.uint64)
     table[peers.rank * n:(peers.rank + 1) * n] = mine
     if size > 1 and n:
-        ALGORITHMS["allgather"]["recursive_doubling"](
+        ALGORITHMS["allgather"]["recursive_doubling"].run(
             peers, table, [(i * n, (i + 1) * n) for i in range(size)])
     return table.reshape(size, n)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..algorithms import ALGORITHMS
-from ..algorithms.selection import COST_MODELS, Hierarchy, LinkModel, Selector
+from ..algorithms.cost import Hierarchy, LinkModel
+from ..algorithms.selection import Selector
 from ..errors import InvalidArgument
 from ..transports import registry
 from ..transports.base import PeerInfo
@@ -65,7 +66,7 @@ def table(ranks: int, nodes: int | None = None, per_node: int | None = None
                               LinkModel.from_capabilities([caps[1]]))
     selector = Selector(ALGORITHMS, caps, hierarchy=hierarchy)
     choices = {coll: [selector.choose(coll, size, ranks) for size in SIZES]
-               for coll in COST_MODELS if coll in ALGORITHMS}
+               for coll in ALGORITHMS}
     notes = ["non-deterministic calls (deterministic=True picks among the ordered "
              "algorithms)"]
     if selector.overrides:

@@ -13,7 +13,7 @@ import secrets
 import socket
 from collections.abc import Mapping, Sequence
 
-from .elastic import ElasticPolicy
+from .elastic_policy import ElasticPolicy
 from .supervisor import EXIT_TIMEOUT, GRACE_PERIOD, Supervisor
 
 __all__ = ["launch", "EXIT_TIMEOUT", "GRACE_PERIOD"]
@@ -139,7 +139,7 @@ def launch(
     Ranks are numbered across hosts; a failing rank on any host ends the job on every host.
 
     ``elastic``: a rank that fails is lost, not the job's end, while at least ``min_ranks``
-    ranks still run (``elastic.py``); the ranks get ``PYCOLL_ELASTIC=1``. Every rank
+    ranks still run (``elastic_policy.py``); the ranks get ``PYCOLL_ELASTIC=1``. Every rank
     ended: 0 when every rank that was not lost exited 0, else the first such failure's
     code; fewer than ``min_ranks`` left: tear-down, the failing rank's code.
     ``max_restarts`` (elastic): up to that many lost ranks are replaced by a new process

@@ -40,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PycollError
-from .elastic import Job
+from .elastic_policy import Job
 
 if TYPE_CHECKING:
     from rendezvous import TCPStore
@@ -228,7 +228,7 @@ class JobControl:
 
     def waiting_joiners(self) -> int:
         """Processes waiting to join the job (``lobby.joiners_in``), 0 if the store is gone."""
-        from .lobby import joiners_in
+        from .joiners import joiners_in
         return int(self._call(joiners_in, self.store) or 0)
 
     def post_result(self, result: dict[str, int]) -> None:

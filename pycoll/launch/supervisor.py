@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from .elastic import replacement_environment
+from .elastic_policy import replacement_environment
 from .outcomes import describe_exit, exit_code, notice, signal_name
 
 if TYPE_CHECKING:
     from rendezvous import StoreServer
 
-    from .elastic import ElasticPolicy
+    from .elastic_policy import ElasticPolicy
     from .nodes import JobControl
 
 __all__ = ["Supervisor", "notice", "EXIT_TIMEOUT", "GRACE_PERIOD"]
@@ -371,7 +371,7 @@ class Supervisor:
         """This host's processes are done. Node 0 holds the store: it stays until every
         other host's launcher finished or was lost, judging lost hosts meanwhile, then
         answers for the whole job (``elastic.combine``); the others are done."""
-        from .elastic import combine
+        from .elastic_policy import combine
 
         assert self.elastic is not None and self.control is not None
         if self.server is None:
@@ -406,7 +406,7 @@ class Supervisor:
 
     def _waiting_joiners(self) -> int:
         """Processes waiting to join the job now (in the lobby of this host's store)."""
-        from .lobby import waiting_joiners
+        from .joiners import waiting_joiners
 
         assert self.server is not None
         return waiting_joiners(self.server)

@@ -8,7 +8,7 @@ Every ``torch.distributed`` collective runs on a ``pycoll.Communicator`` bootstr
 torch's own store; DistributedDataParallel works unchanged. See docs/torch.md.
 """
 from ..launch.torch_store import TorchStoreAdapter
-from .elastic import grow_group, join_group
+from .group_resize import grow_group, join_group
 from .groups import create_process_group, register
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
 from .work import PycollWork

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..comm.communicator import Communicator
 from ..errors import InvalidArgument
 from .arguments import group_timeout
-from .elastic import adopt_shrink_group
+from .group_resize import adopt_shrink_group
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
 
 

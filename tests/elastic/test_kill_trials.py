@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pycoll.testing.elastic import run_trial
+from pycoll.testing.kill_trials import run_trial
 
 pytestmark = pytest.mark.timeout(200)
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pycoll.launch.elastic import ElasticPolicy, Job
+from pycoll.launch.elastic_policy import ElasticPolicy, Job
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,7 +2,7 @@
 
 ``python elastic_rank.py OUT`` (rank, world and the store from the environment: torchrun-style
 variables with ``PYCOLL_STORE_EXTERNAL=1``, the store a process of its own that outlives every
-rank). The rank runs the loop of mixed, checked collectives of ``pycoll.testing.elastic``
+rank). The rank runs the loop of mixed, checked collectives of ``pycoll.testing.kill_trials``
 (``mixed_step``); after its first ``WARMUP`` steps it writes ``OUT/ready<rank>`` (pid, host).
 When a call fails (a peer was killed, a cable pulled) it recovers as every survivor does
 (``recover``: shrink, checked steps and a closing agree on the shrunk communicator) and writes
@@ -30,7 +30,7 @@ import time
 import traceback
 
 import pycoll
-from pycoll.testing.elastic import Plan, WrongResult, mixed_step, recover
+from pycoll.testing.kill_trials import Plan, WrongResult, mixed_step, recover
 from pycoll.testing.hosts import write_json
 
 #: checked steps before the rank says it is ready (every message size of the loop once)

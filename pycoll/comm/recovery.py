@@ -1,4 +1,5 @@
-"""Revoke, agree, shrink and grow: a job that survives a lost rank (docs/elastic.md).
+"""Revoke, agree and shrink: a job that survives a lost rank (docs/elastic.md); the
+lobby (``lobby.py``) grows it again with newcomers over the same rounds and build.
 
 ``Elastic`` is the communicator's part for them. It is given what it needs: the
 communicator's rank, size and name, its execution (to mark it revoked), its failures (the
@@ -28,14 +29,11 @@ draws a fresh message id.
    from 1 with the deaths now known. So either every survivor returns the same new
    communicator, or none does.
 
-``grow`` is the same with newcomers: processes that called ``Communicator.join`` wait in the
-*lobby* (a ticket, a lease, a queue in the store); the members' first round picks the
-waiting ones, each gets its admission (the plan: name, its rank, every participant's lease
-key), and members and joiners build and commit together.
+``lobby.py``'s ``grow`` is the same with newcomers, through this class's ``round``,
+``next_name`` and ``build`` and the module's ``Plan`` and ``build_and_commit``.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -45,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from rendezvous import Store, StoreError
 
-from ..errors import CollectiveTimeout, Excluded, InvalidArgument, PeerLost, PycollError, Revoked
+from ..errors import CollectiveTimeout, Excluded, InvalidArgument, PycollError, Revoked
 from ..runtime.abort import AbortSignal
 from .consensus import agree
-from .membership import Lease, Membership, gone_keys, watch_keys
+from .membership import Membership, gone_keys, watch_keys
 
 if TYPE_CHECKING:
     from ..runtime.execution import Execution
@@ -64,13 +62,8 @@ class _Finalizable(Protocol):
 #: the communicator class (a type parameter: this module does not import it)
 Communicator = TypeVar("Communicator", bound=_Finalizable)
 
-T = TypeVar("T")
-
 #: ``make(rank, size, name, watch, extra)``: the communicator a shrink or grow builds
 Make = Callable[[int, int, str, Callable[[], None], dict[str, Any]], Communicator]
-
-#: pause between two looks at the lobby (joiners waiting, an admission)
-LOBBY_POLL_SECONDS = 0.005
 
 #: the failures a shrink attempt's build may meet when a survivor dies meanwhile
 BUILD_FAILURES = (PycollError, StoreError, OSError)
@@ -107,21 +100,16 @@ class Elastic(Generic[Communicator]):
     # -- the calls: a store that cannot be reached fences this rank out ----------------------
     def agree(self, flag: int, timeout: float) -> tuple[int, frozenset[int]]:
         """``Communicator.agree``."""
-        with self._store_reached("agree"):
+        with self.store_reached("agree"):
             return self._agree(flag, timeout)
 
     def shrink(self, exclude: Sequence[int], timeout: float) -> Communicator:
         """``Communicator.shrink``."""
-        with self._store_reached("shrink"):
+        with self.store_reached("shrink"):
             return self._shrink(exclude, timeout)
 
-    def grow(self, count: int | None, timeout: float) -> Communicator | None:
-        """``Communicator.grow``; None when nobody was admitted (nobody waiting)."""
-        with self._store_reached("grow"):
-            return self._grow(count, timeout)
-
     @contextmanager
-    def _store_reached(self, what: str) -> Iterator[None]:
+    def store_reached(self, what: str) -> Iterator[None]:
         """A store this rank cannot reach (a pulled cable, a partition): the others go on
         without it (its lease is lost), so it is ``Excluded``, a ``PycollError`` like every
         failure of the elastic calls, and the communicator counts as failed (finalize then
@@ -163,14 +151,14 @@ class Elastic(Generic[Communicator]):
                 value &= int(vote["flag"])
             return {"flag": value, "gone": sorted(gone)}
 
-        decision = self._round(f"pycoll/{self.name}/agree/{self.agreements}",
-                               range(self.size), {"flag": flag}, decide,
-                               time.monotonic() + timeout, where, self._interruption(),
-                               previous=f"pycoll/{self.name}/agree/{self.agreements - 2}")
-        self._raise_if_interrupted(decision, where)
+        decision = self.round(f"pycoll/{self.name}/agree/{self.agreements}",
+                              range(self.size), {"flag": flag}, decide,
+                              time.monotonic() + timeout, where, self.interruption(),
+                              previous=f"pycoll/{self.name}/agree/{self.agreements - 2}")
+        self.raise_if_interrupted(decision, where)
         return int(decision["flag"]), frozenset(decision["gone"])
 
-    def _interruption(self) -> Callable[[], dict[str, Any] | None]:
+    def interruption(self) -> Callable[[], dict[str, Any] | None]:
         """The ``interrupted`` hook of a round of the normal flow (agree, grow): on a
         communicator this rank still takes for healthy, another rank's failure (its abort
         record) means that the ranks that have not voted are busy with that failure and will
@@ -189,7 +177,7 @@ class Elastic(Generic[Communicator]):
             return record if record is not None and record.get("rank") != self.rank else None
         return interrupted
 
-    def _raise_if_interrupted(self, decision: dict[str, Any], where: str) -> None:
+    def raise_if_interrupted(self, decision: dict[str, Any], where: str) -> None:
         if "interrupted" in decision:
             err = self.failures.aborted(where, decision["interrupted"])
             if self.execution.failed is None:
@@ -203,7 +191,7 @@ class Elastic(Generic[Communicator]):
         if self.size == 1:
             raise InvalidArgument(f"rank {self.rank}: shrink: a communicator of one rank "
                                   "has nobody to lose")
-        self._needs_store("shrink")
+        self.needs_store("shrink")
         assert self.membership is not None
         quiet = self.quiet()           # before the revoke below, which ends any call
         self.revoke(f"rank {self.rank} shrinks it")
@@ -214,9 +202,9 @@ class Elastic(Generic[Communicator]):
                      f"{self.name}")
             scope = f"pycoll/{self.name}/shrink/{self.attempts}"
             members = [r for r in range(self.size) if r not in excluded]
-            who = self._round(scope, members, {"exclude": sorted(excluded),
-                                               "quiet": int(quiet)},
-                              self._decide_who, deadline, where)
+            who = self.round(scope, members, {"exclude": sorted(excluded),
+                                              "quiet": int(quiet)},
+                             self._decide_who, deadline, where)
             if who.get("error"):
                 raise InvalidArgument(f"{where}: {who['error']}")
             survivors = who["survivors"]
@@ -226,7 +214,7 @@ class Elastic(Generic[Communicator]):
                         self.membership.keys(survivors), [f"rank {r}" for r in survivors],
                         {"previous": survivors, "share": who.get("share", 0),
                          "comm_id": who.get("comm_id", 0)})
-            built = self._build(plan, deadline, where)
+            built = self.build(plan, deadline, where)
             if built is not None:
                 return built
 
@@ -242,84 +230,22 @@ class Elastic(Generic[Communicator]):
         excluded = set(next(iter(excludes), ()))
         survivors = [r for r in range(self.size) if r not in gone and r not in excluded]
         decision: dict[str, Any] = {"gone": sorted(gone), "survivors": survivors,
-                                    "name": self._next_name()}
+                                    "name": self.next_name()}
         if (not gone and self.draw_id is not None
                 and all(int(v.get("quiet", 0)) for v in votes.values())):
             decision.update(share=1, comm_id=self.draw_id())
         return decision
 
-    def _next_name(self) -> str:
+    # -- what shrink and grow (``lobby.py``) share -----------------------------------------
+    def next_name(self) -> str:
+        """A fresh name for a successor (a counter in the store, so that every generation
+        has its own keys)."""
         assert self.store is not None
         base = base_name(self.name)
         return f"{base}~{int(self.store.add(f'pycoll/{base}/generations', 1))}"
 
-    # -- grow --------------------------------------------------------------------------------
-    def _grow(self, count: int | None, timeout: float) -> Communicator | None:
-        """``Communicator.grow``; None when nobody was admitted (nobody waiting)."""
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                                  or count < 1):
-            raise InvalidArgument(f"rank {self.rank}: grow: count must be an int >= 1 or "
-                                  f"None (whoever is waiting), not {count!r}")
-        self._needs_store("grow")
-        assert self.membership is not None
-        if self.execution.failed is not None:
-            raise PycollError(f"rank {self.rank}: grow: communicator {self.name} failed "
-                              f"({self.execution.failed}); shrink it first, then grow the "
-                              "shrunk one")
-        deadline = time.monotonic() + timeout
-        lobby = Lobby(self.failures_client(), base_name(self.name))
-        while True:
-            self.attempts += 1
-            where = (f"rank {self.rank}: grow (attempt {self.attempts}) of communicator "
-                     f"{self.name}")
-            scope = f"pycoll/{self.name}/grow/{self.attempts}"
-            late = ""
-            if count is not None:
-                try:
-                    lobby.wait_for(count, deadline, where)
-                except CollectiveTimeout as e:    # said in the round: everyone raises it
-                    late = str(e)
-
-            def decide(votes: dict[int, dict[str, Any]], gone: set[int]) -> dict[str, Any]:
-                if gone:
-                    return {"error": f"ranks {sorted(gone)} are gone: shrink first"}
-                waited = [v["late"] for v in votes.values() if v.get("late")]
-                if waited:
-                    return {"late": waited[0]}
-                tickets = lobby.waiting()[:count]
-                return {"tickets": tickets, "name": self._next_name() if tickets else ""}
-
-            who = self._round(scope, range(self.size), {"late": late}, decide, deadline, where,
-                              self._interruption(),
-                              previous=f"pycoll/{self.name}/grow/{self.attempts - 2}")
-            self._raise_if_interrupted(who, where)
-            if who.get("late"):
-                raise CollectiveTimeout(who["late"])
-            if who.get("error"):
-                self.revoke(who["error"])
-                raise PeerLost(f"{where}: {who['error']}", peer=None)
-            tickets = who["tickets"]
-            if not tickets:
-                return None
-            plan = Plan(scope, who["name"], self.rank,
-                        self.membership.keys(range(self.size)) + lobby.keys(tickets),
-                        [f"rank {r}" for r in range(self.size)]
-                        + [f"joiner {t}" for t in tickets],
-                        {"previous": list(range(self.size)) + [None] * len(tickets),
-                         "numerics": self.numerics})
-            lobby.admit(tickets, plan, self.size)
-            built = self._build(plan, deadline, where, partial(lobby.joined, tickets))
-            if built is not None:
-                return built
-
-    def waiting(self) -> int:
-        """How many processes wait in this communicator's lobby (not collective)."""
-        if self.store is None or self.failures.abort is None:
-            return 0
-        return len(Lobby(self.failures_client(), base_name(self.name)).waiting())
-
-    def _build(self, plan: Plan, deadline: float, where: str,
-               committed: Callable[[], None] | None = None) -> Communicator | None:
+    def build(self, plan: Plan, deadline: float, where: str,
+              committed: Callable[[], None] | None = None) -> Communicator | None:
         """Build the planned communicator and commit it (``build_and_commit``); on success
         ``committed`` runs (bookkeeping over this communicator's store client), then this
         communicator is revoked, marked replaced in the store (a late rank's round on it
@@ -332,11 +258,11 @@ class Elastic(Generic[Communicator]):
         if committed is not None:
             committed()
         self.revoke(f"replaced by {plan.name}")
-        _best_effort(lambda: client.set(f"pycoll/{self.name}/replaced", plan.name))
+        best_effort(lambda: client.set(f"pycoll/{self.name}/replaced", plan.name))
         self.release(built)
         return built
 
-    def _needs_store(self, what: str) -> None:
+    def needs_store(self, what: str) -> None:
         if self.store is None or self.membership is None or self.failures.abort is None:
             raise InvalidArgument(f"rank {self.rank}: {what}: communicator {self.name} has no "
                                   "store to agree through (made without one)")
@@ -354,11 +280,11 @@ class Elastic(Generic[Communicator]):
                                   "to agree through")
         return abort.client()
 
-    def _round(self, scope: str, participants: Sequence[int], vote: dict[str, Any],
-               decide: Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]],
-               deadline: float, where: str,
-               interrupted: Callable[[], dict[str, Any] | None] | None = None,
-               previous: str = "") -> dict[str, Any]:
+    def round(self, scope: str, participants: Sequence[int], vote: dict[str, Any],
+              decide: Callable[[dict[int, dict[str, Any]], set[int]], dict[str, Any]],
+              deadline: float, where: str,
+              interrupted: Callable[[], dict[str, Any] | None] | None = None,
+              previous: str = "") -> dict[str, Any]:
         """One agreement among ``participants`` (ranks of this communicator), gone ones found
         by the membership; raises ``Excluded`` when the decision counts this rank as gone or
         the communicator was replaced without it. ``previous``: a round of the same kind two
@@ -376,7 +302,7 @@ class Elastic(Generic[Communicator]):
             raise self._excluded(where)
         if previous:
             for key in (f"{previous}/votes", f"{previous}/decision"):
-                _best_effort(partial(client.delete, key))
+                best_effort(partial(client.delete, key))
         return decision
 
     def _check_exclude(self, exclude: Sequence[int]) -> set[int]:
@@ -474,139 +400,10 @@ def build_and_commit(client: Any, make: Make, plan: Plan, deadline: float,
                       "every participant stops here. Hint: look at that rank's output")
 
 
-def _best_effort(call: Callable[[], Any]) -> None:
+def best_effort(call: Callable[[], Any]) -> None:
     """A store write that may fail without harm (bookkeeping, cleanup)."""
     try:
         call()
     except (StoreError, OSError) as e:
         from .. import debug
         debug.logger.info("elastic: a store write failed (%s); going on", e)
-
-
-class Lobby:
-    """Processes waiting to join the communicators named ``base`` ("world", "world~3", ...):
-    each holds a ticket, a lease on its joiner key, and waits for its admission."""
-
-    def __init__(self, client: Any, base: str) -> None:
-        self.client = client
-        self.prefix = f"pycoll/{base}/lobby"
-
-    def key(self, ticket: int) -> str:
-        return f"{self.prefix}/alive/{ticket}"
-
-    def keys(self, tickets: Sequence[int]) -> list[str]:
-        return [self.key(t) for t in tickets]
-
-    # -- the members' side -------------------------------------------------------------------
-    def waiting(self) -> list[int]:
-        """Tickets of live joiners not admitted yet, in arrival order."""
-        return self._live(self._queue()[1])
-
-    def _queue(self) -> tuple[bytes, list[int]]:
-        key = f"{self.prefix}/queue"
-        raw = bytes(self.client.get(key)) if self.client.check([key]) else b""
-        return raw, [int(t) for t in raw.split()]
-
-    def _live(self, tickets: list[int]) -> list[int]:
-        open_ = [t for t in tickets if not self.client.check([f"{self.prefix}/joined/{t}"])]
-        dead = set(gone_keys(self.client, self.keys(open_)))
-        return [t for i, t in enumerate(open_) if i not in dead]
-
-    def trim(self) -> None:
-        """Drop admitted and dead joiners' tickets from the queue, and their admissions and
-        lease keys, so that ``waiting`` reads live tickets only. A compare-and-set: a joiner
-        that queued meanwhile wins, and the next grow trims. The "joined" markers stay (a
-        few bytes each): every member writes them, maybe after another member trimmed."""
-        raw, tickets = self._queue()
-        live = set(self._live(tickets))
-        dropped = [t for t in tickets if t not in live]
-        if not dropped:
-            return
-        kept = "".join(f"{t} " for t in tickets if t in live)
-        if bytes(self.client.compare_set(f"{self.prefix}/queue", raw, kept)) != kept.encode():
-            return
-        for t in dropped:
-            for key in (f"admit/{t}", f"alive/{t}"):
-                self.client.delete(f"{self.prefix}/{key}")
-
-    def wait_for(self, count: int, deadline: float, where: str) -> None:
-        poll_until(lambda: len(self.waiting()) >= count or None, deadline, lambda: (
-            f"{where}: {len(self.waiting())} of the {count} processes to admit are waiting "
-            "at the deadline. Hint: start them with pycoll.init(join=True) (PYCOLL_JOIN=1), "
-            "pointed at this job's store and secret"))
-
-    def admit(self, tickets: Sequence[int], plan: Plan, size: int) -> None:
-        """Tell each admitted joiner its plan (every member writes the same values)."""
-        for i, t in enumerate(tickets):
-            mine = Plan(plan.scope, plan.name, size + i, plan.keys, plan.names, plan.extra)
-            self.client.set(f"{self.prefix}/admit/{t}", json.dumps(mine.__dict__))
-
-    def joined(self, tickets: Sequence[int]) -> None:
-        """Bookkeeping after a committed grow (best effort: the grow stands either way)."""
-        for t in tickets:
-            _best_effort(partial(self.client.set, f"{self.prefix}/joined/{t}", "1"))
-        _best_effort(self.trim)
-
-    # -- the joiner's side -------------------------------------------------------------------
-    def enter(self, store: Store, timeout: float) -> tuple[int, Lease]:
-        """Take a ticket, hold its lease, queue up."""
-        ticket = int(self.client.add(f"{self.prefix}/tickets", 1))
-        lease = Lease(store, self.key(ticket), timeout)
-        self.client.append(f"{self.prefix}/queue", f"{ticket} ")
-        return ticket, lease
-
-    def admission(self, ticket: int, tried: str, deadline: float) -> Plan:
-        """The next admission of ``ticket`` (one for another round than ``tried``)."""
-        key = f"{self.prefix}/admit/{ticket}"
-
-        def admitted() -> Plan | None:
-            if not self.client.check([key]):
-                return None
-            plan = Plan(**json.loads(self.client.get(key)))
-            return plan if plan.scope != tried else None
-
-        return poll_until(admitted, deadline, lambda: (
-            f"joiner {ticket}: no running job admitted this process before the deadline. "
-            "Hint: the job's ranks must call grow() (pycoll.grow()); is this process pointed "
-            "at the job's store, with its secret?"))
-
-
-def poll_until(look: Callable[[], T | None], deadline: float, why: Callable[[], str]) -> T:
-    """``look()`` every ``LOBBY_POLL_SECONDS`` until it returns something;
-    ``CollectiveTimeout(why())`` at the deadline."""
-    while True:
-        found = look()
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            raise CollectiveTimeout(why())
-        time.sleep(LOBBY_POLL_SECONDS)
-
-
-def join(store: Store, base: str, make: Make, timeout: float) -> Any:
-    """``Communicator.join``: wait in the lobby of ``base`` until the members' ``grow``
-    admits this process, build the new communicator with them, and return it."""
-    from .. import fastpath
-    from ..runtime.abort import clone_client
-
-    deadline = time.monotonic() + timeout
-    if fastpath.probe_limit():
-        # what a rank's first fast calls would load (numba, the kernels: about a second)
-        # is loaded before this process queues up, not while the members wait for it
-        fastpath.warm()
-    client = clone_client(store, timeout)
-    lobby = Lobby(client, base)
-    ticket, lease = lobby.enter(store, timeout)
-    tried = ""
-    try:
-        while True:
-            plan = lobby.admission(ticket, tried, deadline)
-            tried = plan.scope
-            built = build_and_commit(client, make, plan, deadline,
-                                     f"joiner {ticket} (rank {plan.rank} of {plan.name})")
-            if built is not None:
-                return built
-    finally:
-        lease.close()
-        if client is not store:
-            client.close()

@@ -2,8 +2,8 @@
 
 A replacement that ``pycoll.run --max-restarts`` started joins with ``pycoll.init()`` under
 ``PYCOLL_JOIN=1`` (or ``pycoll.torch.join_group()``): it waits in the lobby of the world
-communicator (or the torch backend's; ``comm/elastic.py``'s ``Lobby``) until the
-survivors call ``grow``. Once only such waiting processes are left, nobody can admit them,
+communicator (or the torch backend's; ``comm/lobby.py``) until the survivors call
+``grow``. Once only such waiting processes are left, nobody can admit them,
 and the elastic policy ends them instead of letting each wait for its ``init`` deadline.
 Node 0's launcher hosts the store, so it reads the lobby without a connection
 (``StoreServer.peek``), through the same ``Lobby`` the ranks use; the other hosts' launchers
@@ -49,6 +49,6 @@ def waiting_joiners(server: StoreServer) -> int:
 
 def joiners_in(store: Any) -> int:
     """The same, read through ``store`` (a launcher on another host than the store's)."""
-    from ..comm.elastic import Lobby
+    from ..comm.lobby import Lobby
 
     return sum(len(Lobby(store, name).waiting()) for name in JOINABLE)

@@ -54,7 +54,7 @@ __all__ = ["ElasticPolicy", "replacement_environment"]
 
 #: ``start(index, label, rank)``: spawn a replacement for process ``index`` (the supervisor)
 StartReplacement = Callable[[int, str, int], subprocess.Popen]
-#: how many processes wait in the job's lobby now (``lobby.py``)
+#: how many processes wait in the job's lobby now (``joiners.py``)
 LobbyCount = Callable[[], int]
 
 
