@@ -3,8 +3,7 @@
 Adding a transport is one module (with the ``Transport`` shape: ``probe``, ``can_connect``,
 ``address``, ``connect``, ``progress``...) plus one line in ``REGISTRY``. The order of
 ``REGISTRY`` is the default preference; ``PYCOLL_TRANSPORTS`` (an ordered allow-list, like
-UCX_TLS or NCCL_NET) replaces it, and the older ``PYCOLL_TRANSPORT`` (auto, shm, tcp, verbs)
-keeps working.
+UCX_TLS or NCCL_NET) replaces it.
 
 The choice for a pair is made from data every rank has after the bootstrap exchange (each
 rank's host, machine and probe records), with rules that are symmetric by construction: the
@@ -18,7 +17,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..envvars import env_choice, env_list
+from ..envvars import env_list
 from ..errors import InvalidArgument, TransportError
 from . import bitflip
 from .base import Channel, PeerInfo, Transport
@@ -45,12 +44,9 @@ def transport_class(name: str) -> type[Transport]:
 
 
 def allowed_transports() -> list[str]:
-    """The ordered allow-list from ``PYCOLL_TRANSPORTS`` / ``PYCOLL_TRANSPORT``."""
+    """The ordered allow-list from ``PYCOLL_TRANSPORTS``."""
     names = env_list("PYCOLL_TRANSPORTS")
     if names is None:
-        legacy = env_choice("PYCOLL_TRANSPORT", "auto", ("auto", "shm", "tcp", "verbs"))
-        if legacy != "auto":
-            return [legacy]
         return [n for n in REGISTRY if n not in EXPLICIT_ONLY]
     unknown = [n for n in names if n not in REGISTRY]
     if unknown or not names:
@@ -100,4 +96,4 @@ def no_transport(a: PeerInfo, b: PeerInfo, order: Sequence[str],
     return TransportError(
         f"rank {a.rank} cannot reach rank {b.rank} with the allowed transports "
         f"{', '.join(order)}: {'; '.join(why)}. Allow another transport with PYCOLL_TRANSPORTS "
-        f"(e.g. PYCOLL_TRANSPORTS=shm,tcp) or unset PYCOLL_TRANSPORT", peer=b.rank)
+        f"(e.g. PYCOLL_TRANSPORTS=shm,tcp)", peer=b.rank)
