@@ -156,7 +156,7 @@ class ProgressEngine:
                     if t.setup_pending:
                         if t.progress():
                             moved = True
-                    elif t._active.channels and t._active.progress():
+                    elif t.active.channels and t.active.progress():
                         moved = True
             finally:
                 if self.shared:
@@ -206,7 +206,7 @@ class ProgressEngine:
                 if moved:
                     continue
             for t in transports:
-                if not t.pollable and t._active.channels:
+                if not t.pollable and t.active.channels:
                     fds = None        # shared memory has work: poll it, do not block
                     break
             else:
@@ -225,7 +225,7 @@ class ProgressEngine:
         a disagreement always leaves a receive waiting, so the first idle moment finds it."""
         found = False
         for r in requests:
-            match = r.channel._match
+            match = r.channel.matcher
             if match.unexpected and match.posted and not r.done:   # cheap: usually false
                 with self.lock:
                     found = r.channel.refuse_conflicts() or found

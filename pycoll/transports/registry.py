@@ -29,7 +29,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "shm": ("pycoll.transports.shm.transport", "ShmTransport"),
     "verbs": ("pycoll.transports.verbs.transport", "VerbsTransport"),
     "tcp": ("pycoll.transports.tcp.transport", "TcpTransport"),
-    "inproc": ("pycoll.transports.inproc", "InprocTransport"),
+    "inproc": ("pycoll.transports.inproc.transport", "InprocTransport"),
 }
 #: chosen only when named explicitly (inproc connects threads of one process: tests)
 EXPLICIT_ONLY = frozenset({"inproc"})
@@ -38,7 +38,7 @@ EXPLICIT_ONLY = frozenset({"inproc"})
 def transport_class(name: str) -> type[Transport]:
     """The class of transport ``name``; the first call also reads the bit-flip test hook's
     ``PYCOLL_TEST_FLIP`` (``bitflip.py``: nothing changes while it is unset)."""
-    Channel._recv_request = bitflip.receive_request()
+    Channel.recv_request = bitflip.receive_request()
     module, cls = REGISTRY[name]
     return getattr(importlib.import_module(module), cls)
 

@@ -32,8 +32,8 @@ class TcpTransport(ConnectorTransport, Transport):
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = ctx.rank
-        self._size = ctx.size
-        self._token = ctx.token
+        self.size = ctx.size
+        self.token = ctx.token
         host, family = choose_bind_address(ctx.master_addr)
         tls = env_tls()
         channel = TcpChannel if tls is None else TlsChannel   # chosen once: no TLS branch
@@ -41,7 +41,7 @@ class TcpTransport(ConnectorTransport, Transport):
                                 lambda peer, streams: channel(self, peer, streams),
                                 streams=socket_streams(), tls=tls)
         self._channels: dict[int, TcpChannel] = self._setup.channels
-        self._active = ActiveSet()
+        self.active = ActiveSet()
 
     # -- registry ------------------------------------------------------------------------
     @classmethod
@@ -54,18 +54,18 @@ class TcpTransport(ConnectorTransport, Transport):
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
-        moved = self._setup.progress(self._active.channels.values())
+        moved = self._setup.progress(self.active.channels.values())
         self.setup_pending = self._setup.pending
-        if self._active.channels:
-            moved = self._active.progress() or moved
+        if self.active.channels:
+            moved = self.active.progress() or moved
         return moved
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
         fds = self._setup.fds()
-        for ch in self._active.channels.values():
+        for ch in self.active.channels.values():
             fds += ch.fds()  # type: ignore[attr-defined]
         return fds
 
     def close(self) -> None:
         self._setup.close()
-        self._active.channels.clear()
+        self.active.channels.clear()
