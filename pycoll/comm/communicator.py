@@ -146,8 +146,9 @@ class Communicator(Collectives, FusedCollectives):
         self._integrity_every = sample_every()
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
-        """The compiled one-host path, when every member shares this host and shm and can run
-        it (each rank's limits are in its bootstrap record, so every rank decides alike)."""
+        """The compiled one-host path, when every member shares this host and one transport
+        whose capabilities allow it (``Capabilities.fast_path``), and can run it (each rank's
+        limits are in its bootstrap record, so every rank decides alike)."""
         conn = self._conn
         if conn is None or self._store is None or len(set(self._hosts)) != 1:
             return None
@@ -155,7 +156,7 @@ class Communicator(Collectives, FusedCollectives):
             used = conn.transports_in_use(self._members)
         except PycollError:
             return None
-        if used not in (["shm"], ["cuda_ipc"]):   # cuda_ipc is shm plus device memory
+        if len(used) != 1 or not registry.transport_class(used[0]).capabilities.fast_path:
             return None
         records = [conn.table.records[m].get("fastpath", {}) for m in self._members]
         limit, chunked, cma = fastpath.agreed_limits(records, self.size)

@@ -227,7 +227,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
                 collective_timeout: float = 120.0) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` threads of this process; results by rank.
 
-    Ranks talk over the in-process transport (``PYCOLL_TRANSPORTS=inproc``) and bootstrap
+    Ranks talk over the in-process transport (``Capabilities.in_process``: inproc) and bootstrap
     through a ``rendezvous.LocalStore``. ``env`` is applied to this process for the duration
     (threads share it). A rank still running at ``timeout`` is reported (threads cannot be
     killed; every collective ends at ``collective_timeout`` anyway).
@@ -237,9 +237,10 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
     from rendezvous import LocalStore
 
     from ..comm.communicator import Communicator
+    from ..transports import registry
     from ..transports.progress import WaitPolicy
 
-    settings = {"PYCOLL_TRANSPORTS": "inproc", **dict(env or {})}
+    settings = {"PYCOLL_TRANSPORTS": ",".join(registry.in_process()), **dict(env or {})}
     saved_env = {k: os.environ.get(k) for k in settings}
     saved_policy = (WaitPolicy._most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
                     WaitPolicy.hot_spins, WaitPolicy.liveness_seconds)

@@ -16,7 +16,9 @@ Shape (Gloo's Device/Pair/UnboundBuffer, UCX's md/iface/ep, NCCL's ``ncclTranspo
   order (``matching.TagMatcher``); a receive must be posted with exactly the size that was
   sent (``MessageSizeMismatch`` otherwise, never a silent truncation). Transports that
   declare ``one_sided`` also offer ``put``.
-* ``Capabilities``: declared numbers for the cost model, and the memory types moved.
+* ``Capabilities``: declared numbers for the cost model, the memory types moved, and what
+  the rest of pycoll may do around the transport (the one-host fast path, threads as
+  ranks). pycoll decides from these, never from a transport's name.
 
 Progress is driven by ``progress.ProgressEngine``: whoever waits progresses every transport,
 so a send queued on any channel moves while any wait runs.
@@ -24,7 +26,7 @@ so a send queued on any channel moves while any wait runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,8 @@ from .matching import AnySource, Request, TagMatcher
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a transport can do, as declared numbers the cost model consumes."""
+    """What a transport can do: declared numbers the cost model consumes, and the facts the
+    rest of pycoll decides from (so no module outside the transport names it)."""
 
     name: str
     latency_us: float          # one small message, one way
@@ -44,6 +47,13 @@ class Capabilities:
     one_sided: bool = False    # can write into a peer's registered memory (``put``)
     memory_types: frozenset = frozenset({HOST})
     segment_bytes: int = 1 << 20   # pipelining granularity that suits this transport
+    #: ranks that talk only over this transport may use the compiled one-host path
+    #: (``fastpath/``: its own /dev/shm segment and cross-memory attach, the same means as
+    #: shm's), so the communicator builds it for them
+    fast_path: bool = False
+    #: connects only threads of one process: never chosen unless ``PYCOLL_TRANSPORTS``
+    #: names it (``registry.allowed_transports``), and what ``testing.run_threads`` uses
+    in_process: bool = False
 
     def moves(self, mem_type: MemoryType) -> bool:
         return mem_type in self.memory_types
@@ -231,6 +241,20 @@ class Transport(ABC):
     @abstractmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         """Whether two ranks can talk over this transport; must be symmetric."""
+
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        """What ``python -m pycoll.info`` shows of this transport beyond its probe (shm: its
+        directory's free space; tcp: the interfaces); None when there is nothing more."""
+        return None
+
+    @classmethod
+    def sweep_leftovers(cls, pids: Iterable[int] | None = None) -> list[str]:
+        """Remove what dead processes of this user left behind (files in /dev/shm for shm):
+        given ``pids``, what those reaped processes made; otherwise what any process that no
+        longer exists made. Returns what was removed. The launcher calls it through
+        ``registry.sweep_leftovers`` once it has reaped its ranks."""
+        return []
 
     @abstractmethod
     def address(self) -> dict[str, Any]:

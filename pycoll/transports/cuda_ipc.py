@@ -292,7 +292,7 @@ class CudaIpcTransport(ShmTransport):
     capabilities = Capabilities("cuda_ipc", latency_us=10.0, bandwidth_gbps=100.0,
                                 same_host_only=True, one_sided=True,
                                 memory_types=frozenset({HOST, CUDA}),
-                                segment_bytes=4 << 20)
+                                segment_bytes=4 << 20, fast_path=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         super().__init__(ctx)

@@ -14,13 +14,13 @@ the same algorithms (ranks that disagreed would run different message patterns a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..envvars import env_list
 from ..errors import InvalidArgument, TransportError
 from . import bitflip
-from .base import Channel, PeerInfo, Transport
+from .base import Capabilities, Channel, PeerInfo, Transport
 
 #: name -> (module, class), in default order of preference
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -31,8 +31,6 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "tcp": ("pycoll.transports.tcp.transport", "TcpTransport"),
     "inproc": ("pycoll.transports.inproc.transport", "InprocTransport"),
 }
-#: chosen only when named explicitly (inproc connects threads of one process: tests)
-EXPLICIT_ONLY = frozenset({"inproc"})
 
 
 def transport_class(name: str) -> type[Transport]:
@@ -43,11 +41,45 @@ def transport_class(name: str) -> type[Transport]:
     return getattr(importlib.import_module(module), cls)
 
 
+def capabilities(name: str) -> Capabilities | None:
+    """The declared capabilities of transport ``name``; None when its module cannot be
+    imported here (a missing dependency: such a transport probes unusable anyway)."""
+    try:
+        return transport_class(name).capabilities
+    except ImportError:
+        return None
+
+
+def in_process() -> list[str]:
+    """The transports that connect threads of one process (``Capabilities.in_process``):
+    chosen only when named, and what ``testing.run_threads`` runs its ranks over."""
+    return [n for n in REGISTRY if (c := capabilities(n)) is not None and c.in_process]
+
+
+def sweep_leftovers(pids: Iterable[int] | None = None) -> list[str]:
+    """Every transport's ``sweep_leftovers`` (once per implementation: a transport built on
+    another one inherits its sweep); what was removed."""
+    pids = None if pids is None else list(pids)
+    removed: list[str] = []
+    seen = set()
+    for name in REGISTRY:
+        try:
+            sweep = transport_class(name).sweep_leftovers
+        except ImportError:
+            continue
+        key = getattr(sweep, "__func__", sweep)
+        if key not in seen:
+            seen.add(key)
+            removed += sweep(pids)
+    return removed
+
+
 def allowed_transports() -> list[str]:
     """The ordered allow-list from ``PYCOLL_TRANSPORTS``."""
     names = env_list("PYCOLL_TRANSPORTS")
     if names is None:
-        return [n for n in REGISTRY if n not in EXPLICIT_ONLY]
+        explicit = in_process()
+        return [n for n in REGISTRY if n not in explicit]
     unknown = [n for n in names if n not in REGISTRY]
     if unknown or not names:
         raise InvalidArgument(f"PYCOLL_TRANSPORTS={','.join(names)!r}: unknown transport(s) "

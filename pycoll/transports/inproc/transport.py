@@ -39,7 +39,8 @@ class InprocTransport(Transport):
 
     name = "inproc"
     capabilities = Capabilities("inproc", latency_us=5.0, bandwidth_gbps=5.0,
-                                same_host_only=True, one_sided=True, segment_bytes=1 << 20)
+                                same_host_only=True, one_sided=True, segment_bytes=1 << 20,
+                                in_process=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank

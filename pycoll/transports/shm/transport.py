@@ -20,6 +20,7 @@ import os
 import platform
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from ... import debug
@@ -39,7 +40,7 @@ class ShmTransport(Transport):
     #: what ``connect`` makes (the cuda_ipc transport built on this one makes its own)
     channel_class: type[ShmChannel] = ShmChannel
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=1 << 20)
+                                one_sided=True, segment_bytes=1 << 20, fast_path=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
@@ -74,6 +75,21 @@ class ShmTransport(Transport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return a.host == b.host and a.machine == b.machine
+
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        try:
+            st = os.statvfs(SHM_DIR)
+        except OSError as e:
+            return {"dir": SHM_DIR, "error": str(e)}
+        return {"dir": SHM_DIR, "size_bytes": st.f_blocks * st.f_frsize,
+                "free_bytes": st.f_bavail * st.f_frsize}
+
+    @classmethod
+    def sweep_leftovers(cls, pids: Iterable[int] | None = None) -> list[str]:
+        """The inboxes whose creator is dead (``segment.sweep``): a rank killed before its
+        peer mapped its inbox leaves it in /dev/shm."""
+        return sweep(pids)
 
     def address(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),

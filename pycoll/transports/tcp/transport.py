@@ -13,11 +13,12 @@ mutual authentication (``tls.py``), the HMAC proof inside it.
 """
 from __future__ import annotations
 
+import socket
 from typing import Any
 
-from ...envvars import env_tls
+from ...envvars import env_text, env_tls
 from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
-from ..netif import choose_bind_address, socket_streams
+from ..netif import choose_bind_address, interface_address, socket_streams
 from ..wireup import Connector, ConnectorTransport
 from .channel import TcpChannel
 from .tls import TlsChannel
@@ -51,6 +52,17 @@ class TcpTransport(ConnectorTransport, Transport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return True
+
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        interfaces = {}
+        for _index, name in socket.if_nameindex():
+            interfaces[name] = interface_address(name, socket.AF_INET)
+        try:
+            bind = choose_bind_address(env_text("PYCOLL_MASTER_ADDR"))[0]
+        except Exception as e:  # noqa: BLE001 - a bad PYCOLL_SOCKET_* or no route: say so
+            bind = f"none ({e})"
+        return {"interfaces": interfaces, "bind_address": bind}
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
