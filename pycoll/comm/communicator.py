@@ -438,6 +438,13 @@ class Communicator(Collectives, FusedCollectives):
         self._plan.check_rank(peer, "peer", "transport_of")
         return self._conn.transport_for(self._members[peer])
 
+    @property
+    def store_address(self) -> tuple[str, int] | None:
+        """(host, port) of the store this communicator bootstrapped through; None for a store
+        without one (an in-process ``LocalStore``, a torch store behind an adapter)."""
+        host, port = getattr(self._store, "host", None), getattr(self._store, "port", None)
+        return (host, int(port)) if host is not None and port is not None else None
+
     def transport_summary(self) -> str:
         """E.g. "shm" or "shm(3 peers), tcp(4 peers)"; "none" for a world of one."""
         counts: dict[str, int] = {}
