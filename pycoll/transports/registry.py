@@ -1,7 +1,9 @@
 """The transport registry: which transports exist, and which one serves each pair of ranks.
 
-Adding a transport is one module (with the ``Transport`` shape: ``probe``, ``can_connect``,
-``address``, ``connect``, ``progress``...) plus one line in ``REGISTRY``. The order of
+Adding a transport is one folder (``transport.py`` with the ``Transport`` shape: ``probe``,
+``can_connect``, ``address``, ``connect``, ``progress``...; ``channel.py``) plus one line in
+``REGISTRY``; what pycoll does around it follows from its ``Capabilities`` and hooks
+(``sweep_leftovers``, ``details``), never from its name. The order of
 ``REGISTRY`` is the default preference; ``PYCOLL_TRANSPORTS`` (an ordered allow-list, like
 UCX_TLS or NCCL_NET) replaces it.
 
