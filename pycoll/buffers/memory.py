@@ -64,6 +64,8 @@ class MemRef:
     ready: Any = None
 
     def __init__(self, view: memoryview) -> None:
+        #: the bytes (host memory); None for device memory (``DeviceMemRef``), which is
+        #: how a ``Request`` tells the two apart without raising (``host_view`` raises)
         self.view = view
         self.nbytes = view.nbytes
 
