@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-ms", type=float, default=30.0, help="time per round and cell")
     p.add_argument("--max-iters", type=int, default=200)
     p.add_argument("--out", default=os.path.join(HERE, "out"))
-    p.add_argument("--transport", default="", help="PYCOLL_TRANSPORT for the ranks")
+    p.add_argument("--transport", default="", help="PYCOLL_TRANSPORTS for the ranks")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     env = dict(os.environ)
     if args.transport:
-        env["PYCOLL_TRANSPORT"] = args.transport
+        env["PYCOLL_TRANSPORTS"] = args.transport
     for n in ranks:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             path = tmp.name

@@ -5,7 +5,6 @@
     pycoll.allreduce(array, op="sum")  # numpy arrays and torch CPU tensors, in place
     pycoll.finalize()
 """
-from . import _moved
 from ._version import __version__ as __version__
 from .buffers.reduction import OP_NAMES, ReduceOp
 from .comm.communicator import Communicator
@@ -51,8 +50,6 @@ from .world import (
                      shrink,
                      world,
 )
-
-_moved.install()
 
 __all__ = [
     "init", "finalize", "is_initialized", "world", "get_rank", "get_world_size",

@@ -29,6 +29,10 @@ def detail_enabled() -> bool:
     return level() == "DETAIL"
 
 
+class RankHandler(logging.StreamHandler):
+    """The stderr handler ``configure`` attaches (a later call replaces it, not the user's)."""
+
+
 def configure(rank: int) -> None:
     """Attach a stderr handler with a rank prefix when PYCOLL_DEBUG asks for output."""
     log_level = _LOG_LEVEL.get(level())
@@ -36,10 +40,9 @@ def configure(rank: int) -> None:
         return
     logger.setLevel(log_level)
     for h in list(logger.handlers):
-        if getattr(h, "_pycoll", False):
+        if isinstance(h, RankHandler):
             logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = RankHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"[pycoll rank {rank}] %(levelname)s %(message)s"))
-    handler._pycoll = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.propagate = False

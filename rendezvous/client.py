@@ -173,6 +173,12 @@ class TCPStore:
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    def clone(self, timeout: Timeout) -> TCPStore:
+        """A second connection to the same server with the same token (e.g. to post an
+        abort record while this one is busy in a blocking call)."""
+        return TCPStore(self.host, self.port, token=self._token if self._token is not None else "",
+                        timeout=timeout)
+
     # ------------------------------------------------------------------ connection
 
     def _connect(self, deadline: float) -> None:

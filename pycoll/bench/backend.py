@@ -220,7 +220,7 @@ class PycollBackend(BufferDelegate):
     def transport(self):
         f = getattr(self.comm, "transport_summary", None)
         if f is None:
-            return os.environ.get("PYCOLL_TRANSPORTS") or os.environ.get("PYCOLL_TRANSPORT") or None
+            return os.environ.get("PYCOLL_TRANSPORTS") or None
         try:
             return str(f())
         except Exception as e:

@@ -57,14 +57,16 @@ class MemRef:
     the rest from class defaults. ``DeviceMemRef`` carries everything explicitly.
     """
 
-    __slots__ = ("_view", "nbytes")
+    __slots__ = ("view", "nbytes")
     mem_type: MemoryType = HOST
     device: int | None = None
     owner: Any = None
     ready: Any = None
 
     def __init__(self, view: memoryview) -> None:
-        self._view = view
+        #: the bytes (host memory); None for device memory (``DeviceMemRef``), which is
+        #: how a ``Request`` tells the two apart without raising (``host_view`` raises)
+        self.view = view
         self.nbytes = view.nbytes
 
     @classmethod
@@ -83,17 +85,17 @@ class MemRef:
 
     @property
     def ptr(self) -> int:
-        return view_address(self._view)
+        return view_address(self.view)
 
     def host_view(self) -> memoryview:
         """The bytes as a ``memoryview`` (host memory only)."""
-        return self._view
+        return self.view
 
     def sub(self, offset: int, nbytes: int) -> MemRef:
         """``nbytes`` bytes from ``offset`` (same memory, same owner)."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"sub({offset}, {nbytes}) outside a {self.nbytes}-byte MemRef")
-        return MemRef(self._view[offset:offset + nbytes])
+        return MemRef(self.view[offset:offset + nbytes])
 
     def __len__(self) -> int:
         return self.nbytes
@@ -109,7 +111,7 @@ class DeviceMemRef(MemRef):
 
     def __init__(self, ptr: int, nbytes: int, mem_type: MemoryType, device: int | None,
                  owner: Any = None, ready: Any = None) -> None:
-        self._view = None        # type: ignore[assignment]
+        self.view = None        # type: ignore[assignment]
         self.nbytes = nbytes
         self._ptr = ptr
         self.mem_type = mem_type

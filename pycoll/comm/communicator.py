@@ -150,8 +150,9 @@ class Communicator(Collectives, FusedCollectives):
         self._integrity_every = sample_every()
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
-        """The compiled one-host path, when every member shares this host and shm and can run
-        it (each rank's limits are in its bootstrap record, so every rank decides alike)."""
+        """The compiled one-host path, when every member shares this host and one transport
+        whose capabilities allow it (``Capabilities.fast_path``), and can run it (each rank's
+        limits are in its bootstrap record, so every rank decides alike)."""
         conn = self._conn
         if conn is None or self._store is None or len(set(self._hosts)) != 1:
             return None
@@ -159,7 +160,7 @@ class Communicator(Collectives, FusedCollectives):
             used = conn.transports_in_use(self._members)
         except PycollError:
             return None
-        if used not in (["shm"], ["cuda_ipc"]):   # cuda_ipc is shm plus device memory
+        if len(used) != 1 or not registry.transport_class(used[0]).capabilities.fast_path:
             return None
         records = [conn.table.records[m].get("fastpath", {}) for m in self._members]
         limit, chunked, cma = fastpath.agreed_limits(records, self.size)
@@ -444,6 +445,13 @@ class Communicator(Collectives, FusedCollectives):
             raise InvalidArgument(f"rank {self.rank}: a world of one has no peers")
         self._plan.check_rank(peer, "peer", "transport_of")
         return self._conn.transport_for(self._members[peer])
+
+    @property
+    def store_address(self) -> tuple[str, int] | None:
+        """(host, port) of the store this communicator bootstrapped through; None for a store
+        without one (an in-process ``LocalStore``, a torch store behind an adapter)."""
+        host, port = getattr(self._store, "host", None), getattr(self._store, "port", None)
+        return (host, int(port)) if host is not None and port is not None else None
 
     def transport_summary(self) -> str:
         """E.g. "shm" or "shm(3 peers), tcp(4 peers)"; "none" for a world of one."""

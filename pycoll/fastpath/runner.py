@@ -335,8 +335,8 @@ class FastPath(FastPathState):
             bound = callpath.BoundCall(
                 fallback=run, after=end, abort=lambda e: execution.fail_inline(info, e),
                 fast=self, execution=execution, call=call, info=info,
-                acquire=execution._idle.acquire, release=execution._idle.release,
-                queued=execution._queued, recorder=recorder,
+                acquire=execution.idle.acquire, release=execution.idle.release,
+                queued=execution.queued, recorder=recorder,
                 ring=recorder.ring if recorder is not None else None, completed=COMPLETED,
                 ndarray=np.ndarray, descr=descr, count=call.count, nbytes=call.nbytes,
                 capacity=recorder.capacity if recorder is not None else 1,

@@ -1,7 +1,8 @@
 """What this host offers: optional packages, the fast path, and each transport's probe.
 
-Nothing here initialises CUDA: CuPy's device query does, so the ``cuda_ipc`` probe runs
-only when asked (``--cuda``); without CuPy it is reported missing without asking CUDA.
+Nothing here initialises CUDA: CuPy's device query does, so the probe of a transport that
+declares device memory (``cuda_ipc``) runs only when asked (``--cuda``); without CuPy it is
+reported missing without asking CUDA.
 The transports are judged by their own ``probe`` (``transports.registry.probe_all``), the
 very check a rank makes at ``init``, so the report cannot disagree with a job.
 """
@@ -10,11 +11,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import os
-import socket
 from typing import Any
 
-from ..envvars import env_text
+from ..buffers.memory import HOST
 from ..errors import InvalidArgument
 from ..transports import registry
 
@@ -79,34 +78,9 @@ def fast_path() -> dict[str, Any]:
             "reason": unavailable_reason() or "PYCOLL_FASTPATH_BYTES=0", **calls}
 
 
-def _shm_details() -> dict[str, Any]:
-    from ..transports.shm.segment import SHM_DIR
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError as e:
-        return {"dir": SHM_DIR, "error": str(e)}
-    return {"dir": SHM_DIR, "size_bytes": st.f_blocks * st.f_frsize,
-            "free_bytes": st.f_bavail * st.f_frsize}
-
-
-def _tcp_details() -> dict[str, Any]:
-    from ..transports.netif import choose_bind_address, interface_address
-    interfaces = {}
-    for _index, name in socket.if_nameindex():
-        interfaces[name] = interface_address(name, socket.AF_INET)
-    try:
-        bind = choose_bind_address(env_text("PYCOLL_MASTER_ADDR"))[0]
-    except Exception as e:  # noqa: BLE001 - a bad PYCOLL_SOCKET_* or no route: say so
-        bind = f"none ({e})"
-    return {"interfaces": interfaces, "bind_address": bind}
-
-
-DETAILS = {"shm": _shm_details, "tcp": _tcp_details}
-
-
 def transports(probe_cuda: bool) -> dict[str, Any]:
     """Every registered transport: allowed by ``PYCOLL_TRANSPORTS``, usable here, why not,
-    and its probe record (the verbs device, for one)."""
+    and its probe record (the verbs device, for one), and its ``details``."""
     try:
         allowed: list[str] = registry.allowed_transports()
         allow_error = ""
@@ -114,16 +88,19 @@ def transports(probe_cuda: bool) -> dict[str, Any]:
         allowed, allow_error = [], str(e)
     out: dict[str, Any] = {"allowed": allowed, "error": allow_error, "each": {}}
     for name in registry.REGISTRY:
+        caps = registry.capabilities(name)
         entry: dict[str, Any] = {"allowed": name in allowed,
-                                 "explicit_only": name in registry.EXPLICIT_ONLY}
-        if name == "cuda_ipc" and not probe_cuda and importlib.util.find_spec("cupy"):
+                                 "explicit_only": caps is not None and caps.in_process}
+        device = caps is not None and not caps.memory_types <= {HOST}
+        if device and not probe_cuda and importlib.util.find_spec("cupy"):
             entry.update(usable=None, reason="not probed: it would initialise CUDA "
                                              "(pass --cuda to probe it)")
         else:
             records, missing = registry.probe_all([name])
             entry.update(usable=name in records, reason=missing.get(name, ""),
                          record=records.get(name))
-        if name in DETAILS:
-            entry["details"] = DETAILS[name]()
+        details = registry.transport_class(name).details() if caps is not None else None
+        if details is not None:
+            entry["details"] = details
         out["each"][name] = entry
     return out

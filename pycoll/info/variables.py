@@ -52,7 +52,6 @@ VARIABLES: list[Variable] = [
     *_table(
         "transports",
         ("PYCOLL_TRANSPORTS", "cuda_ipc,shm,verbs,tcp", "ordered allow-list of transports"),
-        ("PYCOLL_TRANSPORT", "auto", "older form: auto, shm, tcp or verbs"),
         ("PYCOLL_SOCKET_IFNAME", "", "interface for TCP data (NCCL syntax); default: route "
                                      "to the master"),
         ("PYCOLL_SOCKET_NSOCKS", "1", "TCP connections per peer pair (1-16)"),

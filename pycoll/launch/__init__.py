@@ -9,7 +9,9 @@ Importing this package is cheap: standard library only; ``rendezvous`` is import
 :func:`launch` runs.
 """
 
-from .._moved import lazy_names
+import importlib
+from typing import Any
+
 from .environment import DEFAULT_MASTER_PORT, LAUNCHERS, LaunchInfo, detect_launch, resolve_launch
 
 TYPE_CHECKING = False
@@ -18,7 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The launcher (subprocess, signals, threads) loads on first use, so that pycoll.init(),
 # which only needs detect_launch, does not pay for it.
-__getattr__ = lazy_names(__name__, {"launch": "launcher", "EXIT_TIMEOUT": "launcher"})
+def __getattr__(name: str) -> Any:     # PEP 562
+    if name in ("launch", "EXIT_TIMEOUT"):
+        return getattr(importlib.import_module(f"{__name__}.launcher"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "launch",

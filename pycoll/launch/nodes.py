@@ -99,7 +99,7 @@ class JobControl:
         self.store.set_timeout(CALL_SECONDS)
         return port
 
-    def _call(self, fn: Any, *args: Any) -> Any:
+    def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` on the store, or None once it is (or just became) unreachable."""
         if self.unreachable:
             return None
@@ -112,7 +112,7 @@ class JobControl:
     def report_failure(self, rank: int | str, exit_text: str, code: int) -> None:
         record = json.dumps({"rank": rank, "host": socket.gethostname(), "exit": exit_text,
                              "code": code, "node": self.node_rank})
-        self._call(self.store.compare_set, KEY + "failed", "", record)
+        self.call(self.store.compare_set, KEY + "failed", "", record)
 
     def failure_elsewhere(self, interval: float = 0.2) -> dict | None:
         """A failure another node posted (rate-limited store round trip), or None."""
@@ -120,18 +120,18 @@ class JobControl:
         if now < self._next_poll:
             return None
         self._next_poll = now + interval
-        self._call(self.store.add, KEY + f"beat/{self.node_rank}", 1)   # this launcher lives
-        if not self._call(self.store.check, [KEY + "failed"]):
+        self.call(self.store.add, KEY + f"beat/{self.node_rank}", 1)   # this launcher lives
+        if not self.call(self.store.check, [KEY + "failed"]):
             return None
-        raw = self._call(self.store.get, KEY + "failed")
+        raw = self.call(self.store.get, KEY + "failed")
         record = json.loads(raw) if raw else {}
         return record if record and record.get("node") != self.node_rank else None
 
     def abort_record(self) -> str | None:
         """The world communicator's abort record, described (the first failing collective)."""
-        if not self._call(self.store.check, ["pycoll/world/abort"]):
+        if not self.call(self.store.check, ["pycoll/world/abort"]):
             return None
-        raw = self._call(self.store.get, "pycoll/world/abort")
+        raw = self.call(self.store.get, "pycoll/world/abort")
         try:
             from ..runtime.abort import _parse, describe_record
             return describe_record(_parse(raw)) if raw else None
@@ -143,9 +143,9 @@ class JobControl:
         stopped beating for ``beat_timeout`` seconds (a launcher tearing its ranks down does
         not beat: more than its grace period), or ``wait`` seconds passed. The lease goes
         last, so that node 0 never takes a finished node for a lost one."""
-        self._call(self.store.set, KEY + f"finished/{self.node_rank}", "1")
+        self.call(self.store.set, KEY + f"finished/{self.node_rank}", "1")
         if self.node_rank == 0:
-            self._call(self._await_others, time.monotonic() + wait, beat_timeout)
+            self.call(self._await_others, time.monotonic() + wait, beat_timeout)
         for client in (self.store, self._lease):
             try:
                 if client is not None:
@@ -174,13 +174,13 @@ class JobControl:
         """This host's running processes by name (``2``, ``2'``), when they changed."""
         if names != self._published:
             self._published = names
-            self._call(self.store.set, KEY + f"procs/{self.node_rank}", json.dumps(names))
+            self.call(self.store.set, KEY + f"procs/{self.node_rank}", json.dumps(names))
 
     def _read(self, key: str) -> Any:
         """The JSON under ``key``, or None when it is not there (or the store is gone)."""
-        if not self._call(self.store.check, [key]):
+        if not self.call(self.store.check, [key]):
             return None
-        raw = self._call(self.store.get, key)
+        raw = self.call(self.store.get, key)
         return json.loads(raw) if raw else None
 
     def lost_nodes(self) -> dict[str, dict]:
@@ -188,7 +188,7 @@ class JobControl:
         return self._read(KEY + "lost-nodes") or {}
 
     def finished(self, node: int) -> bool:
-        return bool(self._call(self.store.check, [KEY + f"finished/{node}"]))
+        return bool(self.call(self.store.check, [KEY + f"finished/{node}"]))
 
     def running_on(self, node: int, nprocs: int) -> list[str]:
         """What ``node`` runs, as it last published (before it did: its ``nprocs`` ranks)."""
@@ -214,25 +214,25 @@ class JobControl:
         for node in range(1, self.nnodes):
             if str(node) in lost:
                 continue
-            alive = self._call(self.store.check, [KEY + f"alive/{node}"])
-            if not alive or bytes(self._call(self.store.get, KEY + f"alive/{node}") or b"1") \
+            alive = self.call(self.store.check, [KEY + f"alive/{node}"])
+            if not alive or bytes(self.call(self.store.get, KEY + f"alive/{node}") or b"1") \
                     != b"0" or self.finished(node):
                 continue            # not started yet, alive, or done (it says so first)
-            holder = bytes(self._call(self.store.get, KEY + f"node/{node}") or b"?").decode()
+            holder = bytes(self.call(self.store.get, KEY + f"node/{node}") or b"?").decode()
             found[node] = {"host": holder.split(" (")[0],
                            "names": self._read(KEY + f"procs/{node}") or []}
         if found:
             lost.update({str(n): v for n, v in found.items()})
-            self._call(self.store.set, KEY + "lost-nodes", json.dumps(lost))
+            self.call(self.store.set, KEY + "lost-nodes", json.dumps(lost))
         return found
 
     def waiting_joiners(self) -> int:
-        """Processes waiting to join the job (``lobby.joiners_in``), 0 if the store is gone."""
+        """Processes waiting to join the job (``joiners.joiners_in``), 0 if the store is gone."""
         from .joiners import joiners_in
-        return int(self._call(joiners_in, self.store) or 0)
+        return int(self.call(joiners_in, self.store) or 0)
 
     def post_result(self, result: dict[str, int]) -> None:
-        self._call(self.store.set, KEY + f"result/{self.node_rank}", json.dumps(result))
+        self.call(self.store.set, KEY + f"result/{self.node_rank}", json.dumps(result))
 
     def results(self) -> list[dict[str, int]]:
         """Every other node's posted outcome, in node order (lost nodes have none)."""
@@ -260,11 +260,11 @@ class ElasticJob(Job):
         return sum(int(r.get("finished", 0)) for r in self.control.results())
 
     def restarts_left(self) -> int:
-        taken = self.control._call(self.control.store.add, KEY + "restarts", 0)
+        taken = self.control.call(self.control.store.add, KEY + "restarts", 0)
         return max(0, self.max_restarts - int(taken or 0)) if taken is not None else 0
 
     def take_restart(self) -> int | None:
         if self.max_restarts == 0:
             return None
-        number = self.control._call(self.control.store.add, KEY + "restarts", 1)
+        number = self.control.call(self.control.store.add, KEY + "restarts", 1)
         return int(number) if number is not None and number <= self.max_restarts else None

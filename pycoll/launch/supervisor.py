@@ -264,17 +264,17 @@ class Supervisor:
             t.join(timeout=2.0)
 
     def close(self) -> None:
-        """Reap every rank (tearing down live ones), remove the shared-memory segments a
-        rank killed mid-setup left behind, tell the other hosts this one is done, and give
-        back the signal handlers. Every path (success, failure, exception,
-        KeyboardInterrupt) ends here."""
+        """Reap every rank (tearing down live ones), remove what a rank killed mid-setup left
+        behind (each transport's ``sweep_leftovers``: shm's segments), tell the other hosts
+        this one is done, and give back the signal handlers. Every path (success, failure,
+        exception, KeyboardInterrupt) ends here."""
         try:
             if any(p.returncode is None for p in self.procs):
                 self.teardown()
             else:
                 self.kill_all()
-            from ..transports.shm.segment import sweep
-            sweep(p.pid for p in self.procs)
+            from ..transports import registry
+            registry.sweep_leftovers(p.pid for p in self.procs)
             if self.control is not None:
                 self.control.finish(wait=self.grace + 30.0, beat_timeout=self.grace + 3.0)
         finally:

@@ -86,9 +86,7 @@ def clone_client(store: Store, timeout: float) -> Store:
     except ImportError:  # pragma: no cover
         return store
     if isinstance(store, TCPStore):
-        token = store._token  # noqa: SLF001 - same project; bytes or None
-        return TCPStore(store.host, store.port, token=token if token is not None else "",
-                        timeout=timeout)
+        return store.clone(timeout)
     if isinstance(store, PrefixStore):
         return PrefixStore(store.prefix, clone_client(store.underlying_store, timeout))
     return store

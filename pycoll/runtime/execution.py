@@ -88,12 +88,16 @@ class Execution(ExecutionState):
         self.current: list | None = None
         self.started = 0.0
         self._low: dict[str, int] = {}
-        self._idle = self.executor.idle()
-        self._queued = self.executor.pending
+        #: held while a call runs (inline or on the worker); the compiled call path
+        #: (``fastpath.runner``) takes and releases it around a fast call
+        self.idle = self.executor.idle()
+        #: the asynchronous calls waiting for the worker: a fast call that finds any runs
+        #: after them, on the generic path (``fastpath.runner`` reads it)
+        self.queued = self.executor.pending
         #: ``finish_inline()``: the inline call completed. Its flight record was written as
         #: completed when it began (a fast call takes µs: no second clock read); a dump
         #: taken while it runs shows it running (``running_inline``)
-        self.finish_inline: Callable[[], None] = self._idle.release
+        self.finish_inline: Callable[[], None] = self.idle.release
 
     @property
     def failed(self) -> BaseException | None:
@@ -254,10 +258,10 @@ class Execution(ExecutionState):
         another thread, or the communicator cannot take calls, which ``execute`` says).
         Returns the call's word (``tags.call_word`` of its sequence number and ``bits``);
         ``finish_inline`` or ``fail_inline`` must follow."""
-        if self._refusing or not self._idle.acquire(False):
+        if self._refusing or not self.idle.acquire(False):
             return 0
-        if self._queued:                 # an asynchronous call goes first
-            self._idle.release()
+        if self.queued:                 # an asynchronous call goes first
+            self.idle.release()
             return 0
         seq = self.seq = self.seq + 1
         self.started = start = _monotonic()
@@ -275,11 +279,11 @@ class Execution(ExecutionState):
         try:
             return self.fail(info, self.seq, self.timeout, e, self.current, None)
         finally:
-            self._idle.release()
+            self.idle.release()
 
     def running_inline(self) -> list | None:
         """The flight record of the call running inline now, if one does."""
-        return self.current if self._idle.locked() else None
+        return self.current if self.idle.locked() else None
 
     def dump(self, reason: str) -> str | None:
         """Write the flight recorder's dump now; its path (None: recording is off)."""

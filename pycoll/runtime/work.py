@@ -49,7 +49,9 @@ class Work:
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future | None = None
 
-    def _finish(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None) -> None:
+        """The call ended (``error``: how it failed): wake waiters, run callbacks. Called by
+        the ``Executor`` that ran it."""
         with self._lock:
             self._error = error
             self._done.set()
@@ -108,10 +110,10 @@ class Work:
             self._future = fut
 
         def settle(work: Work) -> None:
-            if work._error is not None:
-                fut.set_exception(work._error)
+            if self._error is not None:    # work is self
+                fut.set_exception(self._error)
             else:
-                out = work._output
+                out = self._output
                 fut.set_result(out.value if isinstance(out, Outcome) else out)
         self.add_done_callback(settle)
         return fut
@@ -197,7 +199,7 @@ class Executor:
                     task()
                 except BaseException as e:  # delivered through the work handle
                     error = e
-            work._finish(error)
+            work.finish(error)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop taking work; fail what is still queued; let the running task finish."""
@@ -208,7 +210,7 @@ class Executor:
             self._cv.notify_all()
             thread = self.thread
         for _task, work in dropped:
-            work._finish(PycollError(f"{work.collective} #{work.seq} was still queued when "
+            work.finish(PycollError(f"{work.collective} #{work.seq} was still queued when "
                                      f"communicator {self._name} was finalized"))
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)

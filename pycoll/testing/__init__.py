@@ -123,7 +123,7 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
     os.environ.update(env)
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
     from ..transports.progress import WaitPolicy
-    WaitPolicy._most_ranks = 0     # forked: the parent's layout (e.g. of run_threads) is not ours
+    WaitPolicy.most_ranks = 0     # forked: the parent's layout (e.g. of run_threads) is not ours
     WaitPolicy.configure(1)
     for var in ("PYCOLL_RANK", "PYCOLL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
@@ -227,7 +227,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
                 collective_timeout: float = 120.0) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` threads of this process; results by rank.
 
-    Ranks talk over the in-process transport (``PYCOLL_TRANSPORTS=inproc``) and bootstrap
+    Ranks talk over the in-process transport (``Capabilities.in_process``: inproc) and bootstrap
     through a ``rendezvous.LocalStore``. ``env`` is applied to this process for the duration
     (threads share it). A rank still running at ``timeout`` is reported (threads cannot be
     killed; every collective ends at ``collective_timeout`` anyway).
@@ -237,11 +237,12 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
     from rendezvous import LocalStore
 
     from ..comm.communicator import Communicator
+    from ..transports import registry
     from ..transports.progress import WaitPolicy
 
-    settings = {"PYCOLL_TRANSPORTS": "inproc", **dict(env or {})}
+    settings = {"PYCOLL_TRANSPORTS": ",".join(registry.in_process()), **dict(env or {})}
     saved_env = {k: os.environ.get(k) for k in settings}
-    saved_policy = (WaitPolicy._most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
+    saved_policy = (WaitPolicy.most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
                     WaitPolicy.hot_spins, WaitPolicy.liveness_seconds)
     os.environ.update(settings)
     store = LocalStore(timeout=collective_timeout)
@@ -271,7 +272,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any,
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        (WaitPolicy._most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
+        (WaitPolicy.most_ranks, WaitPolicy.crowded, WaitPolicy.spin_seconds,
          WaitPolicy.hot_spins, WaitPolicy.liveness_seconds) = saved_policy
     errors = {r: o for r, o in outcomes.items() if o[0] != "ok"}
     for r in range(world_size):

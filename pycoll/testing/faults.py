@@ -114,7 +114,7 @@ def kill_during(world_size: int, collective: str = "allreduce", nbytes: int = 8,
     rng = random.Random(seed)
     if victim is None:
         victim = rng.randrange(world_size)
-    full_env = {"PYCOLL_TRANSPORT": transport, **(env or {})}
+    full_env = {"PYCOLL_TRANSPORTS": transport, **(env or {})}
     server = StoreServer("127.0.0.1", 0)
     server.start()
     ctx = mp.get_context("fork")

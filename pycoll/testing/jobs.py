@@ -29,7 +29,7 @@ def store_stranger(comm: Any) -> tuple[float, list[str]]:
 
     refused = []
     if comm.rank == 1:
-        host, port = comm._store.host, comm._store.port
+        host, port = comm.store_address
         for token in ("", "0" * 32):
             try:
                 TCPStore(host, port, token=token, timeout=5).get("pycoll/job-secret")

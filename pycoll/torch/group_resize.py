@@ -76,7 +76,7 @@ def grow_group(count: int | None = None, group: Any = None,
     if grown is target.comm:
         return target
     new = _wrap(grown)
-    new._adapter, target._adapter = target._adapter, None
+    new.adapter, target.adapter = target.adapter, None
     return _replace(target, new, list(range(grown.size)), True, "grown")
 
 
@@ -94,7 +94,7 @@ def join_group(timeout: float | timedelta = DEFAULT_TIMEOUT) -> Any:
         store.close()
         raise
     group = _wrap(comm)
-    group._adapter = store
+    group.adapter = store
     name = c10d._process_group_name(list(range(comm.size)), use_hashed_name=True)
     group.setGroupName(name)
     group.setGroupDesc("default:grown")

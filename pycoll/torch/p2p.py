@@ -50,7 +50,7 @@ class DeferredP2P:
         h = st.inp(t) if kind == "send" else st.out(t)
         work = PycollWork(kind, [t], self._rank, flush=self.flush,
                           record=begin_record(kind, [t]))
-        work._source = peer
+        work.set_source(peer)
         with self._lock:
             self.batch.append((kind, h, peer, tag, work, st))
         return work
@@ -66,12 +66,12 @@ class DeferredP2P:
                                                  async_op=True))
         except BaseException as e:
             for *_, work, _st in batch:
-                work._complete(e)
+                work.finish(e)
             return
 
         def done(w: Any) -> None:
             for *_, work, st in batch:
-                work._complete_after(w.exception(), st.copy_back)
+                work.finish_after(w.exception(), st.copy_back)
 
         pw.add_done_callback(done)
 
@@ -86,12 +86,12 @@ class DeferredP2P:
         try:
             pw = cast(Work, self._comm.recv(h, None, int(tag), async_op=True))
         except BaseException as e:
-            work._complete(e)
+            work.finish(e)
             raise
 
         def done(w: Any) -> None:
-            work._source = w.source_rank() if w.exception() is None else -1
-            work._complete_after(w.exception(), st.copy_back)
+            work.set_source(w.source_rank() if w.exception() is None else -1)
+            work.finish_after(w.exception(), st.copy_back)
 
         pw.add_done_callback(done)
         return work
@@ -101,4 +101,4 @@ class DeferredP2P:
         with self._lock:
             batch, self.batch = self.batch, []
         for *_, work, _st in batch:
-            work._complete(PycollError(message))
+            work.finish(PycollError(message))

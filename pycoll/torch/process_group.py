@@ -95,13 +95,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             seconds = 1800.0
         self._timeout = seconds
         #: the store client this group owns and closes (torch's store adapted, or pycoll's)
-        self._adapter: Any = None
+        self.adapter: Any = None
         if comm is None and size > 1 and elastic_job() and not dist.is_initialized():
             # the default group under pycoll.run --elastic: pycoll's store, which lives in
             # the launcher (rank 0 may die too) and has the leases that find dead ranks
             # (docs/elastic.md); other groups share its channels or use torch's store
             own, _, _, token, addr = join_job(rank, size, None, None, seconds, None)
-            self._adapter = own
+            self.adapter = own
             comm = Communicator.create(own, rank, size, timeout=seconds, name="torch",
                                        token=token, master_addr=addr)
         if comm is None:
@@ -109,7 +109,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             token = None
             if size > 1:  # authenticates tcp peers; the store is the trust root, as pycoll.run
                 token = adapter.compare_set("pycoll/token", "", secrets.token_hex(16)).decode()
-            self._adapter = adapter
+            self.adapter = adapter
             comm = Communicator.create(adapter, rank, size, timeout=seconds, name="torch",
                                        token=token, master_addr=os.environ.get("MASTER_ADDR"))
         self.comm = comm
@@ -555,7 +555,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         comm = self.comm.shrink(excluded, timeout=timeout)
         group = ProcessGroupPycoll(None, comm.rank, comm.size, timedelta(seconds=timeout),
                                    comm=comm)
-        group._adapter, self._adapter = self._adapter, None
+        group.adapter, self.adapter = self.adapter, None
         return group
 
     # -- teardown -----------------------------------------------------------------------------
@@ -567,8 +567,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._views.clear()
         self._p2p.fail_pending(f"rank {self._rank}: process group shut down before this "
                                "send/recv was waited on")
-        if self._adapter is not None:      # a subgroup's store is the default group's
-            self._adapter.close()
+        if self.adapter is not None:      # a subgroup's store is the default group's
+            self.adapter.close()
         self.comm.finalize()
 
     def abort(self) -> None:

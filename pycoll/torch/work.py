@@ -122,7 +122,9 @@ class PycollWork(dist._Work):
         self._finished = finished      # ``finished=True``: an inline op that already succeeded
 
     # -- completion (pycoll's worker thread, or the caller for inline ops) --------------------
-    def _complete(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None) -> None:
+        """The op ended (``error``: how it failed): wake waiters, complete the future.
+        Called by whoever issued its pycoll calls (``issue_parts``, ``p2p.DeferredP2P``)."""
         with self._lock:
             if self._finished:
                 return
@@ -136,8 +138,8 @@ class PycollWork(dist._Work):
         if raw is not None:
             raw.set_result(self._outputs if error is None else _Failure(error))
 
-    def _complete_after(self, error: BaseException | None,
-                        then: Callable[[], None] | None) -> None:
+    def finish_after(self, error: BaseException | None,
+                     then: Callable[[], None] | None) -> None:
         """Complete once the op's pycoll calls are done: ``then`` first (``post`` and the
         copy-back) if they succeeded; an error it raises fails the work instead."""
         if error is None and then is not None:
@@ -145,7 +147,7 @@ class PycollWork(dist._Work):
                 then()
             except BaseException as e:  # delivered through the work
                 error = e
-        self._complete(error)
+        self.finish(error)
 
     def _wait_finished(self, limit: float | None) -> bool:
         if self._finished:
@@ -215,6 +217,11 @@ class PycollWork(dist._Work):
     def source_rank(self) -> int:
         return self._source
 
+    def set_source(self, rank: int) -> None:
+        """The rank a receive's message came from (``source_rank``); the deferred
+        point-to-point batch (``p2p.DeferredP2P``) sets it."""
+        self._source = rank
+
     _source_rank = source_rank
 
     def synchronize(self) -> None:
@@ -245,6 +252,14 @@ class DoneWork(PycollWork):
     def wait(self, timeout: Any = None) -> bool:
         return True
 
+    @classmethod
+    def of(cls, op: str, outputs: Any) -> DoneWork:
+        """A ``DoneWork`` of ``op`` whose results are ``outputs``."""
+        work = cls()
+        work._op = op
+        work._outputs = outputs
+        return work
+
     def get_future(self) -> torch.futures.Future:
         future = self._future
         if future is None:     # two threads racing here each get a completed future
@@ -257,12 +272,10 @@ class DoneWork(PycollWork):
         return True
 
 
-def done(op: str, outputs: Any) -> DoneWork:
-    """A ``DoneWork`` of ``op`` whose results are ``outputs``."""
-    work = DoneWork()
-    work._op = op
-    work._outputs = outputs
-    return work
+
+
+#: a ``DoneWork`` of ``op`` whose results are ``outputs`` (every synchronous ``dist.*`` call)
+done = DoneWork.of
 
 
 def issue_parts(work: PycollWork, calls: Sequence[Callable[[bool], Any]],
@@ -276,7 +289,7 @@ def issue_parts(work: PycollWork, calls: Sequence[Callable[[bool], Any]],
     cannot be withdrawn.
     """
     if not calls:
-        work._complete_after(None, then)
+        work.finish_after(None, then)
         return work
     pending = [len(calls)]
     first_error: list[BaseException] = []
@@ -290,7 +303,7 @@ def issue_parts(work: PycollWork, calls: Sequence[Callable[[bool], Any]],
                 first_error.append(e)
             last = pending[0] == 0
         if last:
-            work._complete_after(first_error[0] if first_error else None, then)
+            work.finish_after(first_error[0] if first_error else None, then)
 
     issued = 0
     try:
@@ -300,14 +313,14 @@ def issue_parts(work: PycollWork, calls: Sequence[Callable[[bool], Any]],
             pw.add_done_callback(one_done)
     except BaseException as e:
         if issued == 0:
-            work._complete(e)
+            work.finish(e)
             raise
         with lock:
             first_error.append(e)
             pending[0] -= len(calls) - issued
             last = pending[0] == 0
         if last:
-            work._complete_after(first_error[0], then)
+            work.finish_after(first_error[0], then)
     return work
 
 

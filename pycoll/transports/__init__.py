@@ -10,7 +10,8 @@ Shared by every transport:
 * ``wireup``: lazy dials, the job-membership handshake and the acceptor (tcp and verbs);
 * ``netif``: interface and device choice by name, socket tuning.
 
-The transports, each with the same shape (a channel and a transport, plus its own extras):
-``shm/``, ``tcp/``, ``verbs/``, and the single modules ``inproc`` (threads of one process)
-and ``cuda_ipc`` (shm plus device memory).
+The transports, each a folder with the same file names (``transport.py``, ``channel.py``,
+plus its own extras): ``shm/``, ``tcp/``, ``verbs/``, ``inproc/`` (threads of one process);
+and the single module ``cuda_ipc`` (shm plus device memory). Nothing outside a transport's
+folder and the registry names it: pycoll decides from its ``Capabilities``.
 """

@@ -16,7 +16,9 @@ Shape (Gloo's Device/Pair/UnboundBuffer, UCX's md/iface/ep, NCCL's ``ncclTranspo
   order (``matching.TagMatcher``); a receive must be posted with exactly the size that was
   sent (``MessageSizeMismatch`` otherwise, never a silent truncation). Transports that
   declare ``one_sided`` also offer ``put``.
-* ``Capabilities``: declared numbers for the cost model, and the memory types moved.
+* ``Capabilities``: declared numbers for the cost model, the memory types moved, and what
+  the rest of pycoll may do around the transport (the one-host fast path, threads as
+  ranks). pycoll decides from these, never from a transport's name.
 
 Progress is driven by ``progress.ProgressEngine``: whoever waits progresses every transport,
 so a send queued on any channel moves while any wait runs.
@@ -24,7 +26,7 @@ so a send queued on any channel moves while any wait runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,8 @@ from .matching import AnySource, Request, TagMatcher
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a transport can do, as declared numbers the cost model consumes."""
+    """What a transport can do: declared numbers the cost model consumes, and the facts the
+    rest of pycoll decides from (so no module outside the transport names it)."""
 
     name: str
     latency_us: float          # one small message, one way
@@ -44,6 +47,13 @@ class Capabilities:
     one_sided: bool = False    # can write into a peer's registered memory (``put``)
     memory_types: frozenset = frozenset({HOST})
     segment_bytes: int = 1 << 20   # pipelining granularity that suits this transport
+    #: ranks that talk only over this transport may use the compiled one-host path
+    #: (``fastpath/``: its own /dev/shm segment and cross-memory attach, the same means as
+    #: shm's), so the communicator builds it for them
+    fast_path: bool = False
+    #: connects only threads of one process: never chosen unless ``PYCOLL_TRANSPORTS``
+    #: names it (``registry.allowed_transports``), and what ``testing.run_threads`` uses
+    in_process: bool = False
 
     def moves(self, mem_type: MemoryType) -> bool:
         return mem_type in self.memory_types
@@ -56,22 +66,29 @@ class Channel(ABC):
     once; it connects in the background of progress (``Transport.setup_pending`` while it
     does) until it is ``ready``; messages queued before that move then. ``peer_joined`` says
     whether the peer has started its side at all. A channel that fails is broken for good
-    (``_broken``: every request after that fails with it), and ``close`` ends it.
+    (``broken``: every request after that fails with it), and ``close`` ends it.
     """
 
     #: rank of the peer (in the root communicator that opened the transport)
     peer: int
     #: the transport that made this channel
     transport: Transport
-    #: the channel's receives and unexpected messages (every transport matches through one)
-    _match: TagMatcher
-    #: why the channel broke (None while it works); every request after that fails with it
-    _broken: BaseException | None
+    #: the channel's posted receives and held (unexpected) messages: every transport
+    #: matches through one. Public because the progress engine reads it too: a wait that
+    #: goes idle looks at the matcher of each of its requests' channels for held messages
+    #: that prove a receive wrong (``progress.ProgressEngine``), and an any-source receive
+    #: enlists in it (``irecv_any``)
+    matcher: TagMatcher
+    #: why the channel broke (None while it works); every request after that fails with it.
+    #: Read by the transport's helpers that run the channel's connection (``wireup``'s
+    #: dials and handshakes, verbs' ``QueuePairs``) to stop work on a broken channel
+    broken: BaseException | None
     #: the transport's active set (``ActiveSet.channels``): joined when work arrives
     _active: dict[int, Channel]
     #: what receives are made of: ``Request``, or the bit-flip test hook's subclass when
-    #: ``PYCOLL_TEST_FLIP`` is set (``bitflip.py``; chosen once, when a transport is made)
-    _recv_request: type[Request] = Request
+    #: ``PYCOLL_TEST_FLIP`` is set (``bitflip.py``). Set on this class by the registry
+    #: (``registry.transport_class``), once, before any transport is made
+    recv_request: type[Request] = Request
 
     @abstractmethod
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
@@ -102,7 +119,7 @@ class Channel(ABC):
         the first of the group's receives that a message matches wins, and the others are
         withdrawn at that moment, before any byte lands (``matching.AnySource``)."""
         req = self.irecv(mem, tag)
-        group.enlist(self._match, req)
+        group.enlist(self.matcher, req)
         return req
 
     def _post_receive(self, req: Request) -> bool:
@@ -110,13 +127,13 @@ class Channel(ABC):
         peer went away is still delivered, through ``_deliver_held``), else a broken channel
         fails the receive, else it is posted and the channel joins the active set. True when
         posted (the caller may then progress at once)."""
-        match = self._match
+        match = self.matcher
         if match.unexpected:
             held = match.take_held(req)
             if held is not None:
                 self._deliver_held(req, *held)
                 return False
-        broken = self._broken
+        broken = self.broken
         if broken is not None:
             req.fail(broken)
             return False
@@ -145,7 +162,7 @@ class Channel(ABC):
     def refuse_conflicts(self) -> bool:
         """Fail posted receives that a held message proves wrong (``CollectiveMismatch``);
         the progress engine calls it when a wait goes idle."""
-        return self._match.refuse_conflicts()
+        return self.matcher.refuse_conflicts()
 
     def check_leftovers(self, tag: int, unread: bool = True) -> None:
         """Raise ``CollectiveMismatch`` for a message that arrived (held, or with ``unread``
@@ -154,9 +171,9 @@ class Channel(ABC):
         this channel has read what came before them (``unread=False``); the fast path posts
         none."""
         if unread:
-            self._match.check_leftovers(tag, self.unread_tags())
-        elif self._match.unexpected:
-            self._match.check_leftovers(tag)
+            self.matcher.check_leftovers(tag, self.unread_tags())
+        elif self.matcher.unexpected:
+            self.matcher.check_leftovers(tag)
 
     def unread_tags(self) -> list[int]:
         """Tags of messages that arrived but were not read yet (read only for a receive)."""
@@ -174,18 +191,21 @@ class Channel(ABC):
         if nbytes == req.nbytes:
             return True
         error = size_mismatch(self.peer, req.tag, nbytes, req.nbytes)
-        self._break(error)
+        self.break_with(error)
         req.fail(error)
         return False
 
     @abstractmethod
-    def _break(self, error: BaseException) -> None:
-        """Fail every pending request with ``error``; the channel stays broken."""
+    def break_with(self, error: BaseException) -> None:
+        """Fail every pending request with ``error``; the channel stays broken (``broken``).
+        Called by the channel itself, and by the helpers that run its connection
+        (``wireup``'s dials and handshakes, verbs' ``QueuePairs``) when the connection
+        fails under them; a failed call breaks a channel through ``abandon``."""
 
     def abandon(self, error: BaseException) -> None:
         """A call that had requests here failed: the pair is out of step (a late message
         could land in a buffer the user got back with an error), so break it."""
-        self._break(error)
+        self.break_with(error)
 
     @abstractmethod
     def close(self) -> None:
@@ -222,6 +242,20 @@ class Transport(ABC):
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         """Whether two ranks can talk over this transport; must be symmetric."""
 
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        """What ``python -m pycoll.info`` shows of this transport beyond its probe (shm: its
+        directory's free space; tcp: the interfaces); None when there is nothing more."""
+        return None
+
+    @classmethod
+    def sweep_leftovers(cls, pids: Iterable[int] | None = None) -> list[str]:
+        """Remove what dead processes of this user left behind (files in /dev/shm for shm):
+        given ``pids``, what those reaped processes made; otherwise what any process that no
+        longer exists made. Returns what was removed. The launcher calls it through
+        ``registry.sweep_leftovers`` once it has reaped its ranks."""
+        return []
+
     @abstractmethod
     def address(self) -> dict[str, Any]:
         """A JSON-able record a peer needs to connect (published through the store)."""
@@ -251,8 +285,9 @@ class Transport(ABC):
         call, in the order each peer made them (progresses the channels to find them)."""
         return []
 
-    #: the channels with work (every transport keeps one; see ``ActiveSet``)
-    _active: ActiveSet
+    #: the channels with work (every transport keeps one; see ``ActiveSet``): its channels
+    #: join it when work arrives, and the progress engine walks it
+    active: ActiveSet
     #: connection setup in progress (dials, handshakes, segments to map): progress me even
     #: when no channel has work
     setup_pending: bool = False
@@ -271,7 +306,7 @@ class Transport(ABC):
 
     def check_alive(self) -> None:
         """Raise PeerLost for a channel whose peer is known to be gone (called while idle)."""
-        self._active.check_alive()
+        self.active.check_alive()
 
     @abstractmethod
     def close(self) -> None:

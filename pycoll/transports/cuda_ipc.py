@@ -231,7 +231,7 @@ class CudaIpcChannel(ShmChannel):
             return
         body = bytes(self._in.data[at: at + DEVICE_BODY.size])
         if req is None:
-            self._match.hold(tag, total, DeviceNotice(body, aux))
+            self.matcher.hold(tag, total, DeviceNotice(body, aux))
         else:
             self._device_read(req, body, aux)
 
@@ -250,7 +250,7 @@ class CudaIpcChannel(ShmChannel):
         try:
             done = self._device.read(req.mem, body, self.peer)
         except TransportError as err:
-            self._break(err)
+            self.break_with(err)
             req.fail(err)
             return
         self._device_reads.append((done, seq))
@@ -292,7 +292,7 @@ class CudaIpcTransport(ShmTransport):
     capabilities = Capabilities("cuda_ipc", latency_us=10.0, bandwidth_gbps=100.0,
                                 same_host_only=True, one_sided=True,
                                 memory_types=frozenset({HOST, CUDA}),
-                                segment_bytes=4 << 20)
+                                segment_bytes=4 << 20, fast_path=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         super().__init__(ctx)

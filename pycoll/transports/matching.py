@@ -43,7 +43,7 @@ class Request:
         self.mem = mem
         # Host bytes. Device memory has none (None): only transports declaring device
         # memory receive such requests, and they use ``mem`` instead.
-        self.view: memoryview = mem._view
+        self.view: memoryview = mem.view
         self.tag = tag
         self.nbytes = mem.nbytes
         self.done = False

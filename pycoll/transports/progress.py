@@ -71,22 +71,24 @@ class WaitPolicy:
     #: how often an idle waiter checks peers and abort records: every idle rank wakes this
     #: often, so with many ranks per core it grows (to 1 s at 20 ranks per core)
     liveness_seconds = LIVENESS_INTERVAL
-    _most_ranks = 0       # the most ranks per machine any communicator of this process saw
+    #: the most ranks per machine any communicator of this process saw (a test harness
+    #: resets it: a forked rank, or threads as ranks, start from their own layout)
+    most_ranks = 0
 
     @classmethod
     def configure(cls, ranks_on_host: int) -> None:
         """Called by every communicator's setup; a sub-group never relaxes the policy a
         larger communicator of the same process needed."""
-        cls._most_ranks = max(cls._most_ranks, ranks_on_host)
+        cls.most_ranks = max(cls.most_ranks, ranks_on_host)
         try:
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
-        oversubscribed = cls.crowded = cls._most_ranks > cores
+        oversubscribed = cls.crowded = cls.most_ranks > cores
         spin_us = env_float("PYCOLL_SPIN_US", 0.0 if oversubscribed else 50.0, minimum=0.0)
         cls.spin_seconds = spin_us * 1e-6
         cls.hot_spins = 64 if cls.spin_seconds > 0 else 1
-        per_core = cls._most_ranks / cores
+        per_core = cls.most_ranks / cores
         cls.liveness_seconds = min(1.0, LIVENESS_INTERVAL * max(1.0, per_core))
 
 
@@ -156,7 +158,7 @@ class ProgressEngine:
                     if t.setup_pending:
                         if t.progress():
                             moved = True
-                    elif t._active.channels and t._active.progress():
+                    elif t.active.channels and t.active.progress():
                         moved = True
             finally:
                 if self.shared:
@@ -206,7 +208,7 @@ class ProgressEngine:
                 if moved:
                     continue
             for t in transports:
-                if not t.pollable and t._active.channels:
+                if not t.pollable and t.active.channels:
                     fds = None        # shared memory has work: poll it, do not block
                     break
             else:
@@ -225,7 +227,7 @@ class ProgressEngine:
         a disagreement always leaves a receive waiting, so the first idle moment finds it."""
         found = False
         for r in requests:
-            match = r.channel._match
+            match = r.channel.matcher
             if match.unexpected and match.posted and not r.done:   # cheap: usually false
                 with self.lock:
                     found = r.channel.refuse_conflicts() or found

@@ -42,7 +42,7 @@ class Dialer(Protocol):
 
     name: str
     rank: int
-    _token: str | None
+    token: str | None
 
 HELLO = struct.Struct("<8sIHH32s")       # magic, rank, stream, streams, proof
 MAGIC = b"PYCOLLv2"
@@ -82,12 +82,12 @@ class Dial:
         self.retry_at = 0.0
         self.delay = 0.01
         self.hello = HELLO.pack(MAGIC, transport.rank, stream, streams,
-                                proof(transport._token, str(addr["nonce"]), transport.rank,
+                                proof(transport.token, str(addr["nonce"]), transport.rank,
                                       stream, streams))
 
     def _fail(self, why: str) -> None:
         peer = self.channel.peer
-        self.channel._break(TransportError(
+        self.channel.break_with(TransportError(
             f"{self.transport.name}: could not connect to peer rank {peer} at {self.addr['host']}:"
             f"{self.addr['port']}: {why}; check that the address is reachable from this host "
             "(PYCOLL_SOCKET_IFNAME selects the interface)", peer=peer))
@@ -109,7 +109,7 @@ class Dial:
         if self.sock is not None:
             self.sock.close()
         peer = self.channel.peer
-        self.channel._break(TransportError(
+        self.channel.break_with(TransportError(
             f"{self.transport.name}: rank {self.transport.rank} could not connect to peer rank "
             f"{peer} at {self.addr['host']}:{self.addr['port']}: "
             f"{describe_tls_failure(error)}", peer=peer))
@@ -140,7 +140,7 @@ class Dial:
 
     def progress(self) -> bool:
         """Advance; True once finished (connected or failed)."""
-        if self.channel._broken is not None:
+        if self.channel.broken is not None:
             if self.sock is not None:
                 self.sock.close()
             return True
@@ -175,7 +175,7 @@ class Dial:
                 # The listener existed before its address was published: refused means the
                 # process is gone or has closed its communicator, not "not yet".
                 sock.close()
-                self.channel._break(peer_lost(
+                self.channel.break_with(peer_lost(
                     self.channel.peer, f"its data port {self.addr['host']}:{self.addr['port']} "
                     "refused the connection (the process exited or closed its communicator)"))
                 return True
@@ -211,7 +211,7 @@ class Dial:
         if answer != b"\x01":
             sock.close()
             peer = self.channel.peer
-            self.channel._break(TransportError(
+            self.channel.break_with(TransportError(
                 f"{self.transport.name}: peer rank {peer} at {self.addr['host']}:"
                 f"{self.addr['port']} refused this "
                 "rank's handshake: are both ranks in the same job (same PYCOLL_TOKEN)?",
@@ -242,7 +242,7 @@ class Connector:
     A pair has ``streams`` sockets: the smaller of the two ranks' counts, which each side
     computes from the other's published address (the dialer also states it in its
     ``HELLO``). A channel is made by ``make_channel(peer, streams)`` and must offer
-    ``attach(sock, stream)``, ``busy()``, ``ready``, ``streams`` and ``_broken``. With
+    ``attach(sock, stream)``, ``busy()``, ``ready``, ``streams`` and ``broken``. With
     ``tls`` every socket is a TLS one (``ssl.SSLSocket``), in both directions.
     """
 
@@ -259,7 +259,7 @@ class Connector:
         self.attached: dict[int, set[int]] = {}      # peer -> its sockets accepted so far
         self.dials: dict[tuple[int, int], Dial] = {}
         self.awaiting = False       # a channel with work waits for its peer to dial in
-        self.acceptor = Acceptor(transport.rank, size, transport._token, host, family,
+        self.acceptor = Acceptor(transport.rank, size, transport.token, host, family,
                                  self._may_admit, self._attach,
                                  tls.server_context() if tls is not None else None)
 
@@ -305,7 +305,7 @@ class Connector:
                     moved = True
         moved = self.acceptor.progress(self.awaiting) or moved
         rank, attached = self.transport.rank, self.attached
-        self.awaiting = any(ch.peer > rank and ch.busy() and ch._broken is None
+        self.awaiting = any(ch.peer > rank and ch.busy() and ch.broken is None
                             and len(attached.get(ch.peer, ())) < ch.streams for ch in active)
         return moved
 

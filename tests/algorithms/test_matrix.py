@@ -286,7 +286,7 @@ def test_tiny_segments(n, transport, segment):
     """Tiny segments: many per chunk, so every pipelined path (ring, chain, recv-reduce) runs."""
     cases = _count_cases(n, [1, 97, 1031, 20_011], [("float32", "sum"), ("int16", "max")])
     cases += _count_cases(n, [4099], [("float64", "avg"), ("uint8", "sum")], REDUCING)
-    _check(n, cases, env={"PYCOLL_TRANSPORT": transport, "PYCOLL_SEGMENT_BYTES": str(segment)})
+    _check(n, cases, env={"PYCOLL_TRANSPORTS": transport, "PYCOLL_SEGMENT_BYTES": str(segment)})
 
 
 # The largest combinations: a few MiB per case, every algorithm, both transports. A fixed
@@ -311,7 +311,7 @@ def test_large(n, transport):
     cases += _count_cases(n, [per_rank], [("float64", "max")],
                           ("reduce_scatter", "allgather", "gather", "scatter", "alltoall"))
     cases = [c for c in cases if c[5] in ("out", "inplace")]
-    _check(n, cases, env={"PYCOLL_TRANSPORT": transport}, timeout=115.0)
+    _check(n, cases, env={"PYCOLL_TRANSPORTS": transport}, timeout=115.0)
 
 
 def _torch_cases(comm: Any) -> list[list[float]]:

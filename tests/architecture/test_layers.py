@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 #: lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: list[tuple[str, ...]] = [
     ("rendezvous",),                                        # the store: knows no pycoll
-    ("pycoll._version", "pycoll._moved", "pycoll.errors", "pycoll.envvars",
+    ("pycoll._version", "pycoll.errors", "pycoll.envvars",
      "pycoll.timeouts", "pycoll.tags", "pycoll.debug"),     # settings, errors, leaves
     ("pycoll.buffers",),                                    # memory, tensors, reduction
     ("pycoll.cuda",),                                       # device memory (CuPy)

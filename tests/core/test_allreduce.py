@@ -80,13 +80,13 @@ def test_pipelined_segments(size, transport):
     """A tiny segment size forces many segments per chunk through the pipelining path."""
     cases = [(count, "float32", "sum", "ring") for count in (1, 97, 10_007, 300_001)]
     cases += [(100_003, "int64", "max", "ring"), (5_003, "float64", "avg", None)]
-    _check(size, cases, env={"PYCOLL_TRANSPORT": transport, "PYCOLL_SEGMENT_BYTES": "4096"})
+    _check(size, cases, env={"PYCOLL_TRANSPORTS": transport, "PYCOLL_SEGMENT_BYTES": "4096"})
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_large_and_auto_selection(transport):
     cases = [(n, "float32", "sum", None) for n in (3, 20_000, 5_000_001)]
-    _check(4, cases, env={"PYCOLL_TRANSPORT": transport})
+    _check(4, cases, env={"PYCOLL_TRANSPORTS": transport})
 
 
 def test_shm_fragment_path_without_cma():

@@ -130,7 +130,7 @@ def follow_up():
     done.set()
 threading.Thread(target=follow_up, daemon=True).start()
 finished = done.wait(20)              # the follow-up ended (refused or aborted), then:
-os.write(1, (f"{comm.rank} {type(err).__name__} {ex._idle.locked()} {finished}" + "\\n").encode())
+os.write(1, (f"{comm.rank} {type(err).__name__} {ex.idle.locked()} {finished}" + "\\n").encode())
 os._exit(0)
 """
 

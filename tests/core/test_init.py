@@ -88,7 +88,7 @@ def test_explicit_arguments_and_tcp(tmp_path):
         f"pycoll.init(int(os.environ['R']), 2, master_addr='127.0.0.1', master_port={port})"))
     procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**_clean_env(), "R": str(r), "PYCOLL_TRANSPORT": "tcp",
+                              env={**_clean_env(), "R": str(r), "PYCOLL_TRANSPORTS": "tcp",
                                    "PYCOLL_DEBUG": "INFO"})
              for r in range(2)]
     try:

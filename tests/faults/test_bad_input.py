@@ -143,7 +143,7 @@ def _one_rank_passes_bad_input(comm, bad_rank):
 def test_other_ranks_are_not_left_hanging(transport):
     bad = 2
     outcomes = run_ranks(_one_rank_passes_bad_input, 4, bad, expect_failure=True,
-                         collective_timeout=60, env={"PYCOLL_TRANSPORT": transport})
+                         collective_timeout=60, env={"PYCOLL_TRANSPORTS": transport})
     assert outcomes[bad][0] == "InvalidArgument", outcomes[bad]
     for rank, (kind, value) in enumerate(outcomes):
         if rank == bad:

@@ -36,7 +36,6 @@ def _run(world: int, victim: int, transport: str, out: Path) -> dict[int, dict]:
                        PYCOLL_TRANSPORTS=transport, VICTIM=str(victim), OUT=str(out),
                        PYCOLL_TRACE_DIR=str(out), OMP_NUM_THREADS="1",
                        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            env.pop("PYCOLL_TRANSPORT", None)
             procs.append(subprocess.Popen([sys.executable, str(RANK_SCRIPT)], env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True))

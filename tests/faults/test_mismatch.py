@@ -77,7 +77,7 @@ def _size_mismatch(comm):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_size_disagreement_raises_without_detail(transport):
     results = run_ranks(_size_mismatch, 3, collective_timeout=30,
-                        env={"PYCOLL_TRANSPORT": transport})
+                        env={"PYCOLL_TRANSPORTS": transport})
     kinds = {k for k, _ in results}
     # the element count is part of every message's signature: a CollectiveMismatch now,
     # before any size comparison

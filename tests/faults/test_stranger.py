@@ -95,7 +95,7 @@ def test_stranger_during_setup_is_dropped(tmp_path):
     testing._rank_main = delayed
     StoreServer.start = start
     try:
-        results = run_ranks(_job, 2, str(port_file), env={"PYCOLL_TRANSPORT": "tcp"},
+        results = run_ranks(_job, 2, str(port_file), env={"PYCOLL_TRANSPORTS": "tcp"},
                             collective_timeout=20)
     finally:
         testing._rank_main = original

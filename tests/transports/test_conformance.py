@@ -1,10 +1,10 @@
 """One conformance suite, run against every registered transport x every memory type it moves.
 
 Each test talks to a transport's channels directly (``comm.channel(peer)``), below any
-algorithm, with real ranks: processes for shm and tcp (``run_ranks``), threads for the
-in-process transport (``run_threads``). Transport variants exercise each protocol path (shm
-eager / cross-memory attach / fragments through tiny slots; tcp over IPv4, IPv6, a named
-interface). Memory types come from the transport's declared capabilities; the buffers of a
+algorithm, with real ranks: processes (``run_ranks``), or threads for a transport whose
+capabilities say ``in_process`` (``run_threads``). Every transport in the registry runs with
+its defaults; extra variants exercise other protocol paths (shm fragments through tiny
+slots; tcp over IPv6, a named interface, several sockets; verbs rendezvous and eager). Memory types come from the transport's declared capabilities; the buffers of a
 type come from ``ALLOCATORS``, so a transport that declares device memory runs the same
 cases on device buffers.
 """
@@ -33,29 +33,36 @@ def _ipv6_loopback() -> bool:
         return False
 
 
-#: variant -> (registry name, environment)
-VARIANTS = {
-    "shm": ("shm", {}),                                            # eager + cross-memory attach
+#: extra variants, each driving another protocol path of a transport: variant -> (registry
+#: name, environment). Every registered transport also runs as itself with its defaults
+#: (``VARIANTS``), so a new transport is covered by its line in the registry.
+EXTRA_VARIANTS = {
     "shm-copy": ("shm", {"PYCOLL_SHM_CMA": "0"}),                  # fragments through slots
     "shm-tiny": ("shm", {"PYCOLL_SHM_CMA": "0", "PYCOLL_SHM_SLOT_BYTES": "96",
                          "PYCOLL_SHM_SLOTS": "2"}),
-    "tcp": ("tcp", {}),
     "tcp-ipv6": ("tcp", {"PYCOLL_SOCKET_FAMILY": "ipv6"}),
     "tcp-ifname": ("tcp", {"PYCOLL_SOCKET_IFNAME": "lo"}),
     # 3 sockets per pair: messages of 512 KiB and up striped over 2 or 3 of them
     "tcp-nsocks": ("tcp", {"PYCOLL_SOCKET_NSOCKS": "3"}),
-    "inproc": ("inproc", {}),
-    # shm plus device memory (skipped where CuPy sees no GPU)
-    "cuda_ipc": ("cuda_ipc", {}),
-    # verbs: the defaults; rendezvous for all but tiny messages over 4 queue pairs with a
-    # 4-buffer ring (credits run out constantly) and a 64 KiB registration cache (larger
-    # buffers registered per message, the rest evicted constantly, never while in use);
-    # everything up to 1 MiB eager, 1 queue pair
-    "verbs": ("verbs", {}),
+    # verbs (by default: eager + rendezvous): rendezvous for all but tiny messages over 4
+    # queue pairs with a 4-buffer ring (credits run out constantly) and a 64 KiB
+    # registration cache (larger buffers registered per message, the rest evicted
+    # constantly, never while in use); everything up to 1 MiB eager, 1 queue pair
     "verbs-rndv": ("verbs", {"PYCOLL_IB_EAGER_MAX": "64", "PYCOLL_IB_QPS_PER_PEER": "4",
                              "PYCOLL_IB_EAGER_SLOTS": "4", "PYCOLL_IB_REG_CACHE_BYTES": "65536"}),
     "verbs-eager": ("verbs", {"PYCOLL_IB_EAGER_MAX": str(1 << 20), "PYCOLL_IB_QPS_PER_PEER": "1"}),
 }
+#: variant -> (registry name, environment): every registered transport (shm: eager + cross-
+#: memory attach; cuda_ipc: skipped where CuPy sees no GPU), then the extras
+VARIANTS = {**{name: (name, {}) for name in registry.REGISTRY}, **EXTRA_VARIANTS}
+#: every registered transport with its defaults (the cases too heavy to run on every variant)
+DEFAULTS = list(registry.REGISTRY)
+
+
+def _in_process(name):
+    """Whether the transport's ranks are threads of one process (``run_threads``)."""
+    return registry.transport_class(name).capabilities.in_process
+
 
 #: memory type -> (name, allocate(nbytes) -> buffer, to_numpy(buffer) -> uint8 array)
 def _cuda_alloc(nbytes):
@@ -83,8 +90,8 @@ def _cases():
             yield pytest.param((variant, mem_type), id=f"{variant}-{ALLOCATORS[mem_type][0]}")
 
 
-def test_every_registered_transport_is_covered():
-    assert {name for name, _ in VARIANTS.values()} == set(registry.REGISTRY)
+def test_every_variant_names_a_registered_transport():
+    assert {name for name, _ in EXTRA_VARIANTS.values()} <= set(registry.REGISTRY)
     for name in registry.REGISTRY:
         assert registry.transport_class(name).capabilities.memory_types <= set(ALLOCATORS)
 
@@ -92,6 +99,11 @@ def test_every_registered_transport_is_covered():
 @pytest.fixture(params=list(_cases()))
 def transport(request):
     variant, mem_type = request.param
+    return _usable(variant, mem_type)
+
+
+def _usable(variant, mem_type):
+    """(variant, registry name, environment, memory type); skips where it is not usable."""
     name, env = VARIANTS[variant]
     if variant == "tcp-ipv6" and not _ipv6_loopback():
         pytest.skip("no IPv6 loopback (::1) on this machine")
@@ -104,7 +116,7 @@ def transport(request):
 def run(transport, fn, n, *args, **kw):
     """Run ``fn(comm, mem_type, *args)`` on ``n`` ranks over the transport under test."""
     _variant, name, env, mem_type = transport
-    if name == "inproc":
+    if _in_process(name):
         kw.pop("expect_failure", None)
         return run_threads(fn, n, mem_type, *args, env=env, **kw)
     return run_ranks(fn, n, mem_type, *args, env=env, **kw)
@@ -182,10 +194,9 @@ def test_sizes_both_directions(transport):
     assert run(transport, _exchange_sizes, 2, sizes) == [name, name]
 
 
-@pytest.mark.parametrize("variant", ["shm", "tcp", "inproc"])
+@pytest.mark.parametrize("variant", DEFAULTS)
 def test_256_mib_full_duplex(variant):
-    name, env = VARIANTS[variant]
-    t = (variant, name, dict(env, PYCOLL_TRANSPORTS=name), HOST)
+    t = _usable(variant, HOST)
     run(t, _exchange_sizes, 2, [256 << 20], timeout=120)
 
 
@@ -362,7 +373,7 @@ def _peer_dies(comm, mem_type):
     _wait(comm, [ch.irecv(_ref(hello_in), tag=1), ch.isend(_ref(hello_out), tag=1)], 30)
     if comm.rank == 1:     # connected (connections are lazy): now vanish
         time.sleep(0.3)
-        if comm.transport_of(0) == "inproc":
+        if _in_process(comm.transport_of(0)):
             return None    # a thread-rank cannot die alone: it leaves (closes its transport)
         os._exit(3)        # a process-rank dies without finalize
     buf = _alloc(mem_type, 1 << 20)
@@ -376,7 +387,7 @@ def _peer_dies(comm, mem_type):
 
 def test_peer_death_raises_peer_lost(transport):
     outcomes = run(transport, _peer_dies, 2, expect_failure=True)
-    kind, value = ("ok", outcomes[0]) if transport[1] == "inproc" else outcomes[0]
+    kind, value = ("ok", outcomes[0]) if _in_process(transport[1]) else outcomes[0]
     assert kind == "ok", value
     elapsed, peer, message = value
     assert peer == 1 and "peer rank 1" in message
@@ -403,10 +414,9 @@ def _late_receive_for_set_aside_message(comm, mem_type):
                 and np.array_equal(_host(mem_type, first), _pattern(16, 2)))
 
 
-@pytest.mark.parametrize("variant", ["shm-copy", "tcp", "inproc"])
+@pytest.mark.parametrize("variant", ["shm-copy", *DEFAULTS])
 def test_receive_posted_while_message_is_set_aside(variant):
-    name, env = VARIANTS[variant]
-    t = (variant, name, dict(env, PYCOLL_TRANSPORTS=name), HOST)
+    t = _usable(variant, HOST)
     assert run(t, _late_receive_for_set_aside_message, 2) == [True, True]
 
 

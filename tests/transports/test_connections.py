@@ -86,7 +86,7 @@ def _ring_partners(rank: int, size: int) -> set[int]:
 
 
 def test_ring_opens_only_neighbour_sockets_and_groups_open_none():
-    results = run_ranks(_ring_and_groups, 8, env={"PYCOLL_TRANSPORT": "tcp"})
+    results = run_ranks(_ring_and_groups, 8, env={"PYCOLL_TRANSPORTS": "tcp"})
     for rank, c in enumerate(results):
         assert c["after_init"] == 0, (rank, c)                  # lazy: nothing before use
         assert c["after_ring"] <= 4, (rank, c)                  # the bound
@@ -119,7 +119,7 @@ def test_more_than_1024_open_files(tmp_path, transport):
     script = tmp_path / "fds.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
-    env["PYCOLL_TRANSPORT"] = transport
+    env["PYCOLL_TRANSPORTS"] = transport
     proc = subprocess.run([sys.executable, "-m", "pycoll.run", "-n", "3", str(script)],
                           capture_output=True, text=True, timeout=90, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -152,7 +152,7 @@ def _dial_a_dead_peer(comm):
 
 
 def test_refused_dial_is_a_lost_peer():
-    outcomes = run_ranks(_dial_a_dead_peer, 2, env={"PYCOLL_TRANSPORT": "tcp"},
+    outcomes = run_ranks(_dial_a_dead_peer, 2, env={"PYCOLL_TRANSPORTS": "tcp"},
                          expect_failure=True, collective_timeout=20)
     kind, value = outcomes[1]
     assert kind == "ok", value

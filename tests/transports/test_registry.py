@@ -35,11 +35,6 @@ def test_allow_list_order_is_the_preference():
     assert all(name in (None, "shm") for row in views for name in row), views
 
 
-def test_legacy_variable_still_works():
-    views = run_ranks(_choices, 2, env={"PYCOLL_TRANSPORT": "tcp"})
-    assert views == [[None, "tcp"], ["tcp", None]]
-
-
 def _noop(comm):
     return comm.size
 
@@ -56,7 +51,7 @@ def test_forcing_a_transport_that_cannot_serve_a_pair_fails_on_every_rank():
 
 @pytest.mark.parametrize("env,words", [
     ({"PYCOLL_TRANSPORTS": "ucx"}, ["PYCOLL_TRANSPORTS", "unknown transport", "tcp", "verbs"]),
-    ({"PYCOLL_TRANSPORT": "carrier-pigeon"}, ["PYCOLL_TRANSPORT", "auto, shm, tcp, verbs"]),
+    ({"PYCOLL_TRANSPORTS": "tcp,carrier-pigeon"}, ["PYCOLL_TRANSPORTS", "carrier-pigeon"]),
 ])
 def test_unknown_transport_names_are_refused_clearly(env, words):
     for kind, text in run_ranks(_noop, 2, env=env, expect_failure=True):

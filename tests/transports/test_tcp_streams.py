@@ -41,7 +41,7 @@ def _mixed_counts(comm):
 
 
 def test_pairs_open_the_smaller_count_and_stripe_large_messages():
-    results = run_ranks(_mixed_counts, 4, env={"PYCOLL_TRANSPORT": "tcp"},
+    results = run_ranks(_mixed_counts, 4, env={"PYCOLL_TRANSPORTS": "tcp"},
                         rank_env={r: {"PYCOLL_SOCKET_NSOCKS": v} for r, v in ASKED.items()})
     for rank, res in enumerate(results):
         assert all(v for k, v in res.items() if k != "sockets"), (rank, res)
@@ -54,7 +54,7 @@ def _bad(comm):
 
 
 def test_too_many_sockets_is_refused_on_every_rank():
-    outcomes = run_ranks(_bad, 2, env={"PYCOLL_TRANSPORT": "tcp", "PYCOLL_SOCKET_NSOCKS": "17"},
+    outcomes = run_ranks(_bad, 2, env={"PYCOLL_TRANSPORTS": "tcp", "PYCOLL_SOCKET_NSOCKS": "17"},
                          expect_failure=True)
     for kind, text in outcomes:
         assert kind == "InvalidArgument" and "PYCOLL_SOCKET_NSOCKS=17" in text, (kind, text)

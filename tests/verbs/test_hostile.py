@@ -122,7 +122,7 @@ def _liar_job(comm, lie):
         verbs = comm._conn.transports["verbs"]
         addr = _setup_port(comm, 0)
         s = socket.create_connection((addr["host"], addr["port"]), timeout=30)
-        s.sendall(HELLO.pack(MAGIC, 1, 0, 1, proof(verbs._token, addr["nonce"], 1, 0, 1)))
+        s.sendall(HELLO.pack(MAGIC, 1, 0, 1, proof(verbs.token, addr["nonce"], 1, 0, 1)))
         assert s.recv(1) == b"\x01"
         if lie == "garbage":
             s.sendall(os.urandom(INFO.size))

@@ -6,8 +6,3 @@ cross-memory attach for large messages.
 * ``segment``: the inbox layout, settings, and the files in /dev/shm;
 * ``cma``: cross-memory attach and whether a peer process has exited.
 """
-from ..._moved import lazy_names
-
-# ``from pycoll.transports.shm import ShmTransport``, the path of the module this package
-# replaced, still works (loaded on first use: importing the package stays free)
-__getattr__ = lazy_names(__name__, {"ShmTransport": "transport", "ShmChannel": "channel"})

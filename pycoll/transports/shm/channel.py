@@ -67,12 +67,12 @@ class ShmOwner(Protocol):
     rank: int
     farewell: int | None
     settings: ShmSettings
-    _size: int
-    _active: ActiveSet
-    _linked: set[str]
-    _notices: list[tuple[int, int]]
+    size: int
+    active: ActiveSet
+    linked: set[str]
+    notices: list[tuple[int, int]]
 
-    def _unlink(self, path: str) -> None: ...
+    def unlink(self, path: str) -> None: ...
 
 
 class ShmChannel(Channel):
@@ -86,7 +86,7 @@ class ShmChannel(Channel):
                  address: dict[str, Any]) -> None:
         self.transport = transport
         self.peer = peer
-        self._active = transport._active.channels    # join it when work arrives
+        self._active = transport.active.channels    # join it when work arrives
         self._in = inbox
         self._out: Segment | None = None          # the peer's inbox, once it exists
         self._out_path = f"{address['prefix']}-from{transport.rank}"
@@ -109,12 +109,14 @@ class ShmChannel(Channel):
         self._rndv_pending: dict[int, Request] = {}
         # receiver state
         self._tail = 0
-        self._match = TagMatcher(peer)
+        self.matcher = TagMatcher(peer)
         #: the fragmented message being read: (target request|bytearray, tag, offset)
         self._assembling: tuple[Any, int, int] | None = None
-        self._broken: BaseException | None = None
+        self.broken: BaseException | None = None
         self._cma_threshold = transport.settings.cma_threshold
-        self._settling = True          # until both inboxes are mapped and ours unlinked
+        #: until both inboxes are mapped and ours unlinked: the transport settles such
+        #: channels (``settle``) while it has any
+        self.settling = True
         self._payload = 0
 
     def _open_outbox(self) -> bool:
@@ -122,8 +124,8 @@ class ShmChannel(Channel):
         try:
             out = Segment.open(self._out_path, *self._out_geometry)
         except (OSError, TransportError) as e:
-            self._break(TransportError(f"shm: cannot map peer rank {self.peer}'s segment: {e}",
-                                       peer=self.peer))
+            self.break_with(TransportError(f"shm: cannot map peer rank {self.peer}'s segment: {e}",
+                                           peer=self.peer))
             return False
         if out is None:
             return False
@@ -144,20 +146,20 @@ class ShmChannel(Channel):
         so that a crash leaves nothing in /dev/shm. Tried on every use of the channel until
         done (a rank whose messages always arrive before it waits never runs a progress
         pass) and by the transport's progress; True once settled."""
-        if self._out is None and self._broken is None:
+        if self._out is None and self.broken is None:
             self._open_outbox()
         if self.mapped_by_peer():
-            self.transport._unlink(self._in.path)
-        self._settling = self._broken is None and (
-            self._out is None or self._in.path in self.transport._linked)
-        return not self._settling
+            self.transport.unlink(self._in.path)
+        self.settling = self.broken is None and (
+            self._out is None or self._in.path in self.transport.linked)
+        return not self.settling
 
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
-        if self._settling:
+        if self.settling:
             self.settle()
         req = Request(self, mem, tag, "send")
-        if self._broken is not None:
-            req.fail(self._broken)
+        if self.broken is not None:
+            req.fail(self.broken)
         else:
             self._sends.append(req)
             self._active[self.peer] = self
@@ -259,8 +261,8 @@ class ShmChannel(Channel):
         """Cross-memory write into the peer's registered region, then a notice slot (the
         slot is published after the write returned, so the peer sees the bytes first)."""
         req = Request(self, src, notify, "put")
-        if self._broken is not None:
-            req.fail(self._broken)
+        if self.broken is not None:
+            req.fail(self.broken)
             return req
         if req.view is None:
             req.fail(TransportError(f"{self.transport.name}: put of device memory is not "
@@ -298,11 +300,11 @@ class ShmChannel(Channel):
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        if self._settling:
+        if self.settling:
             self.settle()
-        req = self._recv_request(self, mem, tag, "recv")
+        req = self.recv_request(self, mem, tag, "recv")
         if self._post_receive(req) and self._tail < self._in.ctrl[HEAD]:
-            self._progress_recv()
+            self.progress_recv()
         return req
 
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
@@ -311,8 +313,8 @@ class ShmChannel(Channel):
         elif not isinstance(body, CmaNotice):
             super()._deliver_held(req, nbytes, body)
         elif self._size_ok(req, nbytes):
-            if self._broken is not None:   # the sender's buffer may be its user's again:
-                req.fail(self._broken)     # only copies (eager messages) outlive the pair
+            if self.broken is not None:   # the sender's buffer may be its user's again:
+                req.fail(self.broken)     # only copies (eager messages) outlive the pair
                 return
             self._rndv_read(req, body.pid, body.address, body.seq)
 
@@ -320,7 +322,7 @@ class ShmChannel(Channel):
         try:
             cma_read(pid, address, req.view, self.peer)
         except TransportError as err:
-            self._break(err)
+            self.break_with(err)
             req.fail(err)       # already matched, so no longer among the posted receives
             return
         self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
@@ -328,7 +330,7 @@ class ShmChannel(Channel):
 
     def _refuse(self, req: Request, err: TransportError) -> None:
         """The matched receive ``req`` cannot take its message: the pair is out of step."""
-        self._break(err)
+        self.break_with(err)
         req.fail(err)
 
     def _memory_fits(self, req: Request, kind: int) -> bool:
@@ -349,14 +351,15 @@ class ShmChannel(Channel):
                 tags.append(tag)
         return tags
 
-    def _progress_recv(self, drain: bool = False) -> bool:
+    def progress_recv(self, drain: bool = False) -> bool:
         """Consume arrived slots while a receive waits for them (``drain``: all of them,
-        holding unexpected messages, to find one-sided notices)."""
+        holding unexpected messages, to find one-sided notices: the transport's
+        ``notifications`` drains every channel so)."""
         moved = False
         seg = self._in
         data = seg.data
         hs = SLOT_HEADER.size
-        match = self._match
+        match = self.matcher
         while ((drain or match.posted or self._assembling is not None)
                and self._tail < seg.ctrl[HEAD]):
             off = self._slot_offset(seg, self._tail)
@@ -383,7 +386,7 @@ class ShmChannel(Channel):
                     if isinstance(target, Request):
                         target.bytes_done = start
             elif kind == NOTIFY:
-                self.transport._notices.append((self.peer, aux))
+                self.transport.notices.append((self.peer, aux))
             else:
                 req = match.take(tag)
                 if req is not None and not (self._size_ok(req, total)
@@ -399,7 +402,7 @@ class ShmChannel(Channel):
                        at: int) -> None:
         """The first slot of a message (its body at ``at``): into the matched receive ``req``,
         or held for one not yet posted (``req`` None)."""
-        match = self._match
+        match = self.matcher
         data = self._in.data
         if kind == EAGER:
             if req is None:
@@ -425,12 +428,12 @@ class ShmChannel(Channel):
         moved = False
         if self._sends or self._rndv_pending:
             moved = self._progress_send()
-        if self._match.posted or self._assembling is not None:
-            moved = self._progress_recv() or moved
+        if self.matcher.posted or self._assembling is not None:
+            moved = self.progress_recv() or moved
         return moved
 
     def busy(self) -> bool:
-        return bool(self._sends or self._rndv_pending or self._match.posted or self._assembling)
+        return bool(self._sends or self._rndv_pending or self.matcher.posted or self._assembling)
 
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
@@ -440,6 +443,17 @@ class ShmChannel(Channel):
         it exists."""
         return sum(seg.size for seg in (self._in, self._out) if seg is not None)
 
+    def unmap(self) -> None:
+        """Release the mappings of both segments; the transport's ``close`` calls it last,
+        once every channel is closed and every path unlinked."""
+        for seg in (self._in, self._out):
+            if seg is None:
+                continue
+            try:
+                seg.close()
+            except BufferError:
+                pass  # a request still references it; the mapping goes with the process
+
     @property
     def ready(self) -> bool:
         return self._out is not None and self.mapped_by_peer()
@@ -448,8 +462,8 @@ class ShmChannel(Channel):
         return self._out is not None or self.mapped_by_peer()
 
     def check_alive(self) -> None:
-        if self._broken is not None:
-            raise self._broken
+        if self.broken is not None:
+            raise self.broken
         if not self.busy():
             return   # nothing expected from this peer: its exit is not our problem (yet)
         gone = None
@@ -469,16 +483,16 @@ class ShmChannel(Channel):
         self.progress()
         if self.busy():
             lost = closed - 2      # the peer left because it lost that rank (see close)
-            self._break(peer_left_over(self.peer, lost)
-                        if 0 <= lost < self.transport._size else peer_lost(self.peer, gone))
-            raise self._broken  # type: ignore[misc]
+            self.break_with(peer_left_over(self.peer, lost)
+                            if 0 <= lost < self.transport.size else peer_lost(self.peer, gone))
+            raise self.broken  # type: ignore[misc]
 
-    def _break(self, error: BaseException) -> None:
-        if self._broken is None:
-            self._broken = error
+    def break_with(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
         for req in list(self._sends) + list(self._rndv_pending.values()):
             req.fail(error)
-        self._match.fail_all(error)
+        self.matcher.fail_all(error)
         if isinstance(self._assembling, tuple) and isinstance(self._assembling[0], Request):
             self._assembling[0].fail(error)
         self._sends.clear()
@@ -486,7 +500,7 @@ class ShmChannel(Channel):
         self._assembling = None
 
     def close(self) -> None:
-        if self._out is None and self._broken is None:
+        if self._out is None and self.broken is None:
             self._open_outbox()     # so the peer learns we closed (if it made its inbox)
         lost = self.transport.farewell     # "closed because rank N is gone": 2 + N
         flag = 1 if lost is None else 2 + lost
@@ -496,8 +510,8 @@ class ShmChannel(Channel):
                 self._out.ctrl[SENDER_CLOSED] = flag
         except ValueError:
             pass  # already released
-        self._break(TransportError(f"channel to peer rank {self.peer} was closed",
-                                   peer=self.peer))
+        self.break_with(TransportError(f"channel to peer rank {self.peer} was closed",
+                                       peer=self.peer))
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None

@@ -20,6 +20,7 @@ import os
 import platform
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from ... import debug
@@ -39,20 +40,20 @@ class ShmTransport(Transport):
     #: what ``connect`` makes (the cuda_ipc transport built on this one makes its own)
     channel_class: type[ShmChannel] = ShmChannel
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=1 << 20)
+                                one_sided=True, segment_bytes=1 << 20, fast_path=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
-        self._size = ctx.size
+        self.size = ctx.size
         self.settings = ShmSettings.from_env(crowded=False)   # see configure
         _sweep_dead("open")        # leftovers of killed jobs (their creators are dead)
         self._prefix = f"{SHM_DIR}/{segment_prefix(os.getpid())}{rank}-{secrets.token_hex(8)}"
         self._channels: dict[int, ShmChannel] = {}
-        self._active = ActiveSet()
-        self._linked: set[str] = set()
+        self.active = ActiveSet()
+        self.linked: set[str] = set()
         self._probe = ctypes.c_uint64(PROBE_MAGIC ^ os.getpid())
         self._registered: dict[int, MemRef] = {}
-        self._notices: list[tuple[int, int]] = []
+        self.notices: list[tuple[int, int]] = []
         self._check_unlink = False
         self._next_finish = 0.0
 
@@ -74,6 +75,21 @@ class ShmTransport(Transport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return a.host == b.host and a.machine == b.machine
+
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        try:
+            st = os.statvfs(SHM_DIR)
+        except OSError as e:
+            return {"dir": SHM_DIR, "error": str(e)}
+        return {"dir": SHM_DIR, "size_bytes": st.f_blocks * st.f_frsize,
+                "free_bytes": st.f_bavail * st.f_frsize}
+
+    @classmethod
+    def sweep_leftovers(cls, pids: Iterable[int] | None = None) -> list[str]:
+        """The inboxes whose creator is dead (``segment.sweep``): a rank killed before its
+        peer mapped its inbox leaves it in /dev/shm."""
+        return sweep(pids)
 
     def address(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
@@ -97,7 +113,7 @@ class ShmTransport(Transport):
             cma = 1 if self._cma_works(int(address["pid"]), int(address["probe"])) else 2
             path = f"{self._prefix}-from{peer}"
             inbox = Segment.create(path, self.settings.num_slots, self.settings.slot_bytes, cma)
-            self._linked.add(path)
+            self.linked.add(path)
             ch = self._channels[peer] = self.channel_class(self, peer, inbox, address)
             self._check_unlink = self.setup_pending = True
             self._next_finish = 0.0
@@ -110,12 +126,12 @@ class ShmTransport(Transport):
         if now < self._next_finish:
             return
         self._next_finish = now + 1e-3
-        waiting = [ch for ch in self._channels.values() if ch._settling and not ch.settle()]
+        waiting = [ch for ch in self._channels.values() if ch.settling and not ch.settle()]
         self._check_unlink = self.setup_pending = bool(waiting)
 
-    def _unlink(self, path: str) -> None:
-        if path in self._linked:
-            self._linked.discard(path)
+    def unlink(self, path: str) -> None:
+        if path in self.linked:
+            self.linked.discard(path)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -135,30 +151,24 @@ class ShmTransport(Transport):
 
     def notifications(self) -> list[tuple[int, int]]:
         for ch in self._channels.values():
-            ch._progress_recv(drain=True)
-        notices, self._notices = self._notices, []
+            ch.progress_recv(drain=True)
+        notices, self.notices = self.notices, []
         return notices
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
         if self._check_unlink:
             self._finish_connections()
-        return self._active.progress() if self._active.channels else False
+        return self.active.progress() if self.active.channels else False
 
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
-        self._active.channels.clear()
-        for path in list(self._linked):
-            self._unlink(path)
+        self.active.channels.clear()
+        for path in list(self.linked):
+            self.unlink(path)
         for ch in self._channels.values():
-            for seg in (ch._in, ch._out):
-                if seg is None:
-                    continue
-                try:
-                    seg.close()
-                except BufferError:
-                    pass  # a request still references it; the mapping goes with the process
+            ch.unmap()
         self._channels.clear()
         # A peer killed after it made its inbox for us, before we mapped it (and so before
         # anyone unlinked it), left that inbox behind; without a launcher to sweep (a fork

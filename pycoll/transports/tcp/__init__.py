@@ -7,8 +7,3 @@
 The dials and handshake are ``transports.wireup``'s, the interface choice
 ``transports.netif``'s (verbs uses both too).
 """
-from ..._moved import lazy_names
-
-# ``from pycoll.transports.tcp import TcpTransport``, the path of the module this package
-# replaced, still works (loaded on first use: importing the package stays free)
-__getattr__ = lazy_names(__name__, {"TcpTransport": "transport", "TcpChannel": "channel"})

@@ -35,8 +35,8 @@ class TcpOwner(Protocol):
 
     name: str
     farewell: int | None
-    _size: int
-    _active: ActiveSet
+    size: int
+    active: ActiveSet
 
 
 class Lane:
@@ -84,16 +84,16 @@ class TcpChannel(Channel):
         self.transport = transport
         self.peer = peer
         self.streams = streams
-        self._active = transport._active.channels    # join it when work arrives
+        self._active = transport.active.channels    # join it when work arrives
         self._lanes = [self.lane_class() for _ in range(streams)]
         self._attached = 0
         self._sends: deque[Request] = deque()    # in flight, oldest first
-        self._match = TagMatcher(peer)
+        self.matcher = TagMatcher(peer)
         self._header = bytearray(HEADER.size)
         self._header_got = 0
         self._current: tuple[Any, int, memoryview] | None = None  # (request|bytearray, tag, view)
         self._left = 0                           # bytes of the current message still to read
-        self._broken: BaseException | None = None
+        self.broken: BaseException | None = None
 
     def attach(self, sock: socket.socket, stream: int = 0) -> None:
         """A socket of the pair is up: start moving what was queued for it meanwhile."""
@@ -116,8 +116,8 @@ class TcpChannel(Channel):
     # -- sending -------------------------------------------------------------------------
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "send")
-        if self._broken is not None:
-            req.fail(self._broken)
+        if self.broken is not None:
+            req.fail(self.broken)
             return req
         self._sends.append(req)
         self._active[self.peer] = self
@@ -151,7 +151,7 @@ class TcpChannel(Channel):
             except (BlockingIOError, InterruptedError):
                 return moved
             except OSError as e:
-                self._break(peer_lost(self.peer, f"connection failed while sending: {e}"))
+                self.break_with(peer_lost(self.peer, f"connection failed while sending: {e}"))
                 return True
             moved = True
             if not self._wrote(lane, req, view, n):
@@ -176,7 +176,7 @@ class TcpChannel(Channel):
 
     # -- receiving -----------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        req = self._recv_request(self, mem, tag, "recv")
+        req = self.recv_request(self, mem, tag, "recv")
         if self._post_receive(req) and self._lanes[0].sock is not None:
             self._progress_recv()
         return req
@@ -192,14 +192,14 @@ class TcpChannel(Channel):
             return False
         self._header_got = 0
         tag, nbytes = HEADER.unpack(self._header)
-        if nbytes < 0 and tag == FAREWELL_TAG and 0 <= -nbytes - 2 < self.transport._size:
-            self._break(peer_left_over(self.peer, -nbytes - 2))
+        if nbytes < 0 and tag == FAREWELL_TAG and 0 <= -nbytes - 2 < self.transport.size:
+            self.break_with(peer_left_over(self.peer, -nbytes - 2))
             return False
         if nbytes < 0:
-            self._break(TransportError(f"peer rank {self.peer} sent a malformed "
-                                       f"frame (length {nbytes})", peer=self.peer))
+            self.break_with(TransportError(f"peer rank {self.peer} sent a malformed "
+                                           f"frame (length {nbytes})", peer=self.peer))
             return False
-        req = self._match.take(tag)
+        req = self.matcher.take(tag)
         if req is None:   # for another tag: set it aside
             body = bytearray(nbytes)
             self._current = (body, tag, memoryview(body))
@@ -235,7 +235,7 @@ class TcpChannel(Channel):
 
     def _progress_recv(self) -> bool:
         moved = False
-        match = self._match
+        match = self.matcher
         lanes = self._lanes
         try:
             while match.posted or self._current is not None:
@@ -253,7 +253,7 @@ class TcpChannel(Channel):
         except (BlockingIOError, InterruptedError):
             return moved
         except OSError as e:
-            self._break(peer_lost(self.peer, f"connection failed while receiving: {e}"))
+            self.break_with(peer_lost(self.peer, f"connection failed while receiving: {e}"))
             return True
         return moved
 
@@ -267,9 +267,9 @@ class TcpChannel(Channel):
             return
         # A receive for this tag may have been posted while the message was being set
         # aside: it takes the message now, in order.
-        late = self._match.take(tag)
+        late = self.matcher.take(tag)
         if late is None:
-            self._match.hold(tag, len(target), bytes(target))
+            self.matcher.hold(tag, len(target), bytes(target))
         elif self._size_ok(late, len(target)):
             late.view[:] = target
             late.complete()
@@ -283,16 +283,16 @@ class TcpChannel(Channel):
             for lane in self._lanes:
                 if lane.out and lane.sock is not None:
                     moved = self._progress_send(lane) or moved
-        if (self._match.posted or self._current is not None) and self._lanes[0].sock is not None:
+        if (self.matcher.posted or self._current is not None) and self._lanes[0].sock is not None:
             moved = self._progress_recv() or moved
         return moved
 
     def busy(self) -> bool:
-        return bool(self._sends or self._match.posted or self._current is not None)
+        return bool(self._sends or self.matcher.posted or self._current is not None)
 
     def fds(self) -> list[tuple[int, int]]:
         """(descriptor, epoll events) of each connected socket, for the engine's waits."""
-        reading = bool(self._match.posted or self._current is not None)
+        reading = bool(self.matcher.posted or self._current is not None)
         fds = []
         for i, lane in enumerate(self._lanes):
             if lane.sock is None:
@@ -306,15 +306,15 @@ class TcpChannel(Channel):
         return fds
 
     def check_alive(self) -> None:
-        if self._broken is not None:
-            raise self._broken
+        if self.broken is not None:
+            raise self.broken
 
-    def _break(self, error: BaseException) -> None:
-        if self._broken is None:
-            self._broken = error
+    def break_with(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
         for req in list(self._sends):
             req.fail(error)
-        self._match.fail_all(error)
+        self.matcher.fail_all(error)
         if self._current is not None and isinstance(self._current[0], Request):
             self._current[0].fail(error)
         self._sends.clear()
@@ -328,7 +328,8 @@ class TcpChannel(Channel):
         # says so in a last frame: the peer then blames the rank that died, not this one
         first = self._lanes[0]
         boundary = not first.out or first.header is not None and len(first.header) == HEADER.size
-        self._break(TransportError(f"channel to peer rank {self.peer} was closed", peer=self.peer))
+        self.break_with(TransportError(f"channel to peer rank {self.peer} was closed",
+                                       peer=self.peer))
         lost = self.transport.farewell
         if first.sock is not None and lost is not None and boundary:
             try:

@@ -62,7 +62,7 @@ class TlsChannel(TcpChannel):
             except _WOULD_BLOCK:
                 return moved
             except OSError as e:
-                self._break(peer_lost(self.peer, f"TLS connection failed while sending: {e}"))
+                self.break_with(peer_lost(self.peer, f"TLS connection failed while sending: {e}"))
                 return True
             moved = True
             self._wrote(lane, req, view, n)
@@ -71,7 +71,7 @@ class TlsChannel(TcpChannel):
     def _progress_recv(self) -> bool:
         moved = super()._progress_recv()
         # bytes TLS decrypted already wake no poll: read them while a receive waits
-        while (self._broken is None and (self._match.posted or self._current is not None)
+        while (self.broken is None and (self.matcher.posted or self._current is not None)
                and any(lane.sock is not None and lane.sock.pending()  # type: ignore[attr-defined]
                        for lane in self._lanes)):
             if not super()._progress_recv():

@@ -13,11 +13,12 @@ mutual authentication (``tls.py``), the HMAC proof inside it.
 """
 from __future__ import annotations
 
+import socket
 from typing import Any
 
-from ...envvars import env_tls
+from ...envvars import env_text, env_tls
 from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
-from ..netif import choose_bind_address, socket_streams
+from ..netif import choose_bind_address, interface_address, socket_streams
 from ..wireup import Connector, ConnectorTransport
 from .channel import TcpChannel
 from .tls import TlsChannel
@@ -32,8 +33,8 @@ class TcpTransport(ConnectorTransport, Transport):
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = ctx.rank
-        self._size = ctx.size
-        self._token = ctx.token
+        self.size = ctx.size
+        self.token = ctx.token
         host, family = choose_bind_address(ctx.master_addr)
         tls = env_tls()
         channel = TcpChannel if tls is None else TlsChannel   # chosen once: no TLS branch
@@ -41,7 +42,7 @@ class TcpTransport(ConnectorTransport, Transport):
                                 lambda peer, streams: channel(self, peer, streams),
                                 streams=socket_streams(), tls=tls)
         self._channels: dict[int, TcpChannel] = self._setup.channels
-        self._active = ActiveSet()
+        self.active = ActiveSet()
 
     # -- registry ------------------------------------------------------------------------
     @classmethod
@@ -52,20 +53,31 @@ class TcpTransport(ConnectorTransport, Transport):
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return True
 
+    @classmethod
+    def details(cls) -> dict[str, Any] | None:
+        interfaces = {}
+        for _index, name in socket.if_nameindex():
+            interfaces[name] = interface_address(name, socket.AF_INET)
+        try:
+            bind = choose_bind_address(env_text("PYCOLL_MASTER_ADDR"))[0]
+        except Exception as e:  # noqa: BLE001 - a bad PYCOLL_SOCKET_* or no route: say so
+            bind = f"none ({e})"
+        return {"interfaces": interfaces, "bind_address": bind}
+
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
-        moved = self._setup.progress(self._active.channels.values())
+        moved = self._setup.progress(self.active.channels.values())
         self.setup_pending = self._setup.pending
-        if self._active.channels:
-            moved = self._active.progress() or moved
+        if self.active.channels:
+            moved = self.active.progress() or moved
         return moved
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
         fds = self._setup.fds()
-        for ch in self._active.channels.values():
+        for ch in self.active.channels.values():
             fds += ch.fds()  # type: ignore[attr-defined]
         return fds
 
     def close(self) -> None:
         self._setup.close()
-        self._active.channels.clear()
+        self.active.channels.clear()

@@ -7,8 +7,3 @@ zero-copy rendezvous.
 * ``wire``: message header and kinds, the address exchange, work-request ids, constants;
 * ``device``: the device and port choice, queue-pair helpers, the registration cache.
 """
-from ..._moved import lazy_names
-
-# ``from pycoll.transports.verbs import VerbsTransport``, the path of the module this package
-# replaced, still works (loaded on first use: importing the package stays free)
-__getattr__ = lazy_names(__name__, {"VerbsTransport": "transport", "VerbsChannel": "channel"})

@@ -85,9 +85,9 @@ class VerbsChannel(Channel):
     def __init__(self, transport: VerbsOwner, peer: int) -> None:
         self.transport = transport
         self.peer = peer
-        self._active = transport._active.channels
-        self._match = TagMatcher(peer)
-        self._broken: BaseException | None = None
+        self._active = transport.active.channels
+        self.matcher = TagMatcher(peer)
+        self.broken: BaseException | None = None
         self.pairs = QueuePairs(transport, self)
         self._eager_max = transport.eager_max
         self._rndv_sends: dict[int, tuple[Request, int]] = {}   # send id -> (req, WRs left)
@@ -120,8 +120,8 @@ class VerbsChannel(Channel):
     # -- sending ---------------------------------------------------------------------------
     def isend(self, mem: MemRef, tag: int = 0) -> Request:
         req = Request(self, mem, tag, "send")
-        if self._broken is not None:
-            req.fail(self._broken)
+        if self.broken is not None:
+            req.fail(self.broken)
             return req
         pairs = self.pairs
         if mem.nbytes <= self._eager_max:
@@ -144,14 +144,14 @@ class VerbsChannel(Channel):
                        nbytes: int) -> None:
         found = self._rndv_sends.get(send_id)
         if found is None or found[0].nbytes != nbytes:
-            self._break(TransportError(f"verbs: peer rank {self.peer} granted an unknown "
-                                       f"message ({send_id})", peer=self.peer))
+            self.break_with(TransportError(f"verbs: peer rank {self.peer} granted an unknown "
+                                           f"message ({send_id})", peer=self.peer))
             return
         req = found[0]
         try:
             reg, src = self.transport.cache.register(req.view)
         except TransportError as e:
-            self._break(e)
+            self.break_with(e)
             return
         self._held_regs[send_id] = reg
         wrs = []
@@ -177,8 +177,8 @@ class VerbsChannel(Channel):
 
     def put(self, src: MemRef, remote: dict[str, Any], offset: int, notify: int) -> Request:
         req = Request(self, src, notify, "put")
-        if self._broken is not None:
-            req.fail(self._broken)
+        if self.broken is not None:
+            req.fail(self.broken)
             return req
         try:
             base, rkey, size = int(remote["addr"]), int(remote["rkey"]), int(remote["nbytes"])
@@ -215,7 +215,7 @@ class VerbsChannel(Channel):
 
     # -- receiving -------------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
-        req = self._recv_request(self, mem, tag, "recv")
+        req = self.recv_request(self, mem, tag, "recv")
         self._post_receive(req)
         return req
 
@@ -223,8 +223,8 @@ class VerbsChannel(Channel):
         if not isinstance(payload, ReadyToSend):
             super()._deliver_held(req, nbytes, payload)
         elif self._size_ok(req, nbytes):
-            if self._broken is not None:      # its bytes are still at the (gone) sender
-                req.fail(self._broken)
+            if self.broken is not None:      # its bytes are still at the (gone) sender
+                req.fail(self.broken)
                 return
             self._grant(req, payload.send_id)
             self._active[self.peer] = self
@@ -240,7 +240,7 @@ class VerbsChannel(Channel):
             reg, at = self.transport.cache.register(req.view)
         except TransportError as e:
             req.fail(e)
-            self._break(e)          # the sender waits for this grant: the pair is out of step
+            self.break_with(e)          # the sender waits for this grant: the pair is out of step
             return
         recv_id = self._new_id()
         for q, _, _ in plan:
@@ -253,16 +253,16 @@ class VerbsChannel(Channel):
         ring = self.pairs.ring_view
         off = i * self.pairs.stride
         if length < HDR.size:
-            self._break(TransportError(f"verbs: peer rank {self.peer} sent a malformed message "
-                                       f"({length} bytes)", peer=self.peer))
+            self.break_with(TransportError(f"verbs: peer rank {self.peer} sent a malformed message "
+                                           f"({length} bytes)", peer=self.peer))
             return
         kind, aux, tag, nbytes, ident, addr = HDR.unpack_from(ring, off)
-        match = self._match
+        match = self.matcher
         if kind == EAGER:
             if nbytes != length - HDR.size:
-                self._break(TransportError(f"verbs: peer rank {self.peer} sent a malformed "
-                                           f"message ({nbytes} bytes announced, {length} came)",
-                                           peer=self.peer))
+                self.break_with(TransportError(f"verbs: peer rank {self.peer} sent a malformed "
+                                               f"message ({nbytes} bytes announced, {length} came)",
+                                               peer=self.peer))
                 return
             body = ring[off + HDR.size: off + HDR.size + nbytes]
             req = match.take(tag)
@@ -274,8 +274,8 @@ class VerbsChannel(Channel):
                 req.complete()
         elif kind == RTS:
             if nbytes <= 0:
-                self._break(TransportError(f"verbs: peer rank {self.peer} announced a message "
-                                           f"of {nbytes} bytes", peer=self.peer))
+                self.break_with(TransportError(f"verbs: peer rank {self.peer} announced a message "
+                                               f"of {nbytes} bytes", peer=self.peer))
                 return
             req = match.take(tag)
             if req is None:
@@ -287,11 +287,13 @@ class VerbsChannel(Channel):
         elif kind == PUT:
             self.transport.notices.append((self.peer, tag))
         else:
-            self._break(TransportError(f"verbs: peer rank {self.peer} sent a message of unknown "
-                                       f"kind {kind}", peer=self.peer))
+            self.break_with(TransportError(f"verbs: peer rank {self.peer} sent a message of "
+                                           f"unknown kind {kind}", peer=self.peer))
 
     # -- completions -------------------------------------------------------------------------
-    def _complete(self, wc: Any) -> None:
+    def on_completion(self, wc: Any) -> None:
+        """Act on one work completion of this channel's queue pairs (a ring buffer filled,
+        a send or RDMA write done, an error); ``QueuePairs.poll`` hands each one here."""
         kind, q, index = wr_fields(wc.wr_id)
         if wc.status != E.IBV_WC_SUCCESS:
             self._on_error(wc, kind)
@@ -299,15 +301,15 @@ class VerbsChannel(Channel):
         pairs = self.pairs
         if kind == WR_RING:
             self._on_message(index, wc.byte_len)
-            if self._broken is None:
+            if self.broken is None:
                 pairs.repost_ring(index)
             return
         if kind == WR_DATA:
             pairs.rq_free[q] += 1
             entry = self._rndv_recvs.get(wc.imm_data)
             if entry is None:
-                self._break(TransportError(f"verbs: peer rank {self.peer} wrote data for an "
-                                           f"unknown receive ({wc.imm_data})", peer=self.peer))
+                self.break_with(TransportError(f"verbs: peer rank {self.peer} wrote data for an "
+                                               f"unknown receive ({wc.imm_data})", peer=self.peer))
                 return
             entry[1] -= 1
             if entry[1] == 0:
@@ -333,7 +335,7 @@ class VerbsChannel(Channel):
                 req.complete()
 
     def _on_error(self, wc: Any, kind: int) -> None:
-        if self._broken is not None:
+        if self.broken is not None:
             return
         status = wc.status
         if self.pairs.peer_exited():
@@ -354,11 +356,11 @@ class VerbsChannel(Channel):
                     }.get(status, f"completion status {status}")
             err = TransportError(f"verbs: RDMA to peer rank {self.peer} failed: {what} "
                                  f"(vendor error {wc.vendor_err})", peer=self.peer)
-        self._break(err)
+        self.break_with(err)
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:
-        if self._broken is not None:
+        if self.broken is not None:
             return False
         pairs = self.pairs
         if not pairs.ready:
@@ -373,7 +375,7 @@ class VerbsChannel(Channel):
             pairs.drain_events()
         if pairs.poll():
             moved = True
-        if self._broken is not None:
+        if self.broken is not None:
             return True
         if self._grants and all(f > 0 for f in pairs.rq_free[1:]):
             for _ in range(len(self._grants)):
@@ -386,22 +388,22 @@ class VerbsChannel(Channel):
         return moved
 
     def busy(self) -> bool:
-        if self._broken is not None:
+        if self.broken is not None:
             return False
-        return bool(self._match.posted or self._rndv_sends or self._rndv_recvs or self._grants
+        return bool(self.matcher.posted or self._rndv_sends or self._rndv_recvs or self._grants
                     or self._puts or self.pairs.busy())
 
     def check_alive(self) -> None:
-        if self._broken is None and self.pairs.sock is not None:
+        if self.broken is None and self.pairs.sock is not None:
             self.pairs.read_sentinel()
-        if self._broken is not None:
-            raise self._broken
+        if self.broken is not None:
+            raise self.broken
 
-    def _break(self, error: BaseException) -> None:
-        if self._broken is None:
-            self._broken = error
+    def break_with(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
             self.pairs.abort_exchange()
-        self._match.fail_all(error)
+        self.matcher.fail_all(error)
         for req, _ in list(self._rndv_sends.values()):
             req.fail(error)
         for entry in list(self._rndv_recvs.values()):
@@ -425,8 +427,8 @@ class VerbsChannel(Channel):
             self.transport.cache.release(reg)
 
     def close(self) -> None:
-        if self.pairs.ready and self._broken is None:
+        if self.pairs.ready and self.broken is None:
             self.pairs.drain_sends(2.0)
-        self._break(TransportError(f"channel to peer rank {self.peer} was closed",
-                                   peer=self.peer))
+        self.break_with(TransportError(f"channel to peer rank {self.peer} was closed",
+                                       peer=self.peer))
         self.pairs.close()

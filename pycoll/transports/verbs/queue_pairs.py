@@ -105,7 +105,7 @@ class VerbsOwner(Protocol):
     credit_out_addr: int
     scratch_mr: Any
     notices: list[tuple[int, int]]
-    _active: ActiveSet
+    active: ActiveSet
 
     def register_own(self, array: np.ndarray) -> Any: ...
 
@@ -114,11 +114,11 @@ class PairsChannel(Protocol):
     """What the queue pairs call back on the channel that owns them."""
 
     peer: int
-    _broken: BaseException | None
+    broken: BaseException | None
 
-    def _break(self, error: BaseException) -> None: ...
+    def break_with(self, error: BaseException) -> None: ...
 
-    def _complete(self, wc: Any) -> None: ...
+    def on_completion(self, wc: Any) -> None: ...
 
     def progress(self) -> bool: ...
 
@@ -183,8 +183,8 @@ class QueuePairs:
         try:
             sock.send(self._create().pack())
         except Exception as e:   # noqa: BLE001 - any device failure breaks this pair only
-            self.channel._break(TransportError(f"verbs: cannot set up queue pairs to peer "
-                                               f"rank {self.peer}: {e}", peer=self.peer))
+            self.channel.break_with(TransportError(f"verbs: cannot set up queue pairs to peer "
+                                                   f"rank {self.peer}: {e}", peer=self.peer))
             return
         self.state = EXCHANGING
         self.transport.exchanging += 1
@@ -255,7 +255,7 @@ class QueuePairs:
 
     def finish_exchange(self) -> bool:
         """Read the peer's addresses; once complete, bring every queue pair to RTS."""
-        fail = self.channel._break
+        fail = self.channel.break_with
         try:
             chunk = self.sock.recv(INFO.size - len(self._info_in))  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
@@ -316,7 +316,7 @@ class QueuePairs:
         (one RC receive queue), so a group is re-posted, as one chain, when its last buffer
         is done: credits for the peer. False (the channel broke) if ``i`` is out of order."""
         if i != self._next_ring:
-            self.channel._break(TransportError(
+            self.channel.break_with(TransportError(
                 f"verbs: ring buffer {i} of peer rank {self.peer}'s messages completed out of "
                 f"order (expected {self._next_ring})", peer=self.peer))
             return False
@@ -485,7 +485,7 @@ class QueuePairs:
 
     # -- completions -------------------------------------------------------------------------
     def poll(self) -> bool:
-        """Hand every completion to the channel (``_complete``); True if any came."""
+        """Hand every completion to the channel (``on_completion``); True if any came."""
         moved = False
         cq = self.cq
         channel = self.channel
@@ -495,8 +495,8 @@ class QueuePairs:
                 return moved
             moved = True
             for wc in wcs:
-                channel._complete(wc)
-                if channel._broken is not None:
+                channel.on_completion(wc)
+                if channel.broken is not None:
                     return True
             if n < 32:
                 return moved
@@ -516,7 +516,7 @@ class QueuePairs:
     def arm(self) -> bool:
         """Before the engine blocks: ask for an event on the next completion; True if a
         completion slipped in meanwhile (then do not block)."""
-        if self.state != READY or self.channel._broken is not None:
+        if self.state != READY or self.channel.broken is not None:
             return False
         if not self.armed:
             self.cq.req_notify()
@@ -533,7 +533,7 @@ class QueuePairs:
         fds = []
         if self.sock is not None:
             fds.append((self.sock.fileno(), select.EPOLLIN))
-        if self.state == READY and self.channel._broken is None:
+        if self.state == READY and self.channel.broken is None:
             fds.append((self.cc_fd, select.EPOLLIN))
         return fds
 
@@ -547,7 +547,7 @@ class QueuePairs:
         farewell names the rank it left over."""
         if self.state != READY:
             return
-        fail = self.channel._break
+        fail = self.channel.break_with
         try:
             data = self.sock.recv(FAREWELL.size, socket.MSG_PEEK)  # type: ignore[union-attr]
         except (BlockingIOError, InterruptedError):
@@ -616,7 +616,7 @@ class QueuePairs:
         # setup socket before its queue pairs, and one already gone got what it waited for
         # (else a write into its destroyed queue pairs would wait out the retries)
         tail = bool(self.qps) and not self.peer_exited(0.0)
-        while (self.qps and channel._broken is None and time.monotonic() < deadline
+        while (self.qps and channel.broken is None and time.monotonic() < deadline
                and (self.outbox or self.writes or (tail and self._unsignaled) or self._covers
                     or any(f < SQ_DEPTH for f in self.sq_free[1:]))):
             if tail:

@@ -37,7 +37,7 @@ class VerbsTransport(ConnectorTransport, Transport):
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = ctx.rank
         self.size = ctx.size
-        self._token = ctx.token
+        self.token = ctx.token
         self.eager_max = env_int("PYCOLL_IB_EAGER_MAX", EAGER_MAX, minimum=0)
         self.qps_per_peer = env_int("PYCOLL_IB_QPS_PER_PEER", 1, minimum=1)
         if self.qps_per_peer > MAX_QPS - 1:
@@ -65,7 +65,7 @@ class VerbsTransport(ConnectorTransport, Transport):
         self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
                                 lambda peer, streams: VerbsChannel(self, peer))
         self._channels: dict[int, VerbsChannel] = self._setup.channels
-        self._active = ActiveSet()
+        self.active = ActiveSet()
         self.exchanging = 0
         self._kick_fd = os.eventfd(0, os.EFD_NONBLOCK)
         self._kicked = False
@@ -87,15 +87,15 @@ class VerbsTransport(ConnectorTransport, Transport):
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
-        moved = self._setup.progress(self._active.channels.values())
+        moved = self._setup.progress(self.active.channels.values())
         if self._kicked:
             self._kicked = False
             try:
                 os.eventfd_read(self._kick_fd)
             except BlockingIOError:
                 pass
-        if self._active.channels:
-            moved = self._active.progress() or moved
+        if self.active.channels:
+            moved = self.active.progress() or moved
         self.setup_pending = self._setup.pending or bool(self.exchanging)
         return moved
 
@@ -112,13 +112,13 @@ class VerbsTransport(ConnectorTransport, Transport):
         return fds
 
     def _working(self) -> list[VerbsChannel]:
-        return list(self._active.channels.values())  # type: ignore[arg-type]
+        return list(self.active.channels.values())  # type: ignore[arg-type]
 
     # -- one-sided ---------------------------------------------------------------------------
     def register(self, mem: MemRef) -> dict[str, Any]:
         from pyverbs.mr import MR
 
-        _owner, _base, _n, at = exporter_range(mem._view)
+        _owner, _base, _n, at = exporter_range(mem.view)
         mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
         self._exposed[mr.rkey] = (mr, mem)
         return {"addr": at, "rkey": mr.rkey, "nbytes": mem.nbytes}
@@ -149,7 +149,7 @@ class VerbsTransport(ConnectorTransport, Transport):
 
     def close(self) -> None:
         self._setup.close()
-        self._active.channels.clear()
+        self.active.channels.clear()
         for mr, _ in self._exposed.values():
             try:
                 mr.close()
