@@ -55,7 +55,7 @@ def _workload(comm):
                 comm.broadcast(b, root)
                 results.append(b.tobytes())
         comm.barrier()
-    # calls bound only in Python (chunked allreduce, single-copy broadcast), which ``enter``
+    # calls bound only in Python (chunked allreduce, single-copy broadcast), which ``FastMethod``
     # finds and runs as they are
     for _ in range(3):
         big = (np.arange(80_000) % 13 + r).astype(np.float32)      # 320 KB: chunked
