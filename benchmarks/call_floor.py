@@ -1,11 +1,8 @@
 #!/usr/bin/env python3
 """Where a small fast call's time goes: the whole ``comm.allreduce`` / ``comm.broadcast`` of
-8 bytes, the lookup of the call's kind and its bound call without the method
-(``_callpath.enter``, where the compiled path is built: what ``comm.allreduce``'s
-``FastMethod`` runs, so the gap to the whole call is the method's own cost), the bound call
-alone (``call.run``, what ``FastPath.bind`` made: the compiled ``BoundCall`` where it is
-built, else the closure) and the numba-compiled kernel called alone
-through its entry point, back to back, 20000 calls, best of 3 loops (one for the broadcast
+8 bytes, the bound call alone (``call.run``, what ``FastPath.bind`` made: the compiled
+``BoundCall`` where it is built, else the closure) and the numba-compiled kernel called
+alone through its entry point, back to back, 20000 calls, best of 3 loops (one for the broadcast
 kernel alone). The gaps are the Python around the kernel: the collective's lookup of the
 call's kind, and the call's claim, numbering, flight record and release.
 
@@ -24,7 +21,7 @@ import time
 import numpy as np
 
 import pycoll
-from pycoll.fastpath.compiled import callpath, enter
+from pycoll.fastpath.compiled import callpath
 from pycoll.tags import SEQ_MASK, SEQ_SHIFT
 
 CALLS = 20000
@@ -53,9 +50,6 @@ def main() -> None:
         def bound(run=run):
             run(a, None, False, a)
 
-        def entered(broadcast=coll == "broadcast", key=0 if coll == "broadcast" else "sum"):
-            enter(fast, broadcast, a, key, None, False)
-
         single = fast._entry(np.dtype("float32"),
                              "broadcast_bound" if call.one_way else "allreduce_bound")
         constants = call.constants.ctypes.data
@@ -72,15 +66,13 @@ def main() -> None:
         # a barrier after the kernel-alone broadcasts would find them unsettled: one loop
         loops = 3 if coll == "allreduce" else 1
         out[coll] = (min(loop(whole) for _ in range(3)),
-                     min(loop(entered) for _ in range(3)) if enter is not None else None,
                      min(loop(bound) for _ in range(3)),
                      min(loop(kernel_alone) for _ in range(loops)))
     path = "compiled (C)" if callpath is not None else "Python"
     print(f"rank {comm.rank}, call path {path}: " + "; ".join(
         f"{c} 8 B: whole call {w:.2f} us, "
-        + (f"lookup and call {e:.2f} us, " if e is not None else "")
         + f"bound call {b:.2f} us, kernel alone {k:.2f} us"
-        for c, (w, e, b, k) in out.items()), flush=True)
+        for c, (w, b, k) in out.items()), flush=True)
     os._exit(0)
 
 

@@ -1,7 +1,8 @@
-/* A C struct of Python objects that a Python class derives from: ``ExecutionState``
-   (runtime/_execution_state.c) and ``FastPathState`` (fastpath/_callpath.c). Their per-call
-   fields sit at fixed offsets, where the compiled call path reads them without a lookup,
-   and stay ordinary attributes (``T_OBJECT_EX`` members) for the Python code.
+/* A C struct of Python objects that a Python class derives from: ``ExecutionState`` and
+   ``RecorderState`` (runtime/_execution_state.h) and ``FastPathState``
+   (fastpath/_callpath.c). The compiled call path reads their per-call fields as struct
+   fields, without a lookup; they stay ordinary attributes (``T_OBJECT_EX`` members) for the
+   Python code.
 
    Such a struct is ``PyObject_HEAD`` followed by ``PyObject *`` fields, each named in the
    type's member table, which is the one description of the fields: the garbage

@@ -23,7 +23,7 @@ from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, prepare
 from ..buffers.tensors import torch_host_view
 from ..errors import InvalidArgument
-from ..fastpath.compiled import FastMethod, enter
+from ..fastpath.compiled import FastMethod
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
@@ -96,10 +96,6 @@ class Collectives:
         if (fast is not None and algo is None and deterministic is None and accumulate is None
                 and integrity is None and (not self._integrity_every
                                            or (self._exec.seq + 1) % self._integrity_every)):
-            if enter is not None:       # the lookup below and the call, compiled
-                done = enter(fast, False, tensor, op, timeout, async_op)
-                if done is not NotImplemented:
-                    return done
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:
                 # a 1-D array of a kind already validated: no classification needed. The
@@ -215,10 +211,6 @@ class Collectives:
         if (fast is not None and algo is None and type(root) is int and integrity is None
                 and (not self._integrity_every
                      or (self._exec.seq + 1) % self._integrity_every)):
-            if enter is not None:
-                done = enter(fast, True, tensor, root, timeout, async_op)
-                if done is not NotImplemented:
-                    return done
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:             # as in allreduce: a kind already validated
                 last = fast.last_broadcast

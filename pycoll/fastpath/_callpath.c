@@ -24,27 +24,15 @@
 #include <string.h>
 #include <time.h>
 
+/* numpy's array object through numpy's own header and its inline accessors (numpy is a
+   build requirement: pyproject.toml). Only those: no ``import_array``, no C API table, so
+   the module runs on any numpy whose array struct is the one it was built against (numpy
+   keeps it for its ABI: 1.7 to 2.x alike). */
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/ndarraytypes.h>
+
 #include "../object_fields.h"
-
-/* numpy's array object, as its ABI fixes it (PyArrayObject_fields: unchanged since numpy
-   1.7, the same in 2.x). Only read, and checked against numpy at import
-   (``compiled.usable``): a mismatch leaves the compiled path off. */
-typedef struct {
-    PyObject_HEAD
-    char *data;
-    int nd;
-    Py_ssize_t *dimensions;
-    Py_ssize_t *strides;
-    PyObject *base;
-    PyObject *descr;
-    int flags;
-    PyObject *weakreflist;
-} ArrayFields;
-
-#define NPY_C_CONTIGUOUS 0x0001
-#define NPY_ALIGNED 0x0100
-#define NPY_WRITEABLE 0x0400
-#define BEHAVED_CONTIGUOUS (NPY_C_CONTIGUOUS | NPY_ALIGNED | NPY_WRITEABLE)
+#include "../runtime/_execution_state.h"
 
 typedef int64_t (*kernel_fn)(int64_t data, int64_t nbytes, int64_t constants, int64_t stage,
                              int64_t seq);
@@ -96,12 +84,15 @@ OBJECT_FIELDS_TYPE(fast_path_state, FastPathState, state_members, state_new,
 static PyObject *s_run, *s_itemsize;
 static PyTypeObject *ndarray_type = NULL;
 
-/* The Execution's fields (``pycoll/runtime/_execution_state.c``: its ``offsets`` capsule, in
-   this order: seq, started, current, _refusing, generic_ran, the struct's size) and its
-   type; set once by ``use_execution_state``. */
-static Py_ssize_t X_SEQ, X_STARTED, X_CURRENT, X_REFUSING, X_GENERIC_RAN;
-static PyTypeObject *execution_state_type = NULL;
-#define FIELD(obj, offset, type) (*(type *)((char *)(obj) + (offset)))
+/* The types of the Execution's and its flight recorder's fields
+   (``pycoll/runtime/_execution_state.h``), set once by ``use_execution_state``. */
+static PyTypeObject *execution_state_type = NULL, *recorder_state_type = NULL;
+
+/* ``arr`` (an instance of ``ndarray_type``) is what the fast path's bound calls take: 1-D,
+   C-contiguous, aligned and writable (``arr.flags.carray``: what ``FastPath.run`` checks). */
+static inline int bound_array(PyArrayObject *arr) {
+    return PyArray_NDIM(arr) == 1 && PyArray_CHKFLAGS(arr, NPY_ARRAY_CARRAY);
+}
 
 /* 0.0, the flight record's unset times (one object for all of them) */
 static PyObject *zero = NULL;
@@ -121,7 +112,6 @@ typedef struct {
     PyTypeObject *ndarray;
     PyObject *descr;
     Py_ssize_t count, capacity;
-    Py_ssize_t count_at;        /* where the recorder's ``count`` slot is */
     long long nbytes, seq_bits, later_stages, seq_mask, seq_shift, constants;
     int one_way, more;
     kernel_fn kernel;
@@ -131,8 +121,8 @@ typedef struct {
 
 /* Number the claimed call and record it: ``Execution.begin_inline`` after its claim. */
 static int number(BoundCall *b, long long *seq_out) {
-    PyObject *ex = b->execution;
-    PyObject **seq_at = &FIELD(ex, X_SEQ, PyObject *);
+    ExecutionState *ex = (ExecutionState *)b->execution;
+    PyObject **seq_at = &ex->seq;
     long long seq = *seq_at != NULL ? PyLong_AsLongLong(*seq_at) : -1;
     if (seq < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the call count is unset");
@@ -148,12 +138,12 @@ static int number(BoundCall *b, long long *seq_out) {
         return -1;
     }
     Py_XSETREF(*seq_at, seq_obj);                /* the execution holds them, */
-    Py_XSETREF(FIELD(ex, X_STARTED, PyObject *), start);
+    Py_XSETREF(ex->started, start);
     *seq_out = seq;
     if (b->recorder == Py_None) return 0;
     /* FlightRecorder.open, as begin_inline writes it out (and the record, too) */
     PyObject *rec = PyList_New(7);
-    PyObject **count_slot = &FIELD(b->recorder, b->count_at, PyObject *);
+    PyObject **count_slot = &((RecorderState *)b->recorder)->count;
     long long i = *count_slot != NULL ? PyLong_AsLongLong(*count_slot) : -1;
     PyObject *next = i >= 0 ? PyLong_FromLongLong(i + 1) : NULL;
     if (rec == NULL || next == NULL) {
@@ -170,7 +160,7 @@ static int number(BoundCall *b, long long *seq_out) {
     PyList_SET_ITEM(rec, 5, Py_NewRef(zero));
     PyList_SET_ITEM(rec, 6, Py_NewRef(Py_None));
     Py_XSETREF(*count_slot, next);
-    Py_XSETREF(FIELD(ex, X_CURRENT, PyObject *), Py_NewRef(rec));
+    Py_XSETREF(ex->current, Py_NewRef(rec));
     return PyList_SetItem(b->ring, (Py_ssize_t)(i % b->capacity), rec);    /* takes rec */
 }
 
@@ -207,9 +197,9 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     if (nargs != 4 || kwnames != NULL || args[1] != Py_None || args[2] != Py_False
             || Py_TYPE(args[0]) != b->ndarray)
         return generic(b, args, nargsf, kwnames);
-    ArrayFields *arr = (ArrayFields *)args[0];
-    if (arr->nd != 1 || arr->dimensions[0] != b->count || arr->descr != b->descr
-            || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
+    PyArrayObject *arr = (PyArrayObject *)args[0];
+    if (!bound_array(arr) || PyArray_DIM(arr, 0) != b->count
+            || (PyObject *)PyArray_DESCR(arr) != b->descr)
         return generic(b, args, nargsf, kwnames);
 
     /* what begin_inline and the closure check before claiming */
@@ -218,7 +208,7 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     if (slots == NULL || slots == Py_None)
         return generic(b, args, nargsf, kwnames);
     Py_INCREF(slots);
-    int busy = set_at(FIELD(b->execution, X_REFUSING, PyObject *));
+    int busy = set_at(((ExecutionState *)b->execution)->refusing);
     if (busy == 0) busy = PyObject_IsTrue(b->queued);
     if (busy != 0) {
         Py_DECREF(slots);
@@ -280,14 +270,14 @@ static PyObject *bound_vectorcall(BoundCall *b, PyObject *const *args, size_t na
     PyObject *next_k = PyLong_FromLongLong(k + b->later_stages);
     if (next_k == NULL) goto error;
     Py_XSETREF(fast->k, next_k);
-    int64_t data = (int64_t)(intptr_t)arr->data;
+    int64_t data = (int64_t)(intptr_t)PyArray_DATA(arr);
     Py_BEGIN_ALLOW_THREADS
     state = b->kernel(data, b->nbytes, b->constants, k, word);
     Py_END_ALLOW_THREADS
     Py_CLEAR(mapped);
     Py_DECREF(slots);
     slots = NULL;
-    int leftovers = set_at(FIELD(b->execution, X_GENERIC_RAN, PyObject *));
+    int leftovers = set_at(((ExecutionState *)b->execution)->generic_ran);
     if (state != 0 || b->more || leftovers) {
         PyObject *a[4];
         a[0] = args[0];
@@ -336,23 +326,15 @@ static int bound_init(BoundCall *b, PyObject *args, PyObject *kwargs) {
             &p.seq_shift, &p.one_way, &p.more, &kernel, &settle, &p.settle_after,
             &p.constants, &p.keep))
         return -1;
-    p.count_at = -1;
     if (execution_state_type == NULL || zero == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "BoundCall: use_execution_state was not called");
         return -1;
     }
-    if (p.recorder != Py_None) {   /* FlightRecorder's ``count``: a __slots__ member */
-        PyObject *d = PyObject_GetAttrString((PyObject *)Py_TYPE(p.recorder), "count");
-        if (d == NULL) return -1;
-        if (Py_TYPE(d) == &PyMemberDescr_Type
-                && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
-            p.count_at = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-    }
     if (!PyType_Check(ndarray) || kernel == 0 || settle == 0
             || !PyCallable_Check(p.settle_after)
             || !PyObject_TypeCheck(p.execution, execution_state_type)
-            || (p.recorder != Py_None && p.count_at < 0)
+            || (p.recorder != Py_None
+                && !PyObject_TypeCheck(p.recorder, recorder_state_type))
             || !PyObject_TypeCheck((PyObject *)p.fast, &fast_path_state_type)
             || (p.recorder != Py_None && (!PyList_Check(p.ring) || p.capacity < 1))) {
         PyErr_SetString(PyExc_ValueError, "BoundCall: bad arguments");
@@ -424,9 +406,10 @@ static PyTypeObject BoundCallType = {
 /* The run of the call the previous allreduce (broadcast) took, remembered by the
    communicator (``FastPath.last_allreduce``: op or root, dtype, bytes, FastCall), if ``arr``
    and ``key`` are of that kind (a new reference), else NULL with no error set. */
-static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int by_value) {
+static PyObject *last_run(PyObject *last, PyArrayObject *arr, PyObject *key, int by_value) {
+    PyObject *descr = (PyObject *)PyArray_DESCR(arr);
     if (last == NULL || !PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 4
-            || arr->descr != PyTuple_GET_ITEM(last, 1))
+            || descr != PyTuple_GET_ITEM(last, 1))
         return NULL;
     PyObject *was = PyTuple_GET_ITEM(last, 0);
     int same = was == key;
@@ -441,14 +424,14 @@ static PyObject *last_run(PyObject *last, ArrayFields *arr, PyObject *key, int b
     /* the array's length: a BoundCall's count, or (a call bound only in Python) its bytes */
     int fits;
     if (Py_TYPE(run) == &BoundCallType) {
-        fits = arr->dimensions[0] == ((BoundCall *)run)->count;
+        fits = PyArray_DIM(arr, 0) == ((BoundCall *)run)->count;
     } else {
-        PyObject *size = PyObject_GetAttr(arr->descr, s_itemsize);
+        PyObject *size = PyObject_GetAttr(descr, s_itemsize);
         long long itemsize = size != NULL ? PyLong_AsLongLong(size) : -1;
         long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 2));
         Py_XDECREF(size);
         PyErr_Clear();
-        fits = itemsize >= 0 && nbytes == itemsize * (long long)arr->dimensions[0];
+        fits = itemsize >= 0 && nbytes == itemsize * (long long)PyArray_DIM(arr, 0);
     }
     Py_DECREF(last);
     if (!fits) { Py_DECREF(run); return NULL; }
@@ -471,28 +454,13 @@ static PyObject *run_call(PyObject *run, PyObject *const *args) {
 static PyObject *run_last(FastPathState *fast, int broadcast, PyObject *tensor, PyObject *key,
                           PyObject *timeout, PyObject *async_op) {
     if (ndarray_type == NULL || Py_TYPE(tensor) != ndarray_type) Py_RETURN_NOTIMPLEMENTED;
-    ArrayFields *arr = (ArrayFields *)tensor;
-    if (arr->nd != 1 || (arr->flags & BEHAVED_CONTIGUOUS) != BEHAVED_CONTIGUOUS)
-        Py_RETURN_NOTIMPLEMENTED;
+    PyArrayObject *arr = (PyArrayObject *)tensor;
+    if (!bound_array(arr)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *run = last_run(broadcast ? fast->last_broadcast : fast->last_allreduce, arr,
                              key, broadcast);
     if (run == NULL) Py_RETURN_NOTIMPLEMENTED;
     PyObject *call_args[4] = {tensor, timeout, async_op, tensor};
     return run_call(run, call_args);
-}
-
-/* enter(fast, broadcast, tensor, key, timeout, async_op): ``Communicator.allreduce``'s
-   (``broadcast``'s when ``broadcast`` is true; ``key`` is the op, or the root) lookup of the
-   previous call's kind, and that call (``run_last``); NotImplemented when it is not that
-   kind. */
-static PyObject *enter(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "enter takes 6 arguments");
-        return NULL;
-    }
-    if (!PyObject_TypeCheck(args[0], &fast_path_state_type)) Py_RETURN_NOTIMPLEMENTED;
-    return run_last((FastPathState *)args[0], args[1] == Py_True, args[2], args[3], args[4],
-                    args[5]);
 }
 
 /* ``Communicator.allreduce``, ``broadcast`` and ``barrier`` as C methods
@@ -670,58 +638,44 @@ static PyTypeObject FastMethodType = {
     .tp_getattro = method_getattro,
 };
 
-/* use_execution_state(ExecutionState, offsets): the Execution's base type and where its
-   fields are (``pycoll/runtime/_execution_state.c``), set once, at import. */
+/* ``type`` is the type ``struct`` describes: at least as large (a stale build of the other
+   module, or a numpy with another array struct, is refused, and the calls stay in Python). */
+static int is_type_of(PyObject *type, Py_ssize_t size, const char *name) {
+    if (!PyType_Check(type) || ((PyTypeObject *)type)->tp_basicsize < size) {
+        PyErr_Format(PyExc_TypeError, "%s is not the type this module was built against "
+                     "(%R)", name, type);
+        return 0;
+    }
+    return 1;
+}
+
+/* use_execution_state(ExecutionState, RecorderState): the types of
+   ``pycoll/runtime/_execution_state.h``'s structs, set once, at import. */
 static PyObject *use_execution_state(PyObject *module, PyObject *const *args,
                                      Py_ssize_t nargs) {
-    if (nargs != 2 || !PyType_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "use_execution_state(ExecutionState, offsets)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "use_execution_state(ExecutionState, RecorderState)");
         return NULL;
     }
-    const Py_ssize_t *at = PyCapsule_GetPointer(args[1],
-                                                "pycoll.runtime._execution_state.offsets");
-    if (at == NULL) return NULL;
-    if (((PyTypeObject *)args[0])->tp_basicsize != at[5]) {
-        PyErr_SetString(PyExc_ValueError, "ExecutionState's size is not its offsets' one");
+    if (!is_type_of(args[0], sizeof(ExecutionState), "ExecutionState")
+            || !is_type_of(args[1], sizeof(RecorderState), "RecorderState"))
         return NULL;
-    }
-    X_SEQ = at[0]; X_STARTED = at[1]; X_CURRENT = at[2]; X_REFUSING = at[3];
-    X_GENERIC_RAN = at[4];
-    Py_INCREF(args[0]);
-    Py_XSETREF(execution_state_type, (PyTypeObject *)args[0]);
+    Py_XSETREF(execution_state_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(recorder_state_type, (PyTypeObject *)Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
-/* use_ndarray(numpy.ndarray): the array type ``enter`` takes (set once, at import). */
+/* use_ndarray(numpy.ndarray): the array type this module takes (set once, at import). */
 static PyObject *use_ndarray(PyObject *module, PyObject *type) {
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "use_ndarray takes numpy.ndarray");
-        return NULL;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(ndarray_type, (PyTypeObject *)type);
+    if (!is_type_of(type, sizeof(PyArrayObject_fields), "numpy.ndarray")) return NULL;
+    Py_XSETREF(ndarray_type, (PyTypeObject *)Py_NewRef(type));
     Py_RETURN_NONE;
-}
-
-/* array_fields(arr) -> (data, nd, first dimension, flags, descr): what this module reads of
-   a numpy array, for the check at import (``compiled.usable``). */
-static PyObject *array_fields(PyObject *module, PyObject *arr) {
-    if (ndarray_type == NULL || !PyObject_TypeCheck(arr, ndarray_type)) {
-        PyErr_SetString(PyExc_TypeError, "array_fields takes a numpy array (after use_ndarray)");
-        return NULL;
-    }
-    ArrayFields *a = (ArrayFields *)arr;
-    return Py_BuildValue("(LiniO)", (long long)(intptr_t)a->data, a->nd,
-                         a->nd > 0 ? a->dimensions[0] : (Py_ssize_t)-1, a->flags, a->descr);
 }
 
 static PyMethodDef module_methods[] = {
-    {"array_fields", array_fields, METH_O, "what BoundCall reads of a numpy array"},
-    {"enter", (PyCFunction)(void (*)(void))enter, METH_FASTCALL,
-     "enter(fast, broadcast, tensor, key, timeout, async_op): the previous call's kind"},
-    {"use_ndarray", use_ndarray, METH_O, "the array type enter takes"},
+    {"use_ndarray", use_ndarray, METH_O, "the array type the bound calls take"},
     {"use_execution_state", (PyCFunction)(void (*)(void))use_execution_state, METH_FASTCALL,
-     "use_execution_state(ExecutionState, offsets): the Execution's fields"},
+     "use_execution_state(ExecutionState, RecorderState): the types of the fields read"},
     {NULL}
 };
 

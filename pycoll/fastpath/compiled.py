@@ -13,17 +13,17 @@ closure. Measurements: docs/algorithms.md#the-compiled-call-path.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import numpy as np
 
 from ..envvars import env_bool
-from ..runtime.execution import ExecutionState
+from ..runtime.c_state import ExecutionState, RecorderState
 
 
 def _load() -> tuple[Any, str]:
-    """The ``_callpath`` module, or None and why: not built, turned off, or it does not read
-    numpy's arrays as this numpy lays them out (``_reads_numpy``)."""
+    """The ``_callpath`` module, or None and why: not built, or turned off."""
     if not env_bool("PYCOLL_FASTPATH_C", True):
         return None, "PYCOLL_FASTPATH_C=0"
     try:
@@ -31,44 +31,40 @@ def _load() -> tuple[Any, str]:
     except ImportError as e:
         return None, (f"not built ({e}): reinstall pycoll where a C compiler and Python's "
                       "headers are found (docs/troubleshooting.md#the-compiled-call-path)")
-    _callpath.use_ndarray(np.ndarray)
-    if not _reads_numpy(_callpath):
-        return None, f"it does not read numpy {np.__version__}'s arrays as numpy does"
     if ExecutionState is object:
         return None, ("pycoll/runtime/_execution_state.c, which it reads the execution's "
                       "fields from, is not built")
-    fields = importlib.import_module("pycoll.runtime._execution_state").offsets
-    _callpath.use_execution_state(ExecutionState, fields)
+    try:    # the types its headers describe (a stale build of one module is refused here)
+        _callpath.use_ndarray(np.ndarray)
+        _callpath.use_execution_state(ExecutionState, RecorderState)
+    except TypeError as e:
+        return None, f"{e}: reinstall pycoll"
     return _callpath, ""
-
-
-def _reads_numpy(module: Any) -> bool:
-    """Whether ``module`` reads an array's data address, dimensions, flags and dtype as
-    numpy itself reports them (the C code mirrors numpy's array struct: checked here once,
-    on arrays that must and must not take the compiled path)."""
-    base = np.zeros(6, dtype=np.float32)
-    frozen = base[:4]
-    frozen.flags.writeable = False
-    behaved = 0x0001 | 0x0100 | 0x0400      # C-contiguous, aligned, writeable
-    for arr in (base, base[1:], base[::2], frozen, np.zeros((2, 3)), np.zeros(5, np.int64)):
-        data, nd, first, flags, descr = module.array_fields(arr)
-        c_ok = (flags & behaved) == behaved
-        if (data != arr.ctypes.data or nd != arr.ndim or first != arr.shape[0]
-                or descr is not arr.dtype
-                or c_ok != (arr.flags.c_contiguous and arr.flags.aligned
-                            and arr.flags.writeable)):
-            return False
-    return True
 
 
 #: ``_callpath``, or None; and why it is None (see ``_load``)
 callpath, unavailable = _load()
-#: ``_callpath.enter(fast, broadcast, tensor, op or root, timeout, async_op)``: the call of
-#: the previous call's kind on ``tensor``, or NotImplemented (``Collectives.allreduce``)
-enter = callpath.enter if callpath is not None else None
 #: ``_callpath.FastMethod(func, kind)``: ``Communicator.allreduce`` (``broadcast``,
 #: ``barrier``) in C in front of its Python method ``func``, or None
 FastMethod = callpath.FastMethod if callpath is not None else None
 #: ``FastPath``'s base: the attributes a call changes (stages, settling, the previous call's
 #: kind), kept where the C code reads them directly; a plain object without ``_callpath``
 FastPathState: Any = callpath.FastPathState if callpath is not None else object
+
+
+_warned: list[bool] = []
+
+
+def warn_if_not_built() -> None:
+    """One line, once per process, when the install did not build the compiled call path
+    (pip shows setup.py's warning only with -v): small fast calls then take about a
+    microsecond more each. Not when ``PYCOLL_FASTPATH_C=0`` chose the Python path. Rank 0 of
+    a communicator that takes the fast path calls it (``FastPath``)."""
+    if callpath is not None or _warned or unavailable == "PYCOLL_FASTPATH_C=0":
+        return
+    _warned.append(True)
+    # explicit, at line 0 of this file: the warning prints as one line (no source line)
+    warnings.warn_explicit(f"pycoll: small fast calls run their Python path, about a "
+                           f"microsecond slower each: the compiled call path is {unavailable} "
+                           "(PYCOLL_FASTPATH_C=0 chooses the Python path and silences this)",
+                           RuntimeWarning, __file__, 0, module=__name__)

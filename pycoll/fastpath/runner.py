@@ -44,7 +44,7 @@ from .calls import (
     FastCall,
     wait_policy,
 )
-from .compiled import FastPathState, callpath
+from .compiled import FastPathState, callpath, warn_if_not_built
 from .liveness import Liveness
 from .segment import SharedSlots
 
@@ -115,6 +115,8 @@ class FastPath(FastPathState):
         # the kernels: numba is imported by the first call that needs them, not at init
         self._kernels: Any = None
         self.barrier_call: FastCall | None = None     # made by the first barrier
+        if self.rank == 0:
+            warn_if_not_built()
 
     # -- what takes the path -----------------------------------------------------------------
     def takes(self, nbytes: int, dtype: str, rop: ReduceOp, fold: str | None = None) -> bool:

@@ -1,34 +1,17 @@
-/* What an Execution changes on every call, in a C struct: ``Execution`` derives from
-   ``ExecutionState`` when this module is built, so that its Python code reads and writes
-   these as ordinary attributes while the fast path's compiled call
-   (``pycoll/fastpath/_callpath.c``) reads them without a lookup, at the offsets this module
-   publishes (``offsets``: a capsule). Optional, like that call: without it ``Execution``
-   derives from ``object`` and keeps the same attributes in its dict. */
+/* What an Execution and its flight recorder change on every call, in C structs
+   (``_execution_state.h``): ``Execution`` derives from ``ExecutionState`` and
+   ``FlightRecorder`` from ``RecorderState`` when this module is built, so that their Python
+   code reads and writes these as ordinary attributes while the fast path's compiled call
+   (``pycoll/fastpath/_callpath.c``, which includes the same header) reads them without a
+   lookup. Optional, like that call: without it both derive from ``object`` and keep the
+   same attributes in their dict (or slots). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <stddef.h>
 
 #include "../object_fields.h"
-
-/* Python objects, not C numbers: CPython specializes reading an object slot (a member of
-   type T_OBJECT_EX) as it does an instance attribute, so the Python paths that read these
-   (every generic call) pay nothing for them being here. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *seq;              /* int: collectives started so far */
-    PyObject *started;          /* float: when the call running inline started (monotonic) */
-    PyObject *current;          /* its flight record, or None */
-    PyObject *refusing;         /* bool: failed or closed, what begin_inline checks */
-    PyObject *generic_ran;      /* bool: a call sent messages since the fast path looked */
-} ExecutionState;
-
-/* Where each field is, for _callpath.c (the order is its contract: see there). */
-static const Py_ssize_t OFFSETS[] = {
-    offsetof(ExecutionState, seq), offsetof(ExecutionState, started),
-    offsetof(ExecutionState, current), offsetof(ExecutionState, refusing),
-    offsetof(ExecutionState, generic_ran), sizeof(ExecutionState),
-};
+#include "_execution_state.h"
 
 static PyMemberDef state_members[] = {
     {"seq", T_OBJECT_EX, offsetof(ExecutionState, seq), 0, NULL},
@@ -60,27 +43,37 @@ OBJECT_FIELDS_TYPE(execution_state, ExecutionState, state_members, state_new,
                    "pycoll.runtime._execution_state.ExecutionState",
                    "What an Execution changes on every call (Execution derives from it).");
 
+static PyMemberDef recorder_members[] = {
+    {"capacity", T_OBJECT_EX, offsetof(RecorderState, capacity), 0, NULL},
+    {"ring", T_OBJECT_EX, offsetof(RecorderState, ring), 0, NULL},
+    {"count", T_OBJECT_EX, offsetof(RecorderState, count), 0, NULL},
+    {NULL}
+};
+
+static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    return object_fields_new(type, recorder_members);   /* FlightRecorder.__init__ sets them */
+}
+
+OBJECT_FIELDS_TYPE(recorder_state, RecorderState, recorder_members, recorder_new,
+                   "pycoll.runtime._execution_state.RecorderState",
+                   "A flight recorder's ring (FlightRecorder derives from it).");
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_execution_state",
-    .m_doc = "What an Execution changes on every call, in a C struct.",
+    .m_doc = "What an Execution and its flight recorder change on every call, in C structs.",
     .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__execution_state(void) {
-    if (PyType_Ready(&execution_state_type) < 0) return NULL;
+    if (PyType_Ready(&execution_state_type) < 0 || PyType_Ready(&recorder_state_type) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    PyObject *offsets = PyCapsule_New((void *)OFFSETS,
-                                      "pycoll.runtime._execution_state.offsets", NULL);
-    if (offsets == NULL
-            || PyModule_AddObjectRef(m, "ExecutionState",
-                                     (PyObject *)&execution_state_type) < 0
-            || PyModule_AddObjectRef(m, "offsets", offsets) < 0) {
-        Py_XDECREF(offsets);
+    if (PyModule_AddObjectRef(m, "ExecutionState", (PyObject *)&execution_state_type) < 0
+            || PyModule_AddObjectRef(m, "RecorderState", (PyObject *)&recorder_state_type) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    Py_DECREF(offsets);
     return m;
 }

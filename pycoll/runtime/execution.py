@@ -19,7 +19,6 @@ A body that needs no channels (the fast path's compiled kernels) may run inline 
 """
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -27,10 +26,10 @@ from typing import Any
 
 from ..algorithms import agreement
 from ..algorithms.primitives import Peers
-from ..envvars import env_bool
 from ..errors import PycollError, Revoked, TransportError
 from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
 from ..timeouts import as_seconds
+from .c_state import ExecutionState
 from .calls import CallInfo
 from .failures import Failures
 from .flight_recorder import COMPLETED, T_ENDED, T_SCHEDULED, T_STARTED, FlightRecorder
@@ -38,21 +37,6 @@ from .work import Executor, Work
 
 Body = Callable[[Peers], None]
 _monotonic = time.monotonic
-
-
-def _state_base() -> Any:
-    """``Execution``'s base: ``_execution_state.ExecutionState`` (its per-call fields in a C
-    struct, for the fast path's compiled call) where setup.py built it and
-    ``PYCOLL_FASTPATH_C`` does not turn the compiled call off; else ``object``."""
-    if not env_bool("PYCOLL_FASTPATH_C", True):
-        return object
-    try:
-        return importlib.import_module("pycoll.runtime._execution_state").ExecutionState
-    except ImportError:
-        return object
-
-
-ExecutionState: Any = _state_base()
 
 
 class Execution(ExecutionState):

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..envvars import env_int
+from .c_state import RecorderState
 from .calls import CallInfo
 
 FORMAT = "pycoll-flight-recorder"
@@ -63,10 +64,11 @@ def trace_dir() -> str:
     return path
 
 
-class FlightRecorder:
-    """A ring of the last ``capacity`` calls of one communicator."""
+class FlightRecorder(RecorderState):
+    """A ring of the last ``capacity`` calls of one communicator. Its fields are those of
+    ``RecorderState`` where that is built (the compiled call path writes its records too)."""
 
-    __slots__ = ("capacity", "ring", "count")
+    __slots__ = ("capacity", "ring", "count") if RecorderState is object else ()
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

@@ -195,29 +195,41 @@ def test_a_deleted_state_field_does_not_crash_the_compiled_path(tmp_path, field)
 _NOT_WHAT_C_READS = """
 import numpy as np
 from pycoll.fastpath import compiled
+from pycoll.runtime.c_state import ExecutionState, RecorderState
 cp = compiled.callpath
-try:
-    cp.array_fields(bytearray(100))
-    print("array_fields accepted a bytearray")
-except TypeError:
-    print("array_fields refused")
+for name, call in (("use_ndarray", lambda: cp.use_ndarray(bytearray)),
+                   ("use_execution_state",
+                    lambda: cp.use_execution_state(object, RecorderState)),
+                   ("use_execution_state", lambda: cp.use_execution_state(ExecutionState, int))):
+    try:
+        call()
+        print(name, "accepted a type of another layout")
+    except TypeError:
+        print(name, "refused")
 fast = compiled.FastPathState()
 unmade = cp.BoundCall.__new__(cp.BoundCall)     # never initialised: every field NULL
 fast.last_allreduce = ("sum", np.dtype(np.float32), 0, type("C", (), {"run": unmade})())
+comm = type("Comm", (), {"_fast": fast, "_integrity_every": 0})()
+allreduce = cp.FastMethod(lambda comm, tensor, op="sum": print("the Python method"),
+                          "allreduce")
 try:
-    cp.enter(fast, False, np.zeros(0, np.float32), "sum", None, False)
-    print("enter ran an unmade call")
+    allreduce(comm, np.zeros(0, np.float32))
+    print("FastMethod ran an unmade call")
 except TypeError:
-    print("enter refused")
+    print("FastMethod refused")
 """
 
 
 @needs_c
 def test_objects_the_c_code_does_not_know_are_refused():
+    """Types of another layout than the headers the module was built against (a stale build
+    of one module), and a bound call never initialised, raise TypeError: never a crash."""
     r = subprocess.run([sys.executable, "-c", _NOT_WHAT_C_READS], capture_output=True,
                        text=True, timeout=150)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    assert r.stdout.split("\n")[:2] == ["array_fields refused", "enter refused"], r.stdout
+    assert r.stdout.split("\n")[:4] == ["use_ndarray refused", "use_execution_state refused",
+                                        "use_execution_state refused",
+                                        "FastMethod refused"], r.stdout
 
 
 def test_a_worker_that_finds_its_queue_failed_by_close_stops_quietly():
