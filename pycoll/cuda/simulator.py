@@ -176,10 +176,12 @@ def _locate(ptr: int, nbytes: int, what: str) -> tuple[_Allocation, int]:
 
 
 class _Memory:
-    """An owned allocation (freed when the last array over it goes)."""
+    """An owned allocation (freed when the last array over it goes). Like an allocation
+    from CuPy's pool, which calls no runtime API when it has memory at hand, it makes no
+    context current."""
 
     def __init__(self, size: int) -> None:
-        _runtime_call()
+        _init()
         self.size = size
         if size == 0:
             self.ptr = 0
@@ -273,8 +275,13 @@ class _Device:
             q = self.queues[handle] = _Queue(handle)
         return q
 
-    def submit(self, q: _Queue, kind: str, item: Any) -> int:
-        _runtime_call()
+    def submit(self, q: _Queue, kind: str, item: Any, runtime_api: bool = True) -> int:
+        """Queue work on ``q``; ``runtime_api``: the call is a runtime API call (it makes the
+        context current), not a kernel launch (CuPy launches through the driver API)."""
+        if runtime_api:
+            _runtime_call()
+        else:
+            _init()
         with self.cond:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="pycoll-cuda-simulator",
@@ -666,7 +673,8 @@ cuda = SimpleNamespace(
 
 # -- arrays ------------------------------------------------------------------------------------
 def _enqueue(fn: Callable[[], None]) -> None:
-    _dev().submit(_queue_of(get_current_stream().ptr), "run", fn)
+    """Launch a 'kernel' on the current stream (a driver launch: no context made current)."""
+    _dev().submit(_queue_of(get_current_stream().ptr), "run", fn, runtime_api=False)
 
 
 class ndarray:  # noqa: N801 - CuPy's name
@@ -727,14 +735,10 @@ class ndarray:  # noqa: N801 - CuPy's name
         if isinstance(value, ndarray):
             if value.size != dst.size:
                 raise ValueError(f"cannot copy {value.size} elements into {dst.size}")
-            if value.dtype == dst.dtype:
-                runtime.memcpyAsync(dst.data.ptr, value.data.ptr, dst.nbytes, 3,
-                                    get_current_stream().ptr)
-                return
 
-            def cast() -> None:
+            def copy() -> None:       # CuPy's copy kernel (casting where dtypes differ)
                 _kernel_view(dst)[...] = _kernel_view(value)
-            _enqueue(cast)
+            _enqueue(copy)
             return
         scalar = np.asarray(value, dtype=dst.dtype)
 

@@ -148,6 +148,16 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
     os._exit(code)
 
 
+def cuda_env() -> dict[str, str]:
+    """The environment device-memory tests run under: CuPy and the GPU where CuPy sees one,
+    otherwise pycoll's CPU simulator of CUDA (``PYCOLL_CUDA_SIMULATOR=1``; a simulated run
+    is never a GPU run). An explicit ``PYCOLL_CUDA_SIMULATOR`` is kept as it is."""
+    if os.environ.get("PYCOLL_CUDA_SIMULATOR", "").strip():
+        return {}
+    from ..cuda.runtime import unavailable_reason
+    return {} if unavailable_reason() is None else {"PYCOLL_CUDA_SIMULATOR": "1"}
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,

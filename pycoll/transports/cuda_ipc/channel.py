@@ -40,7 +40,8 @@ class CudaIpcChannel(ShmChannel):
                  address: dict[str, Any]) -> None:
         super().__init__(transport, peer, inbox, address)
         self._device = transport.device
-        self._device_reads: deque[tuple[Any, int]] = deque()   # (copy-done event, seq)
+        #: queued copies out of the peer's memory: (copy-done event, sequence, receive)
+        self._device_reads: deque[tuple[Any, int, Request]] = deque()
 
     # -- sending -------------------------------------------------------------------------
     def _send_unaddressable(self, req: Request, out: Segment, off: int) -> bool:
@@ -83,24 +84,30 @@ class CudaIpcChannel(ShmChannel):
             super()._deliver_held(req, nbytes, body)
 
     def _device_read(self, req: Request, body: bytes, seq: int) -> None:
-        """Queue the copy out of the peer's device memory; the receive is complete at once
-        (whatever reads it is queued behind the copy), the sender once the copy has run."""
+        """Queue the copy out of the peer's device memory. The receive and the sender's
+        request complete together, once the copy has run (``_finish_device_reads``): the
+        receiver is then still waiting in pycoll and writes the sender's completion word at
+        once. (Completing the receive when the copy was queued left that word to the
+        receiver's next call into pycoll: a sender could wait for it forever.)"""
         try:
             done = self._device.read(req.mem, body, self.peer)
         except TransportError as err:
             self._break(err)
             req.fail(err)
             return
-        self._device_reads.append((done, seq))
+        self._device_reads.append((done, seq, req))
         self._active[self.peer] = self
-        req.complete()
 
-    def _finish_device_reads(self) -> bool:
+    def _finish_device_reads(self, wait: bool = False) -> bool:
+        """Complete the reads whose copy has run (``wait``: every read, waiting for it)."""
         reads, moved = self._device_reads, False
         finished = self._device.finished
-        while reads and finished(reads[0][0]):
-            _, seq = reads.popleft()
+        while reads and (wait or finished(reads[0][0])):
+            done, seq, req = reads.popleft()
+            if wait:
+                self._device.wait(done)
             self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+            req.complete()
             moved = True
         return moved
 
@@ -120,3 +127,13 @@ class CudaIpcChannel(ShmChannel):
 
     def busy(self) -> bool:
         return super().busy() or bool(self._device_reads)
+
+    def close(self) -> None:
+        # copies still queued (receives nobody waited for) finish first, and release their
+        # senders, who may be waiting for them
+        if self._device_reads:
+            try:
+                self._finish_device_reads(wait=True)
+            except Exception:  # noqa: BLE001 - closing: the pair or the device may be gone
+                self._device_reads.clear()
+        super().close()

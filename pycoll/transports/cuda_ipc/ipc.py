@@ -110,6 +110,11 @@ class DeviceIpc:
     def finished(event: Any) -> bool:
         return bool(event.done)
 
+    @staticmethod
+    def wait(event: Any) -> None:
+        """Block until the copy behind ``event`` has run."""
+        event.synchronize()
+
     def close(self) -> None:
         try:
             from ...cuda import runtime

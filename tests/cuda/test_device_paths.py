@@ -1,0 +1,45 @@
+"""The CUDA code paths' logic, ordering and lifetimes: async calls, finalize, zero-byte
+buffers, ranks started after CUDA was initialised, staged calls back to back, peer death.
+
+Device arrays come from ``runtime.cupy()``: CuPy on a GPU, the simulator elsewhere (see
+conftest.py). Each test names the defect it guards against.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycoll.cuda import runtime
+from pycoll.testing import run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _cp():
+    return runtime.cupy()
+
+
+def _host(arr):
+    """The bytes of a device array once everything queued so far (any stream) has run."""
+    cp = _cp()
+    cp.cuda.Device(0).synchronize()
+    return cp.asnumpy(arr)
+
+
+def _send_then_finalize(comm, nbytes):
+    cp = _cp()
+    if comm.rank == 0:
+        comm.send(cp.asarray(np.arange(nbytes, dtype=np.uint8)), 1, tag=5)
+        return None
+    buf = cp.zeros(nbytes, dtype=np.uint8)
+    comm.recv(buf, 0, tag=5)
+    return _host(buf).tolist()
+
+
+def test_send_completes_without_the_receiver_calling_again():
+    """The sender's request completes once the receiver's copy has run, not when the
+    receiver next calls into pycoll: the sender finalizes right after its send."""
+    for _ in range(3):
+        results = run_ranks(_send_then_finalize, 2, 300, timeout=120,
+                            env={"PYCOLL_TRANSPORTS": "cuda_ipc"})
+        assert results[1] == [i % 256 for i in range(300)]
