@@ -151,6 +151,22 @@ def caller_stream(obj: Any, source: str, device: int) -> int:
         return int(cp.cuda.get_current_stream().ptr)
 
 
+_current = threading.local()
+
+
+def make_current(device: int) -> None:
+    """Make ``device`` (and its primary context) current on this thread with a runtime call.
+
+    Needed before a driver call (``address_range``) on a thread pycoll started (async
+    calls run on pycoll's own thread): such a thread has no current context, and CuPy's
+    ``with Device(d)`` calls nothing when ``d`` is already the thread's current device, so
+    the driver call would fail with ``CUDA_ERROR_INVALID_CONTEXT`` (201). Once per thread
+    and device."""
+    if getattr(_current, "device", None) != device:
+        cupy().cuda.runtime.setDevice(device)
+        _current.device = device
+
+
 def pycoll_stream(device: int) -> Any:
     """pycoll's own non-blocking stream on ``device`` (one per process and device)."""
     stream = _streams.get(device)
@@ -265,7 +281,8 @@ def address_range(ptr: int) -> tuple[int, int]:
                                               ctypes.c_uint64(ptr))
     if status != 0:
         raise DriverError(status, f"cuMemGetAddressRange({ptr:#x}) failed with CUresult "
-                                  f"{status}")
+                                  f"{status}" + (" (pycoll CUDA simulator, not a GPU)"
+                                                 if simulated() else ""))
     return int(base.value), int(size.value)
 
 

@@ -42,6 +42,7 @@ class DeviceIpc:
         from ...cuda import runtime
         cp = runtime.cupy()
         device = int(mem.device or 0)
+        runtime.make_current(device)      # before the driver call (async: a fresh thread)
         with cp.cuda.Device(device):
             try:
                 base, _size = runtime.address_range(mem.ptr)
@@ -72,6 +73,7 @@ class DeviceIpc:
             raise TransportError(f"rank {self.rank}: cuda_ipc: rank {peer} is this same process; "
                                  "CUDA cannot open its own IPC handles", peer=peer)
         device = int(mem.device or 0)
+        runtime.make_current(device)
         with cp.cuda.Device(device):
             base = self._open(device, handle, peer)
             event = self._events.get(event_handle)
