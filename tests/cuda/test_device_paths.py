@@ -66,3 +66,20 @@ def test_send_completes_without_the_receiver_calling_again():
         results = run_ranks(_send_then_finalize, 2, 300, timeout=120,
                             env={"PYCOLL_TRANSPORTS": "cuda_ipc"})
         assert results[1] == [i % 256 for i in range(300)]
+
+
+def _device_send_recv(comm):
+    cp = _cp()
+    x = cp.asarray(np.full(64, comm.rank + 1, dtype=np.int32))
+    comm.allreduce(x)
+    return _host(x).tolist()
+
+
+def test_ranks_start_after_cuda_was_initialised_here():
+    """This process initialised CUDA (probing the device); ranks forked from it could not
+    use it (cudaErrorInitializationError): the harness starts them with spawn."""
+    assert runtime.unavailable_reason() is None       # initialises CUDA in this process
+    assert runtime.initialised()
+    for got in run_ranks(_device_send_recv, 2, timeout=120,
+                         env={"PYCOLL_TRANSPORTS": "cuda_ipc"}):
+        assert got == [3] * 64
