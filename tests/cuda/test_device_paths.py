@@ -83,3 +83,25 @@ def test_ranks_start_after_cuda_was_initialised_here():
     for got in run_ranks(_device_send_recv, 2, timeout=120,
                          env={"PYCOLL_TRANSPORTS": "cuda_ipc"}):
         assert got == [3] * 64
+
+
+def _zero_bytes(comm):
+    cp = _cp()
+    empty = cp.empty(0, dtype=np.float32)
+    comm.allreduce(empty)
+    comm.broadcast(empty, root=0)
+    if comm.rank == 0:
+        comm.send(empty, 1, tag=1)
+    elif comm.rank == 1:
+        comm.recv(empty, 0, tag=1)
+    x = cp.asarray(np.ones(4, dtype=np.float32))
+    comm.allreduce(x)
+    return _host(x).tolist()
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
+def test_zero_byte_device_buffers(transport):
+    """A zero-element device array has pointer 0 (CuPy's empty(0)): no address range, no
+    IPC handle; it must move as an empty message, not fail."""
+    for got in run_ranks(_zero_bytes, 2, timeout=120, env={"PYCOLL_TRANSPORTS": transport}):
+        assert got == [2.0] * 4

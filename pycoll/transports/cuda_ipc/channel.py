@@ -95,16 +95,16 @@ class CudaIpcChannel(ShmChannel):
             self._break(err)
             req.fail(err)
             return
-        self._device_reads.append((done, seq, req))
+        self._device_reads.append((done, seq, req))     # done None: an empty message
         self._active[self.peer] = self
 
     def _finish_device_reads(self, wait: bool = False) -> bool:
         """Complete the reads whose copy has run (``wait``: every read, waiting for it)."""
         reads, moved = self._device_reads, False
         finished = self._device.finished
-        while reads and (wait or finished(reads[0][0])):
+        while reads and (wait or reads[0][0] is None or finished(reads[0][0])):
             done, seq, req = reads.popleft()
-            if wait:
+            if wait and done is not None:
                 self._device.wait(done)
             self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
             req.complete()

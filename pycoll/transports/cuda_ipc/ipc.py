@@ -42,6 +42,9 @@ class DeviceIpc:
         from ...cuda import runtime
         cp = runtime.cupy()
         device = int(mem.device or 0)
+        if mem.nbytes == 0:
+            # an empty array has pointer 0 (CuPy's empty(0)): no allocation, nothing to share
+            return DEVICE_BODY.pack(b"", b"", 0, device, os.getpid())
         runtime.make_current(device)      # before the driver call (async: a fresh thread)
         with cp.cuda.Device(device):
             try:
@@ -64,11 +67,13 @@ class DeviceIpc:
 
     def read(self, mem: MemRef, body: bytes, peer: int) -> Any:
         """Queue the copy of the peer's announced buffer into ``mem``; returns the event that
-        completes when the copy has run."""
+        completes when the copy has run (None: an empty message, nothing to copy)."""
         from ...cuda import runtime
         cp = runtime.cupy()
         rt = cp.cuda.runtime
         handle, event_handle, offset, _src_device, pid = DEVICE_BODY.unpack(body)
+        if mem.nbytes == 0:          # sizes matched: the sender's is empty too
+            return None
         if pid == os.getpid():
             raise TransportError(f"rank {self.rank}: cuda_ipc: rank {peer} is this same process; "
                                  "CUDA cannot open its own IPC handles", peer=peer)
