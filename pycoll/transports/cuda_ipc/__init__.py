@@ -6,8 +6,17 @@
 
 It is the shared-memory transport (``shm/``: slots, rendezvous completion words, peer
 liveness) with one more message kind, added by ``CudaIpcChannel`` through the shm channel's
-hooks (shm itself knows nothing of devices). Host messages travel exactly as over shm; a
-device message is a rendezvous:
+hooks (shm itself knows nothing of devices). Host messages travel exactly as over shm.
+
+A small device message (up to one slot's payload) is eager: the sender copies it into the
+slot (device to host, on pycoll's stream, after the work queued there; the sender waits for
+the copy), and the receiver copies it from the slot, or from the copy it held for a receive
+not yet posted, into its device buffer. So small messages need no completion word and
+outlive their sender, as host messages do: a rendezvous would keep the sender's completion
+window (64 words) and its buffer until received, and enough unmatched ones stop the pair.
+
+A larger device message is a rendezvous, and needs its sender alive until it is received
+(as NCCL's peer-to-peer transfers do):
 
 1. the sender records an interprocess event on pycoll's stream (after the kernels that
    produced the data) and puts into a slot the IPC handle of the allocation holding the
@@ -16,11 +25,14 @@ device message is a rendezvous:
    and the event's handle;
 2. the receiver opens the handle (once per allocation: mappings are cached), makes its
    stream wait for the sender's event (a GPU-side wait), and queues one device-to-device copy
-   from the peer's memory into the receive buffer. The receive is complete as soon as the
-   copy is queued: everything that reads the buffer afterwards is queued behind it on the same
-   stream;
-3. when the copy has run (an event polled by progress), the receiver sets the rendezvous
-   completion word, and the sender's request completes: its buffer is its own again.
+   from the peer's memory into the receive buffer;
+3. when the copy has run (an event polled by progress, while the receiver waits for its
+   receive), the receiver sets the rendezvous completion word and the receive completes;
+   the sender's request completes when it sees the word: its buffer is its own again.
+   ``close`` finishes the copies still queued first.
+
+Driver calls come after a runtime call made the device current on the calling thread
+(``runtime.make_current``): async calls run on pycoll's own thread, which has no context.
 
 The host-side sequence number in the completion word is what orders re-recorded events
 (an event has no generation number of its own). Same device or different devices of one

@@ -5,20 +5,32 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from ...buffers.memory import view_address
 from ...errors import TransportError
 from ..base import Request
 from ..shm.channel import ShmChannel, ShmOwner
-from ..shm.segment import DONE_BASE, FIRST_EXTENSION_KIND, RNDV_WINDOW, Segment
+from ..shm.segment import DONE_BASE, FIRST_EXTENSION_KIND, RNDV_WINDOW, SLOT_HEADER, Segment
 from .ipc import DEVICE_BODY, DeviceIpc
 
-#: the slot kind of a device buffer's announcement (after shm's own kinds)
+#: the slot kinds of device messages (after shm's own): a large buffer's announcement
+#: (rendezvous), and a small message's bytes in the slot (eager)
 DEVICE = FIRST_EXTENSION_KIND
+DEVICE_EAGER = FIRST_EXTENSION_KIND + 1
+DEVICE_KINDS = (DEVICE, DEVICE_EAGER)
 
 
 class CudaIpcOwner(ShmOwner):
     """What a channel uses of its transport (``CudaIpcTransport``)."""
 
     device: DeviceIpc
+
+
+class DeviceEager(NamedTuple):
+    """A small device message's bytes, held for a receive not yet posted."""
+
+    data: bytes
 
 
 class DeviceNotice(NamedTuple):
@@ -34,7 +46,7 @@ class CudaIpcChannel(ShmChannel):
     peer's device memory on pycoll's stream."""
 
     transport: CudaIpcOwner
-    message_kinds = (*ShmChannel.message_kinds, DEVICE)
+    message_kinds = (*ShmChannel.message_kinds, *DEVICE_KINDS)
 
     def __init__(self, transport: CudaIpcOwner, peer: int, inbox: Segment,
                  address: dict[str, Any]) -> None:
@@ -45,6 +57,23 @@ class CudaIpcChannel(ShmChannel):
 
     # -- sending -------------------------------------------------------------------------
     def _send_unaddressable(self, req: Request, out: Segment, off: int) -> bool:
+        if req.nbytes <= self._payload:
+            # small: eager, its bytes in the slot. A rendezvous would hold a completion word
+            # and need its sender alive until it is received: 64 unmatched ones stop the pair
+            # (messages of other tags wait behind them), and a message held for a receive not
+            # yet posted dies with its sender. Costs a device-to-host copy the sender waits for.
+            at = off + SLOT_HEADER.size
+            try:
+                self._device.to_host(req.mem, view_address(out.data[at: at + req.nbytes]))
+            except TransportError as err:
+                self._sends.popleft()
+                req.fail(err)
+                return True
+            SLOT_HEADER.pack_into(out.data, off, req.tag, req.nbytes, DEVICE_EAGER, 0)
+            self._publish()
+            self._sends.popleft()
+            req.complete()
+            return True
         if self._window_full():
             return False
         self._sends.popleft()
@@ -58,13 +87,19 @@ class CudaIpcChannel(ShmChannel):
 
     # -- receiving -----------------------------------------------------------------------
     def _memory_fits(self, req: Request, kind: int) -> bool:
-        if (req.view is None) == (kind == DEVICE):
+        if (req.view is None) == (kind in DEVICE_KINDS):
             return True
-        self._memory_mismatch(req, kind == DEVICE)
+        self._memory_mismatch(req, kind in DEVICE_KINDS)
         return False
 
     def _start_message(self, req: Request | None, tag: int, total: int, kind: int, aux: int,
                        at: int) -> None:
+        if kind == DEVICE_EAGER:
+            if req is None:
+                self._match.hold(tag, total, DeviceEager(bytes(self._in.data[at: at + total])))
+            else:
+                self._eager_read(req, view_address(self._in.data[at: at + total]))
+            return
         if kind != DEVICE:
             super()._start_message(req, tag, total, kind, aux, at)
             return
@@ -75,13 +110,28 @@ class CudaIpcChannel(ShmChannel):
             self._device_read(req, body, aux)
 
     def _deliver_held(self, req: Request, nbytes: int, body: Any) -> None:
-        if (req.view is None) != isinstance(body, DeviceNotice):
-            self._memory_mismatch(req, isinstance(body, DeviceNotice))
+        device_sent = isinstance(body, (DeviceNotice, DeviceEager))
+        if (req.view is None) != device_sent:
+            self._memory_mismatch(req, device_sent)
         elif isinstance(body, DeviceNotice):
             if self._size_ok(req, nbytes):
                 self._device_read(req, body.body, body.seq)
+        elif isinstance(body, DeviceEager):
+            if self._size_ok(req, nbytes):
+                held = np.frombuffer(body.data, dtype=np.uint8)
+                self._eager_read(req, int(held.ctypes.data) if nbytes else 0)
         else:
             super()._deliver_held(req, nbytes, body)
+
+    def _eager_read(self, req: Request, address: int) -> None:
+        """A small device message's bytes, at host ``address``, into the receive."""
+        try:
+            self._device.from_host(req.mem, address)
+        except TransportError as err:
+            self._break(err)
+            req.fail(err)
+            return
+        req.complete()
 
     def _device_read(self, req: Request, body: bytes, seq: int) -> None:
         """Queue the copy out of the peer's device memory. The receive and the sender's

@@ -113,6 +113,26 @@ class DeviceIpc:
             rt.ipcCloseMemHandle(old)
         return base
 
+    def to_host(self, mem: MemRef, address: int) -> None:
+        """Copy ``mem`` to host ``address`` on pycoll's stream and wait for it (a small
+        message's way into a slot: after the work queued before it on that stream)."""
+        if mem.nbytes:
+            from ...cuda import runtime
+            device = int(mem.device or 0)
+            runtime.make_current(device)
+            runtime.memcpy(address, mem.ptr, mem.nbytes, runtime.DEVICE_TO_HOST, device)
+            runtime.synchronize(device)
+
+    def from_host(self, mem: MemRef, address: int) -> None:
+        """Copy ``mem.nbytes`` from host ``address`` into ``mem`` and wait for it (the slot
+        it comes from is reused as soon as this returns)."""
+        if mem.nbytes:
+            from ...cuda import runtime
+            device = int(mem.device or 0)
+            runtime.make_current(device)
+            runtime.memcpy(mem.ptr, address, mem.nbytes, runtime.HOST_TO_DEVICE, device)
+            runtime.synchronize(device)
+
     @staticmethod
     def finished(event: Any) -> bool:
         return bool(event.done)
