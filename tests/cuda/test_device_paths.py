@@ -105,3 +105,29 @@ def test_zero_byte_device_buffers(transport):
     IPC handle; it must move as an empty message, not fail."""
     for got in run_ranks(_zero_bytes, 2, timeout=120, env={"PYCOLL_TRANSPORTS": transport}):
         assert got == [2.0] * 4
+
+
+def _back_to_back_async(comm, rounds):
+    cp = _cp()
+    n = comm.size
+    wrong = []
+    for k in range(rounds):
+        x = cp.asarray(np.full(4096, 1.0, dtype=np.float64))
+        first = comm.allreduce(x, async_op=True)
+        second = comm.allreduce(x, async_op=True)     # reads the first one's result
+        first.wait()
+        second.wait()
+        got = float(_host(x)[0])
+        if got != n * n:
+            wrong.append((k, got))
+    return wrong
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_back_to_back_async_staged_calls_on_one_tensor(transport):
+    """Staged calls copied their device buffers to the host when submitted, but the copy
+    back of the call before them only when that one ran: a second async call on the same
+    tensor read its value from before the first."""
+    for wrong in run_ranks(_back_to_back_async, 2, 5, timeout=180,
+                           env={"PYCOLL_TRANSPORTS": transport}):
+        assert wrong == []
