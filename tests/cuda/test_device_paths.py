@@ -131,3 +131,23 @@ def test_back_to_back_async_staged_calls_on_one_tensor(transport):
     for wrong in run_ranks(_back_to_back_async, 2, 5, timeout=180,
                            env={"PYCOLL_TRANSPORTS": transport}):
         assert wrong == []
+
+
+def _premul_sum(comm, dtype):
+    from pycoll import ReduceOp
+    cp = _cp()
+    x = cp.asarray(np.full(100, comm.rank + 1, dtype=dtype))
+    comm.allreduce(x, ReduceOp.premul_sum(0.5))
+    y = cp.asarray(np.full(100, comm.rank + 1, dtype=dtype))
+    comm.reduce(y, root=0, op=ReduceOp.premul_sum(0.5))
+    return float(_host(x)[0]), float(_host(y)[0])
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_premul_sum_on_device(transport, dtype):
+    """premul_sum multiplies every input by its factor first: on the direct path that step
+    ran the host kernel on device arrays."""
+    results = run_ranks(_premul_sum, 2, dtype, timeout=120, env={"PYCOLL_TRANSPORTS": transport})
+    assert results[0] == (1.5, 1.5)
+    assert results[1][0] == 1.5
