@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import sys
 import threading
 from collections.abc import Sequence
@@ -51,6 +52,28 @@ def unavailable_reason() -> str | None:
     if mode not in _reasons:
         _reasons[mode] = _find_unavailable_reason(mode)
     return _reasons[mode]
+
+
+def missing_reason() -> str | None:
+    """Why this process could not move device memory, found without initialising CUDA
+    (None: it may). The ``cuda_ipc`` probe runs on every rank of every job, host-only jobs
+    included: asking for the device count would initialise CUDA there, costing its start-up
+    and forbidding fork afterwards. So the probe asks only whether CuPy is installed and the
+    driver library loads (loading initialises nothing); whether a device is visible is asked
+    when device memory is first used (``unavailable_reason``)."""
+    if simulated():
+        return None
+    try:
+        if importlib.util.find_spec("cupy") is None:
+            return ("CuPy is not installed; install pycoll's cuda12 or cuda13 extra "
+                    "(see docs/cuda.md)")
+    except (ImportError, ValueError) as e:
+        return f"CuPy cannot be found ({e})"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no CUDA driver ({e})"
+    return None
 
 
 def initialised() -> bool:

@@ -511,7 +511,13 @@ class Device:
 # -- the runtime API ---------------------------------------------------------------------------
 def _get_device_count() -> int:
     _init()
-    return 1
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return 0 if visible is not None and visible.strip() in ("", "-1") else 1
+
+
+def initialised() -> bool:
+    """Whether this process initialised the (simulated) driver."""
+    return _initialised_pid == os.getpid()
 
 
 def _get_device() -> int:

@@ -171,6 +171,15 @@ def cuda_env() -> dict[str, str]:
     return {} if unavailable_reason() is None else {"PYCOLL_CUDA_SIMULATOR": "1"}
 
 
+def same_host_transport() -> str:
+    """The transport the default allow-list gives two ranks of one host, host memory
+    included: cuda_ipc where it is usable here (CuPy and a CUDA driver, or the simulator:
+    its host messages are shm's), shm otherwise."""
+    from ..transports import registry
+    records, _missing = registry.probe_all(["cuda_ipc"])
+    return "cuda_ipc" if records else "shm"
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,

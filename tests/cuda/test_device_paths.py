@@ -151,3 +151,21 @@ def test_premul_sum_on_device(transport, dtype):
     results = run_ranks(_premul_sum, 2, dtype, timeout=120, env={"PYCOLL_TRANSPORTS": transport})
     assert results[0] == (1.5, 1.5)
     assert results[1][0] == 1.5
+
+
+def _host_only_job(comm):
+    import sys
+    x = np.full(8, comm.rank + 1.0)
+    comm.allreduce(x)
+    sim = sys.modules.get("pycoll.cuda.simulator")
+    return x.tolist(), comm.transport_summary(), bool(sim is not None and sim.initialised())
+
+
+def test_host_only_jobs_do_not_initialise_cuda():
+    """The cuda_ipc probe runs on every rank of every job: it asked for the device count,
+    which initialises CUDA (start-up cost; no fork afterwards) in jobs that never touch a
+    device. It now asks only whether CuPy and the driver are installed."""
+    for got, summary, initialised in run_ranks(_host_only_job, 2, timeout=120):
+        assert got == [3.0] * 8
+        assert "cuda_ipc" in summary          # the simulator counts as installed
+        assert not initialised

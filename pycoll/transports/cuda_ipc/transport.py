@@ -29,8 +29,8 @@ class CudaIpcTransport(ShmTransport):
         record, why = super().probe()
         if record is None:
             return None, why
-        from ...cuda.runtime import unavailable_reason
-        missing = unavailable_reason()
+        from ...cuda.runtime import missing_reason
+        missing = missing_reason()        # initialises no CUDA: host-only jobs probe it too
         if missing is not None:
             return None, missing
         return record, ""
