@@ -99,15 +99,14 @@ class DirectCall:
         for it (no host wait: a synchronous call returns with the result usable on the
         caller's stream, as with NCCL)."""
         def direct(peers: Any) -> None:
-            host_ops, host_ref = peers.ops, peers._ref
-            peers.ops, peers._ref = self.ops, self.ops.ref
+            host_ops = peers.use_ops(self.ops)
             cp = runtime.cupy()
             try:
                 with cp.cuda.Device(self.device), runtime.pycoll_stream(self.device):
                     body(peers)
                 runtime.release_to_caller(self.device, self.caller, self.users)
             finally:
-                peers.ops, peers._ref = host_ops, host_ref
+                peers.use_ops(host_ops)
         return direct
 
 
