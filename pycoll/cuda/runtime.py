@@ -144,7 +144,8 @@ def device_pointer(obj: Any, source: str) -> int:
         return int(obj.data_ptr())
     if source == "cuda_array_interface":
         return int(obj.__cuda_array_interface__["data"][0])
-    return int(cupy().from_dlpack(obj).data.ptr)
+    # DLPack-only CUDA objects are read through torch (buffers.tensors)
+    raise InvalidArgument(f"no device pointer for a {source} buffer")
 
 
 def current_device_of(obj: Any, source: str, device: int | None) -> int:

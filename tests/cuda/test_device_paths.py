@@ -169,3 +169,30 @@ def test_host_only_jobs_do_not_initialise_cuda():
         assert got == [3.0] * 8
         assert "cuda_ipc" in summary          # the simulator counts as installed
         assert not initialised
+
+
+class _DLPackOnlyDevice:
+    """A CUDA tensor seen only through DLPack (no __cuda_array_interface__, not torch)."""
+
+    def __dlpack_device__(self):
+        return (2, 0)        # kDLCUDA, device 0
+
+    def __dlpack__(self, stream=None):
+        raise BufferError("this test object exports no capsule")
+
+
+def _dlpack_only(comm):
+    from pycoll.errors import InvalidArgument
+    try:
+        comm.allreduce(_DLPackOnlyDevice())
+        return "no error"
+    except InvalidArgument as e:
+        return str(e)
+
+
+def test_dlpack_only_cuda_objects_are_refused_with_a_way_out():
+    """A DLPack-only CUDA object was taken with dtype "unknown" and count -1: a call on it
+    moved nothing and raised nothing. It is viewed through torch where torch can, and refused
+    with what to pass instead otherwise."""
+    for message in run_ranks(_dlpack_only, 2, timeout=120):
+        assert "DLPack" in message and "__cuda_array_interface__" in message, message
