@@ -1,7 +1,8 @@
 """What this host offers: optional packages, the fast path, and each transport's probe.
 
-Nothing here initialises CUDA: CuPy's device query does, so the ``cuda_ipc`` probe runs
-only when asked (``--cuda``); without CuPy it is reported missing without asking CUDA.
+Nothing here initialises CUDA unless asked (``--cuda``: is a device visible?): the
+``cuda_ipc`` probe itself asks only whether CuPy and the driver are installed. The device
+runtime is named: CuPy, or pycoll's CPU simulator (``PYCOLL_CUDA_SIMULATOR``), never a GPU.
 The transports are judged by their own ``probe`` (``transports.registry.probe_all``), the
 very check a rank makes at ``init``, so the report cannot disagree with a job.
 """
@@ -33,7 +34,7 @@ def _version(dist: str) -> str | None:
 
 
 def _cupy_version() -> str | None:
-    for dist in ("cupy", "cupy-cuda12x", "cupy-cuda11x"):
+    for dist in ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"):
         found = _version(dist)
         if found:
             return found
@@ -101,6 +102,16 @@ def _tcp_details() -> dict[str, Any]:
     return {"interfaces": interfaces, "bind_address": bind}
 
 
+def _cuda_details(ask_device: bool) -> dict[str, Any]:
+    from ..cuda import runtime
+    out: dict[str, Any] = {"device runtime": runtime.runtime_name()}
+    if ask_device:       # initialises CUDA
+        out["device"] = runtime.unavailable_reason() or "visible"
+    else:
+        out["device"] = "not asked (pass --cuda; it initialises CUDA)"
+    return out
+
+
 DETAILS = {"shm": _shm_details, "tcp": _tcp_details}
 
 
@@ -116,14 +127,12 @@ def transports(probe_cuda: bool) -> dict[str, Any]:
     for name in registry.REGISTRY:
         entry: dict[str, Any] = {"allowed": name in allowed,
                                  "explicit_only": name in registry.EXPLICIT_ONLY}
-        if name == "cuda_ipc" and not probe_cuda and importlib.util.find_spec("cupy"):
-            entry.update(usable=None, reason="not probed: it would initialise CUDA "
-                                             "(pass --cuda to probe it)")
-        else:
-            records, missing = registry.probe_all([name])
-            entry.update(usable=name in records, reason=missing.get(name, ""),
-                         record=records.get(name))
+        records, missing = registry.probe_all([name])
+        entry.update(usable=name in records, reason=missing.get(name, ""),
+                     record=records.get(name))
         if name in DETAILS:
             entry["details"] = DETAILS[name]()
+        if name == "cuda_ipc":
+            entry["details"] = _cuda_details(probe_cuda)
         out["each"][name] = entry
     return out
