@@ -196,3 +196,32 @@ def test_dlpack_only_cuda_objects_are_refused_with_a_way_out():
     with what to pass instead otherwise."""
     for message in run_ranks(_dlpack_only, 2, timeout=120):
         assert "DLPack" in message and "__cuda_array_interface__" in message, message
+
+
+def _device_peer_dies(comm, nbytes):
+    import os
+    from pycoll.errors import PeerLost
+    cp = _cp()
+    x = cp.asarray(np.ones(nbytes // 4, dtype=np.float32))
+    comm.allreduce(x)
+    if comm.rank == 1:
+        os._exit(3)              # dies between two collectives, its device memory with it
+    try:
+        for _ in range(3):
+            comm.allreduce(x)
+        return "no error"
+    except PeerLost as e:
+        return "PeerLost: " + str(e)
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20])     # eager, and a rendezvous on cuda_ipc
+def test_peer_death_during_device_collectives(transport, nbytes):
+    """A rank that dies is named by the others (PeerLost naming it), never a hang and never
+    a copy out of memory that is gone reported as data."""
+    outcomes = run_ranks(_device_peer_dies, 3, nbytes, timeout=180, expect_failure=True,
+                         env={"PYCOLL_TRANSPORTS": transport}, collective_timeout=60)
+    for rank in (0, 2):
+        kind, value = outcomes[rank]
+        assert kind == "ok" and value.startswith("PeerLost") and "rank 1" in value, \
+            (rank, kind, value)
