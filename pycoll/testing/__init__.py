@@ -164,11 +164,34 @@ def _cuda_initialised() -> bool:
 def cuda_env() -> dict[str, str]:
     """The environment device-memory tests run under: CuPy and the GPU where CuPy sees one,
     otherwise pycoll's CPU simulator of CUDA (``PYCOLL_CUDA_SIMULATOR=1``; a simulated run
-    is never a GPU run). An explicit ``PYCOLL_CUDA_SIMULATOR`` is kept as it is."""
+    is never a GPU run). An explicit ``PYCOLL_CUDA_SIMULATOR`` is kept as it is. Initialises
+    no CUDA here: whether a device is visible is asked in a child process, so that this one
+    can still fork ranks that use CUDA."""
     if os.environ.get("PYCOLL_CUDA_SIMULATOR", "").strip():
         return {}
-    from ..cuda.runtime import unavailable_reason
-    return {} if unavailable_reason() is None else {"PYCOLL_CUDA_SIMULATOR": "1"}
+    from ..cuda.runtime import missing_reason
+    if missing_reason() is None and _gpu_visible():
+        return {}
+    return {"PYCOLL_CUDA_SIMULATOR": "1"}
+
+
+_GPU_VISIBLE: list[bool] = []
+
+
+def _gpu_visible() -> bool:
+    if not _GPU_VISIBLE:
+        import subprocess
+        import sys
+        code = ("import sys; from pycoll.cuda.runtime import unavailable_reason; "
+                "sys.exit(0 if unavailable_reason() is None else 1)")
+        env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CUDA_SIMULATOR"}
+        try:
+            visible = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                                     capture_output=True).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            visible = False
+        _GPU_VISIBLE.append(visible)
+    return _GPU_VISIBLE[0]
 
 
 def same_host_transport() -> str:

@@ -68,43 +68,43 @@ def test_send_completes_without_the_receiver_calling_again():
         assert results[1] == [i % 256 for i in range(300)]
 
 
-def _device_send_recv(comm):
-    cp = _cp()
+_STARTS_AFTER_INIT = """
+import sys
+import numpy as np
+from pycoll.cuda import runtime
+from pycoll.testing import run_ranks
+
+
+def device_allreduce(comm):
+    cp = runtime.cupy()
     x = cp.asarray(np.full(64, comm.rank + 1, dtype=np.int32))
     comm.allreduce(x)
-    return _host(x).tolist()
+    cp.cuda.Device(0).synchronize()
+    return cp.asnumpy(x).tolist()
 
 
-def test_ranks_start_after_cuda_was_initialised_here():
-    """This process initialised CUDA (probing the device); ranks forked from it could not
-    use it (cudaErrorInitializationError): the harness starts them with spawn."""
-    assert runtime.unavailable_reason() is None       # initialises CUDA in this process
+if __name__ == "__main__":
+    assert runtime.unavailable_reason() is None      # initialises CUDA in this process
     assert runtime.initialised()
-    for got in run_ranks(_device_send_recv, 2, timeout=120,
+    for got in run_ranks(device_allreduce, 2, timeout=120,
                          env={"PYCOLL_TRANSPORTS": "cuda_ipc"}):
-        assert got == [3] * 64
+        assert got == [3] * 64, got
+    print("ranks ok")
+"""
 
 
-def _zero_bytes(comm):
-    cp = _cp()
-    empty = cp.empty(0, dtype=np.float32)
-    comm.allreduce(empty)
-    comm.broadcast(empty, root=0)
-    if comm.rank == 0:
-        comm.send(empty, 1, tag=1)
-    elif comm.rank == 1:
-        comm.recv(empty, 0, tag=1)
-    x = cp.asarray(np.ones(4, dtype=np.float32))
-    comm.allreduce(x)
-    return _host(x).tolist()
-
-
-@pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
-def test_zero_byte_device_buffers(transport):
-    """A zero-element device array has pointer 0 (CuPy's empty(0)): no address range, no
-    IPC handle; it must move as an empty message, not fail."""
-    for got in run_ranks(_zero_bytes, 2, timeout=120, env={"PYCOLL_TRANSPORTS": transport}):
-        assert got == [2.0] * 4
+def test_ranks_start_after_cuda_was_initialised_here(tmp_path, device_runtime):
+    """A process that initialised CUDA (probing the device) forked ranks that could not use
+    it (cudaErrorInitializationError): the harness starts them with spawn. Run in a child
+    process, so that this one stays uninitialised (and keeps forking its other tests')."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "starts_after_init.py"
+    script.write_text(_STARTS_AFTER_INIT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **device_runtime})
+    assert proc.returncode == 0 and "ranks ok" in proc.stdout, proc.stderr[-3000:]
 
 
 def _back_to_back_async(comm, rounds):
