@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import debug
 from ..envvars import env_bool
 from ..errors import InvalidArgument
 
@@ -130,6 +131,8 @@ def cupy() -> Any:
         if why is not None:
             raise InvalidArgument(f"CUDA buffers cannot be used: {why}")
         module = _modules[mode] = _import_runtime(mode)
+        if mode:
+            debug.logger.info("CUDA buffers run on %s", runtime_name())
     return module
 
 
