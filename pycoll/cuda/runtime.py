@@ -107,7 +107,8 @@ def _find_unavailable_reason(simulator: bool) -> str | None:
     except Exception as e:  # noqa: BLE001 - no driver: cudaErrorInsufficientDriver etc.
         return f"no usable CUDA driver or device ({type(e).__name__}: {e})"
     if count < 1:
-        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"
+        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)" + (
+            " (pycoll CUDA simulator, not a GPU)" if simulator else "")
     return None
 
 
