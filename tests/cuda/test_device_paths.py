@@ -26,11 +26,11 @@ def _host(arr):
     return cp.asnumpy(arr)
 
 
-def _async_allreduce_then_finalize(comm, rounds):
+def _async_allreduce_then_finalize(comm, rounds, count):
     cp = _cp()
     got = []
     for k in range(rounds):
-        x = cp.asarray(np.full(1000, comm.rank + 1 + k, dtype=np.float32))
+        x = cp.asarray(np.full(count, comm.rank + 1 + k, dtype=np.float32))
         work = comm.allreduce(x, async_op=True)
         work.wait()
         got.append(float(_host(x)[0]))
@@ -38,12 +38,13 @@ def _async_allreduce_then_finalize(comm, rounds):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_async_calls_over_cuda_ipc(world_size):
+@pytest.mark.parametrize("count", [1000, 1 << 20])     # eager messages; rendezvous (4 MiB)
+def test_async_calls_over_cuda_ipc(world_size, count):
     """Async work runs on pycoll's thread, which has no current CUDA context until a runtime
-    call makes the device current: the IPC export's driver call failed there (CUresult
-    201). And a send completed only when its receiver called into pycoll again, so an async
-    call followed by finalize failed."""
-    results = run_ranks(_async_allreduce_then_finalize, world_size, 3, timeout=180,
+    call makes the device current: the IPC export's driver call (a rendezvous) failed there
+    (CUresult 201). And a send completed only when its receiver called into pycoll again,
+    so an async call followed by finalize failed."""
+    results = run_ranks(_async_allreduce_then_finalize, world_size, 3, count, timeout=180,
                         env={"PYCOLL_TRANSPORTS": "cuda_ipc"})
     want = [sum(r + 1 + k for r in range(world_size)) for k in range(3)]
     assert results == [want] * world_size
