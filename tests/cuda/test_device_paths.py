@@ -201,6 +201,7 @@ def test_dlpack_only_cuda_objects_are_refused_with_a_way_out():
 
 def _device_peer_dies(comm, nbytes):
     import os
+
     from pycoll.errors import PeerLost
     cp = _cp()
     x = cp.asarray(np.ones(nbytes // 4, dtype=np.float32))
@@ -226,3 +227,32 @@ def test_peer_death_during_device_collectives(transport, nbytes):
         kind, value = outcomes[rank]
         assert kind == "ok" and value.startswith("PeerLost") and "rank 1" in value, \
             (rank, kind, value)
+
+
+class _UnsharableDevice:
+    """Device memory no allocation of this process holds (so no IPC handle can name it);
+    it says its device, as CuPy arrays do, so nothing asks the driver before the send."""
+
+    def __init__(self, nbytes):
+        import types
+        self.device = types.SimpleNamespace(id=0)
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes // 4,), "typestr": "<f4", "data": ((1 << 48) + (1 << 44), False),
+            "version": 3, "strides": None, "stream": 1}
+
+
+def _unsharable(comm):
+    from pycoll.errors import PycollError
+    try:
+        comm.allreduce(_UnsharableDevice(4 << 20))      # a rendezvous on every rank
+        return "no error"
+    except PycollError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def test_a_device_send_that_cannot_be_exported_names_its_cause():
+    """A rendezvous send whose memory cannot be shared failed its request, but the call
+    waited on a receive from the same peer, and ended at the deadline as a timeout that hid
+    the cause. The pair now breaks at once with the cause."""
+    outcomes = run_ranks(_unsharable, 2, timeout=120, collective_timeout=20)
+    assert all("cuMemGetAddressRange" in o and "Timeout" not in o for o in outcomes), outcomes

@@ -67,7 +67,7 @@ class CudaIpcChannel(ShmChannel):
                 self._device.to_host(req.mem, view_address(out.data[at: at + req.nbytes]))
             except TransportError as err:
                 self._sends.popleft()
-                req.fail(err)
+                self._fail_send(req, err)
                 return True
             SLOT_HEADER.pack_into(out.data, off, req.tag, req.nbytes, DEVICE_EAGER, 0)
             self._publish()
@@ -80,10 +80,18 @@ class CudaIpcChannel(ShmChannel):
         try:
             body = self._device.export(req.mem, self.peer)
         except TransportError as err:
-            req.fail(err)       # nothing was announced: the pair stays in step
+            self._fail_send(req, err)
             return True
         self._announce(req, out, off, DEVICE, body)
         return True
+
+    def _fail_send(self, req: Request, err: TransportError) -> None:
+        """A device message that could not be sent: the peer waits for it in vain, and this
+        rank's call most likely waits on a receive from the peer, not on this send: breaking
+        the pair fails that wait at once with this error (else it ends at the deadline, as a
+        timeout that hides the cause)."""
+        req.fail(err)
+        self._break(err)
 
     # -- receiving -----------------------------------------------------------------------
     def _memory_fits(self, req: Request, kind: int) -> bool:
