@@ -62,6 +62,14 @@ class Peers:
         #: so that no late message lands in a user's buffer after the error was raised
         self.posted: list[Request] = []
 
+    def use_ops(self, ops: MemoryOps) -> MemoryOps:
+        """Switch to other memory ops (a direct device call runs on device memory); returns
+        the ones in use before, to switch back to. ``isend``/``irecv`` follow."""
+        before = self.ops
+        self.ops = ops
+        self._ref = ops.ref
+        return before
+
     def subgroup(self, kind: str) -> Peers | None:
         """The ranks of this one's node (``"node"``) or of the same local index on every
         node (``"cross"``), for hierarchical algorithms; None unless the layout has several

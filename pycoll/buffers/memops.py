@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from .folding import Fold
 from .memory import HOST, MemoryType, MemRef
-from .reduction import ReduceOp, finish, needs_finish, reducer
+from .reduction import ReduceOp, finish, needs_finish, prepare, reducer
 
 Reduce = Callable[[Any, Any], None]
 
@@ -36,11 +36,14 @@ class ReduceSpec:
     """How to combine (``reduce(dst, src)``) and finish (``finish(chunk)``, e.g. avg's
     divide), and how to fold the ranks' inputs in rank order (``fold``: the contract of
     ``deterministic=True``, accumulated in float32 for halves where asked; ``folding.Fold``).
+    ``prepare(input)`` runs on each rank's input first (premul_sum's multiply), with the
+    kernels of the memory it is in.
     """
 
     reduce: Reduce
     finish: Callable[[Any], None]
     fold: Fold | None = None
+    prepare: Callable[[Any], None] = _unchanged
 
 
 class MemoryOps:
@@ -108,7 +111,9 @@ class HostOps(MemoryOps):
             spec = ReduceSpec(reducer(op, dtype),
                               (lambda a: finish(op, dtype, a, world_size))
                               if needs_finish(op, world_size) else _unchanged,
-                              Fold(op, dtype, world_size, wide))
+                              Fold(op, dtype, world_size, wide),
+                              (lambda a: prepare(op, dtype, a))
+                              if op.name == "premul_sum" else _unchanged)
             self._specs[key] = spec
         return spec
 

@@ -197,7 +197,7 @@ def _from_dlpack(obj: Any, name: str) -> Buffer:
     if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED):
         if hasattr(obj, "__cuda_array_interface__"):
             return _from_cuda_array_interface(obj, name)
-        return Buffer(obj, "unknown", "dlpack", CUDA, int(dev_id), -1, 0)
+        return _from_cuda_dlpack(obj, name, int(dev_id))
     if dev_type not in (_DL_CPU, _DL_CUDA_HOST):
         raise InvalidArgument(f"{name}: DLPack device type {dev_type} is not host or CUDA "
                               "memory; pycoll cannot move it")
@@ -207,6 +207,26 @@ def _from_dlpack(obj: Any, name: str) -> Buffer:
         raise InvalidDtype(f"{name}: numpy cannot view this DLPack tensor ({e}); supported "
                            f"dtypes: {_SUPPORTED_LIST}") from None
     return _host_array(arr, name, "dlpack")
+
+
+def _from_cuda_dlpack(obj: Any, name: str, device: int) -> Buffer:
+    """A CUDA tensor known only through DLPack: its dtype, size and pointer are in the
+    capsule, which torch reads (the tensor then shares the producer's memory). Without
+    torch it is refused: taken blind, its size was unknown and a call moved nothing."""
+    why = "torch is not installed"
+    try:
+        import torch
+        return _from_torch(torch.from_dlpack(obj), name)
+    except ImportError:
+        pass
+    except InvalidArgument:
+        raise
+    except Exception as e:  # noqa: BLE001 - a foreign object's __dlpack__, torch's checks
+        why = f"torch.from_dlpack failed: {type(e).__name__}: {e}"
+    raise InvalidArgument(
+        f"{name}: a CUDA tensor (cuda:{device}) seen only through DLPack, which pycoll could "
+        f"not read ({why}); pass a torch tensor (torch.from_dlpack(x)), a CuPy array "
+        "(cupy.from_dlpack(x)) or an object with __cuda_array_interface__")
 
 
 def _host_array(arr: np.ndarray, name: str, source: str) -> Buffer:

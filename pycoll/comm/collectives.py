@@ -20,7 +20,7 @@ from ..algorithms import ALGORITHMS
 from ..algorithms.primitives import Peers
 from ..buffers.memops import HostOps
 from ..buffers.memory import HOST
-from ..buffers.reduction import OpLike, check_op_dtype, parse_op, prepare
+from ..buffers.reduction import OpLike, check_op_dtype, parse_op
 from ..buffers.tensors import torch_host_view
 from ..errors import InvalidArgument
 from ..fastpath.compiled import FastMethod
@@ -154,7 +154,7 @@ class Collectives:
                                buf.nbytes, buf.dtype, rop, name)
 
         def body(peers: Peers) -> None:
-            prepare(rop, buf.dtype, arr)
+            spec.prepare(arr)
             if check is not None:
                 check.before(arr)
             if size == 1 or arr.size == 0:
@@ -294,7 +294,7 @@ class Collectives:
                                 root=root)
 
         def body(peers: Peers) -> None:
-            prepare(rop, buf.dtype, arr)
+            spec.prepare(arr)
             if check is not None:
                 check.before(arr)
             if self.size == 1 or arr.size == 0:
@@ -376,7 +376,7 @@ class Collectives:
         def body(peers: Peers) -> None:
             work = (ins[0].array.copy() if len(ins) == 1
                     else np.concatenate([b.array for b in ins]))
-            prepare(rop, out.dtype, work)
+            spec.prepare(work)
             if check is not None:
                 check.before(work)
             if self.size == 1 or count == 0:

@@ -7,6 +7,6 @@ job never imports CuPy. The one runtime is CuPy (the ``cuda`` extra): its raw ru
 work on any device pointer, so torch CUDA tensors, CuPy arrays, numba device arrays and any
 ``__cuda_array_interface__`` / ``__dlpack__`` object go through the same code.
 """
-from .runtime import unavailable_reason
+from .runtime import missing_reason, unavailable_reason
 
-__all__ = ["unavailable_reason"]
+__all__ = ["missing_reason", "unavailable_reason"]

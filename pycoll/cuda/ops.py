@@ -56,7 +56,9 @@ class CudaOps(MemoryOps):
         if spec is None:
             spec = ReduceSpec(kernels.reducer(op, dtype),
                               (lambda a: kernels.finish(op, dtype, a, world_size))
-                              if needs_finish(op, world_size) else _unchanged)
+                              if needs_finish(op, world_size) else _unchanged,
+                              prepare=(lambda a: kernels.prepare(op, dtype, a))
+                              if op.name == "premul_sum" else _unchanged)
             self._specs[key] = spec
         return spec
 

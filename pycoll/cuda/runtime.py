@@ -19,6 +19,9 @@ Streams, as NCCL and torch.distributed define them:
 """
 from __future__ import annotations
 
+import ctypes
+import importlib
+import importlib.util
 import sys
 import threading
 from collections.abc import Sequence
@@ -26,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import debug
+from ..envvars import env_bool
 from ..errors import InvalidArgument
 
 # cudaMemcpyKind
@@ -33,30 +38,68 @@ HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE, DEFAULT = 1, 2, 3, 4
 # __cuda_array_interface__ v3 "stream" values with a fixed meaning
 _CAI_LEGACY_STREAM, _CAI_PER_THREAD_STREAM = 1, 2
 
-_cupy: Any = None
 _lock = threading.Lock()
 _streams: dict[int, Any] = {}           # device -> pycoll's stream on it
 _external: dict[tuple[int, int], Any] = {}   # (device, handle) -> cupy ExternalStream
 
 
-_UNKNOWN = "?"
-_reason: str | None = _UNKNOWN
+_reasons: dict[bool, str | None] = {}     # simulated? -> why device memory is unusable
 
 
 def unavailable_reason() -> str | None:
-    """Why CUDA buffers cannot be used in this process (None: they can). Asked once."""
-    global _reason
-    if _reason is _UNKNOWN:
-        _reason = _find_unavailable_reason()
-    return _reason
+    """Why CUDA buffers cannot be used in this process (None: they can). Asked once per mode
+    (CuPy, or the simulator): the question initialises CUDA, as ``cudaGetDeviceCount`` does."""
+    mode = simulated()
+    if mode not in _reasons:
+        _reasons[mode] = _find_unavailable_reason(mode)
+    return _reasons[mode]
 
 
-def _find_unavailable_reason() -> str | None:
+def missing_reason() -> str | None:
+    """Why this process could not move device memory, found without initialising CUDA
+    (None: it may). The ``cuda_ipc`` probe runs on every rank of every job, host-only jobs
+    included: asking for the device count would initialise CUDA there, costing its start-up
+    and forbidding fork afterwards. So the probe asks only whether CuPy is installed and the
+    driver library loads (loading initialises nothing); whether a device is visible is asked
+    when device memory is first used (``unavailable_reason``)."""
+    if simulated():
+        return None
     try:
-        import cupy  # noqa: F401
+        if importlib.util.find_spec("cupy") is None:
+            return ("CuPy is not installed; install pycoll's cuda12 or cuda13 extra "
+                    "(see docs/cuda.md)")
+    except (ImportError, ValueError) as e:
+        return f"CuPy cannot be found ({e})"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no CUDA driver ({e})"
+    return None
+
+
+def initialised() -> bool:
+    """Whether this process initialised CUDA (pycoll asked for a device): a child it forks
+    can no longer use CUDA (``cudaErrorInitializationError``); start those with spawn."""
+    return any(why is None for why in _reasons.values())
+
+
+def simulated() -> bool:
+    """Whether ``PYCOLL_CUDA_SIMULATOR`` selects the CPU simulator (``pycoll.cuda.simulator``)
+    instead of CuPy and a GPU: CI's device, never a GPU run."""
+    return env_bool("PYCOLL_CUDA_SIMULATOR", False)
+
+
+def runtime_name() -> str:
+    """What device memory runs on, as logs and ``pycoll.info`` name it."""
+    return "simulator (PYCOLL_CUDA_SIMULATOR=1, not a GPU)" if simulated() else "CuPy"
+
+
+def _find_unavailable_reason(simulator: bool) -> str | None:
+    try:
+        cupy = _import_runtime(simulator)
     except ImportError as e:
-        return (f"CuPy is not installed ({e}); install pycoll's cuda extra: "
-                "pip install 'pycoll[cuda]'")
+        return (f"CuPy is not installed ({e}); install pycoll's cuda12 or cuda13 extra "
+                "(see docs/cuda.md)")
     except Exception as e:  # noqa: BLE001 - a broken CUDA install raises anything
         return f"CuPy failed to import ({type(e).__name__}: {e})"
     try:
@@ -64,20 +107,34 @@ def _find_unavailable_reason() -> str | None:
     except Exception as e:  # noqa: BLE001 - no driver: cudaErrorInsufficientDriver etc.
         return f"no usable CUDA driver or device ({type(e).__name__}: {e})"
     if count < 1:
-        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)"
+        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES?)" + (
+            " (pycoll CUDA simulator, not a GPU)" if simulator else "")
     return None
 
 
+def _import_runtime(simulator: bool) -> Any:
+    if simulator:
+        from . import simulator as module
+        return module
+    return importlib.import_module("cupy")
+
+
+_modules: dict[bool, Any] = {}
+
+
 def cupy() -> Any:
-    """The CuPy module, or a clear error saying how to get it."""
-    global _cupy
-    if _cupy is None:
+    """The CuPy module (or the simulator, shaped like it), or a clear error saying how to
+    get it."""
+    mode = simulated()
+    module = _modules.get(mode)
+    if module is None:
         why = unavailable_reason()
         if why is not None:
             raise InvalidArgument(f"CUDA buffers cannot be used: {why}")
-        import cupy as cp
-        _cupy = cp
-    return _cupy
+        module = _modules[mode] = _import_runtime(mode)
+        if mode:
+            debug.logger.info("CUDA buffers run on %s", runtime_name())
+    return module
 
 
 def storage_dtype(logical: str) -> np.dtype:
@@ -91,7 +148,8 @@ def device_pointer(obj: Any, source: str) -> int:
         return int(obj.data_ptr())
     if source == "cuda_array_interface":
         return int(obj.__cuda_array_interface__["data"][0])
-    return int(cupy().from_dlpack(obj).data.ptr)
+    # DLPack-only CUDA objects are read through torch (buffers.tensors)
+    raise InvalidArgument(f"no device pointer for a {source} buffer")
 
 
 def current_device_of(obj: Any, source: str, device: int | None) -> int:
@@ -119,6 +177,22 @@ def caller_stream(obj: Any, source: str, device: int) -> int:
     cp = cupy()
     with cp.cuda.Device(device):
         return int(cp.cuda.get_current_stream().ptr)
+
+
+_current = threading.local()
+
+
+def make_current(device: int) -> None:
+    """Make ``device`` (and its primary context) current on this thread with a runtime call.
+
+    Needed before a driver call (``address_range``) on a thread pycoll started (async
+    calls run on pycoll's own thread): such a thread has no current context, and CuPy's
+    ``with Device(d)`` calls nothing when ``d`` is already the thread's current device, so
+    the driver call would fail with ``CUDA_ERROR_INVALID_CONTEXT`` (201). Once per thread
+    and device."""
+    if getattr(_current, "device", None) != device:
+        cupy().cuda.runtime.setDevice(device)
+        _current.device = device
 
 
 def pycoll_stream(device: int) -> Any:
@@ -205,3 +279,44 @@ def device_view(obj: Any, source: str, logical: str, count: int, device: int) ->
     ptr = device_pointer(obj, source) if count else 0
     mem = cp.cuda.UnownedMemory(ptr, count * dtype.itemsize, obj, device)
     return cp.ndarray((count,), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
+_libcuda: Any = None
+
+
+def driver() -> Any:
+    """The CUDA driver library for the calls CuPy has no binding for (``libcuda.so.1``; the
+    simulator's stand-in for it under ``PYCOLL_CUDA_SIMULATOR``)."""
+    global _libcuda
+    cp = cupy()
+    if getattr(cp, "SIMULATOR", False):
+        return cp.libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                 ctypes.POINTER(ctypes.c_size_t),
+                                                 ctypes.c_uint64]
+        lib.cuMemGetAddressRange_v2.restype = ctypes.c_int
+        _libcuda = lib
+    return _libcuda
+
+
+def address_range(ptr: int) -> tuple[int, int]:
+    """(base, size) of the allocation holding device address ``ptr`` (``cuMemGetAddressRange``:
+    CuPy has no binding for it; numba uses the same driver call). Raises ``DriverError``."""
+    base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    status = driver().cuMemGetAddressRange_v2(ctypes.pointer(base), ctypes.pointer(size),
+                                              ctypes.c_uint64(ptr))
+    if status != 0:
+        raise DriverError(status, f"cuMemGetAddressRange({ptr:#x}) failed with CUresult "
+                                  f"{status}" + (" (pycoll CUDA simulator, not a GPU)"
+                                                 if simulated() else ""))
+    return int(base.value), int(size.value)
+
+
+class DriverError(RuntimeError):
+    """A CUDA driver call failed (``status``: its CUresult)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status

@@ -20,7 +20,9 @@ then reused, never allocated per call. The pool's sizes are powers of two, so on
 serves every size up to it.
 
 Errors come before any byte moves: the copies are only queued once the call passed every
-check (``take``); a call refused while being planned gives its buffers back (``begin``).
+check and runs (``wrap``); a call refused while being planned gives its buffers back
+(``begin``). Calls on one buffer see each other's results in submission order: each copies
+in when it runs, after the call before it copied back.
 """
 from __future__ import annotations
 
@@ -97,15 +99,14 @@ class DirectCall:
         for it (no host wait: a synchronous call returns with the result usable on the
         caller's stream, as with NCCL)."""
         def direct(peers: Any) -> None:
-            host_ops, host_ref = peers.ops, peers._ref
-            peers.ops, peers._ref = self.ops, self.ops.ref
+            host_ops = peers.use_ops(self.ops)
             cp = runtime.cupy()
             try:
                 with cp.cuda.Device(self.device), runtime.pycoll_stream(self.device):
                     body(peers)
                 runtime.release_to_caller(self.device, self.caller, self.users)
             finally:
-                peers.ops, peers._ref = host_ops, host_ref
+                peers.use_ops(host_ops)
         return direct
 
 
@@ -120,20 +121,23 @@ class StagedCall:
         self.copies = copies
 
     def start(self) -> None:
-        """Queue the copies to the host, after the work queued on the caller's stream."""
+        """Order pycoll's stream after the work queued so far on the caller's stream."""
         runtime.order_after_caller(self.device, self.caller)
-        for c in self.copies:
-            if c.reads:
-                runtime.memcpy(_address(c.host), c.device_ptr, c.nbytes,
-                               runtime.DEVICE_TO_HOST, self.device)
 
     def wrap(self, body: Callable[[Any], None]) -> Callable[[Any], None]:
-        """``body`` between the copies: the host waits for the copies in, runs the host
-        collective, queues the copies back and waits for them, so the result is in the
-        device buffers when the call ends."""
+        """``body`` between the copies: the copies in are queued and waited for, the host
+        collective runs, the copies back are queued and waited for, so the result is in the
+        device buffers when the call ends.
+
+        The copies in are queued when the call runs, not when it is submitted: an earlier
+        async call on the same buffer queues its copies back only when it runs, and a copy in
+        queued at submit would read the buffer from before that call's result."""
         def staged(peers: Any) -> None:
             try:
-                # also waits for an earlier call's copies out of a buffer this one reuses
+                for c in self.copies:
+                    if c.reads:
+                        runtime.memcpy(_address(c.host), c.device_ptr, c.nbytes,
+                                       runtime.DEVICE_TO_HOST, self.device)
                 runtime.synchronize(self.device)
                 body(peers)
                 for c in self.copies:
@@ -224,8 +228,7 @@ class DeviceCalls:
         return Buffer(arr, buf.dtype, buf.source, HOST)
 
     def take(self) -> StagedCall | DirectCall:
-        """The planned call's device buffers, their copies to the host queued (staged) or
-        pycoll's stream ordered after the caller's (direct)."""
+        """The planned call's device buffers, pycoll's stream ordered after the caller's."""
         assert self._device is not None
         if self.pending[0].host is None:
             call: StagedCall | DirectCall = DirectCall(

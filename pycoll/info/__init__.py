@@ -6,7 +6,7 @@ and the fast path; each transport, usable or not and why (its own probe); every
 ``PYCOLL_*`` variable with its value and default (``variables.VARIABLES``); with
 ``--algorithms -n N`` the cost model's choice per collective and size (``choices``).
 ``--json`` prints the same as one JSON object. It opens no connection and never
-initialises CUDA unless ``--cuda`` asks for the CUDA transport's probe.
+initialises CUDA unless ``--cuda`` asks whether a device is visible.
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--nodes", type=int, help="equal nodes the ranks are spread over")
     where.add_argument("--ranks-per-node", type=int, help="ranks on each node")
     ap.add_argument("--cuda", action="store_true",
-                    help="probe the cuda_ipc transport (initialises CUDA)")
+                    help="also ask whether a CUDA device is visible (initialises CUDA)")
     args = ap.parse_args(argv)
     rep = report(args.algorithms, args.n, args.nodes, args.ranks_per_node, args.cuda)
     if args.json:

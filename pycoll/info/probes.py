@@ -1,8 +1,9 @@
 """What this host offers: optional packages, the fast path, and each transport's probe.
 
-Nothing here initialises CUDA: CuPy's device query does, so the probe of a transport that
-declares device memory (``cuda_ipc``) runs only when asked (``--cuda``); without CuPy it is
-reported missing without asking CUDA.
+Nothing here initialises CUDA unless asked (``--cuda``: is a device visible?): the probe
+of a transport that declares device memory asks only whether its runtime is installed, and
+its details name the device runtime: CuPy, or pycoll's CPU simulator
+(``PYCOLL_CUDA_SIMULATOR``), never a GPU.
 The transports are judged by their own ``probe`` (``transports.registry.probe_all``), the
 very check a rank makes at ``init``, so the report cannot disagree with a job.
 """
@@ -32,7 +33,7 @@ def _version(dist: str) -> str | None:
 
 
 def _cupy_version() -> str | None:
-    for dist in ("cupy", "cupy-cuda12x", "cupy-cuda11x"):
+    for dist in ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"):
         found = _version(dist)
         if found:
             return found
@@ -91,15 +92,17 @@ def transports(probe_cuda: bool) -> dict[str, Any]:
         caps = registry.capabilities(name)
         entry: dict[str, Any] = {"allowed": name in allowed,
                                  "explicit_only": caps is not None and caps.in_process}
-        device = caps is not None and not caps.memory_types <= {HOST}
-        if device and not probe_cuda and importlib.util.find_spec("cupy"):
-            entry.update(usable=None, reason="not probed: it would initialise CUDA "
-                                             "(pass --cuda to probe it)")
-        else:
-            records, missing = registry.probe_all([name])
-            entry.update(usable=name in records, reason=missing.get(name, ""),
-                         record=records.get(name))
+        records, missing = registry.probe_all([name])
+        entry.update(usable=name in records, reason=missing.get(name, ""),
+                     record=records.get(name))
         details = registry.transport_class(name).details() if caps is not None else None
+        if caps is not None and not caps.memory_types <= {HOST}:
+            details = dict(details or {})
+            if probe_cuda:       # initialises CUDA
+                from ..cuda import runtime
+                details["device"] = runtime.unavailable_reason() or "visible"
+            else:
+                details["device"] = "not asked (pass --cuda; it initialises CUDA)"
         if details is not None:
             entry["details"] = details
         out["each"][name] = entry

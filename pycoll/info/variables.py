@@ -55,6 +55,10 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_SOCKET_IFNAME", "", "interface for TCP data (NCCL syntax); default: route "
                                      "to the master"),
         ("PYCOLL_SOCKET_NSOCKS", "1", "TCP connections per peer pair (1-16)"),
+        ("PYCOLL_CUDA_SIMULATOR", "0", "1: device memory on pycoll's CPU simulator of CUDA "
+                                       "(CI; never a GPU run)"),
+        ("PYCOLL_CUDA_SIMULATOR_DELAY_US", "200", "simulator: longest random delay of "
+                                                  "queued device work"),
         ("PYCOLL_SOCKET_FAMILY", "", "ipv4 or ipv6; default: the master address's"),
         ("PYCOLL_SOCKET_BUFFER", "4194304", "SO_SNDBUF/SO_RCVBUF bytes"),
         ("PYCOLL_SOCKET_DEAD_MS", "10000", "a dead tcp link is lost after about this long"),

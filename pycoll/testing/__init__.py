@@ -148,19 +148,75 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
     os._exit(code)
 
 
+def _cuda_initialised() -> bool:
+    """Whether this process initialised CUDA (pycoll's device runtime or torch's)."""
+    import sys
+    runtime = sys.modules.get("pycoll.cuda.runtime")
+    if runtime is not None and runtime.initialised():
+        return True
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        return False
+
+
+def cuda_env() -> dict[str, str]:
+    """The environment device-memory tests run under: CuPy and the GPU where CuPy sees one,
+    otherwise pycoll's CPU simulator of CUDA (``PYCOLL_CUDA_SIMULATOR=1``; a simulated run
+    is never a GPU run). An explicit ``PYCOLL_CUDA_SIMULATOR`` is kept as it is. Initialises
+    no CUDA here: whether a device is visible is asked in a child process, so that this one
+    can still fork ranks that use CUDA."""
+    if os.environ.get("PYCOLL_CUDA_SIMULATOR", "").strip():
+        return {}
+    from ..cuda.runtime import missing_reason
+    if missing_reason() is None and _gpu_visible():
+        return {}
+    return {"PYCOLL_CUDA_SIMULATOR": "1"}
+
+
+_GPU_VISIBLE: list[bool] = []
+
+
+def _gpu_visible() -> bool:
+    if not _GPU_VISIBLE:
+        import subprocess
+        import sys
+        code = ("import sys; from pycoll.cuda.runtime import unavailable_reason; "
+                "sys.exit(0 if unavailable_reason() is None else 1)")
+        env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CUDA_SIMULATOR"}
+        try:
+            visible = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                                     capture_output=True).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            visible = False
+        _GPU_VISIBLE.append(visible)
+    return _GPU_VISIBLE[0]
+
+
+def same_host_transport() -> str:
+    """The transport the default allow-list gives two ranks of one host, host memory
+    included: cuda_ipc where it is usable here (CuPy and a CUDA driver, or the simulator:
+    its host messages are shm's), shm otherwise."""
+    from ..transports import registry
+    records, _missing = registry.probe_all(["cuda_ipc"])
+    return "cuda_ipc" if records else "shm"
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,
               rank_env: Mapping[int, Mapping[str, str]] | None = None,
-              start_method: str = "fork", joiners: int = 0) -> list[Any]:
+              start_method: str | None = None, joiners: int = 0) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` forked ranks; return results by rank.
 
     ``fn`` must be a module-level function. ``collective_timeout`` is the communicators'
     default deadline; ``timeout`` bounds the whole run. With ``expect_failure`` the per-rank
     outcomes are returned (``("ok", value)`` or ``(exception name, traceback)``) instead of
     raising. ``rank_env`` adds variables for some ranks only (rank -> variables).
-    ``start_method="spawn"`` starts fresh interpreters instead (CUDA cannot be used in a
-    process forked from one that initialised it). ``joiners``: that many more processes
+    ``start_method="spawn"`` starts fresh interpreters instead: the default (None) where
+    this process has initialised CUDA (or torch has), since CUDA cannot be used in a process
+    forked from one that initialised it; fork otherwise. ``joiners``: that many more processes
     call ``pycoll.init(join=True)`` (they join when the ranks call ``grow``) and then ``fn``;
     their results follow the ranks'.
     """
@@ -168,7 +224,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
 
     server = StoreServer("127.0.0.1", 0)
     server.start()
-    ctx: Any = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method or ("spawn" if _cuda_initialised() else "fork"))
     results = ctx.Queue()
     joining = {"PYCOLL_JOIN": "1"}
     procs = [ctx.Process(target=_rank_main, daemon=True,

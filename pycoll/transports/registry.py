@@ -27,7 +27,7 @@ from .base import Capabilities, Channel, PeerInfo, Transport
 #: name -> (module, class), in default order of preference
 REGISTRY: dict[str, tuple[str, str]] = {
     # shm plus device memory GPU to GPU; usable only where CuPy sees a GPU (else shm serves)
-    "cuda_ipc": ("pycoll.transports.cuda_ipc", "CudaIpcTransport"),
+    "cuda_ipc": ("pycoll.transports.cuda_ipc.transport", "CudaIpcTransport"),
     "shm": ("pycoll.transports.shm.transport", "ShmTransport"),
     "verbs": ("pycoll.transports.verbs.transport", "VerbsTransport"),
     "tcp": ("pycoll.transports.tcp.transport", "TcpTransport"),

@@ -87,7 +87,10 @@ def _device_refused(comm):
 
 
 def test_device_objects_are_refused_before_any_byte_moves_without_cuda():
-    for messages, after in run_ranks(_device_refused, 2):
+    # no visible device even where CuPy and a GPU are; spawned, so that no rank inherits
+    # this process's answer to "is there a device?"
+    for messages, after in run_ranks(_device_refused, 2, env={"CUDA_VISIBLE_DEVICES": ""},
+                                     start_method="spawn"):
         assert after == [2.0, 2.0, 2.0]
         assert len(messages) == 2
         for m in messages:

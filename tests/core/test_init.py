@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from pycoll.testing import free_port
+from pycoll.testing import free_port, same_host_transport
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, pycoll, os
@@ -77,7 +77,7 @@ def test_init_from_launcher_environment(tmp_path, launcher):
     size = 3
     outputs = _run_ranks_with_env(tmp_path, size, LAUNCHER_ENVS[launcher](free_port(), size))
     for rank, out in enumerate(outputs):
-        assert f"RESULT rank={rank} size=3 sum=6 transport=shm" in out
+        assert f"RESULT rank={rank} size=3 sum=6 transport={same_host_transport()}" in out
 
 
 def test_explicit_arguments_and_tcp(tmp_path):
@@ -110,7 +110,8 @@ def test_pycoll_run_launcher(tmp_path):
                           capture_output=True, text=True, timeout=90, env=_clean_env())
     assert proc.returncode == 0, proc.stderr
     for rank in range(4):
-        assert f"RESULT rank={rank} size=4 sum=10 transport=shm" in proc.stdout
+        assert (f"RESULT rank={rank} size=4 sum=10 transport={same_host_transport()}"
+                in proc.stdout)
 
 
 def test_no_shared_memory_left_after_killed_rank(tmp_path):

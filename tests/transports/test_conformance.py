@@ -19,7 +19,7 @@ import pytest
 
 from pycoll.errors import MessageSizeMismatch, PeerLost
 from pycoll.buffers.memory import CUDA, HOST, MemRef
-from pycoll.testing import run_ranks, run_threads
+from pycoll.testing import cuda_env, run_ranks, run_threads
 from pycoll.transports import registry
 from pycoll.transports.progress import WaitTimeout
 
@@ -65,17 +65,22 @@ def _in_process(name):
 
 
 #: memory type -> (name, allocate(nbytes) -> buffer, to_numpy(buffer) -> uint8 array)
+def _cupy():
+    """CuPy, or pycoll's CPU simulator of it where no GPU is (``cuda_env``)."""
+    from pycoll.cuda import runtime
+    return runtime.cupy()
+
+
 def _cuda_alloc(nbytes):
-    import cupy
+    cupy = _cupy()
     return cupy.empty(nbytes, dtype=cupy.uint8)
 
 
 def _cuda_to_host(buf):
     """The bytes of a device buffer, once pycoll's stream has run what was queued on it."""
-    import cupy
     from pycoll.cuda import runtime
     runtime.synchronize(buf.device.id)
-    return cupy.asnumpy(buf)
+    return _cupy().asnumpy(buf)
 
 
 ALLOCATORS = {
@@ -97,7 +102,7 @@ def test_every_variant_names_a_registered_transport():
 
 
 @pytest.fixture(params=list(_cases()))
-def transport(request):
+def transport(request, monkeypatch):
     variant, mem_type = request.param
     return _usable(variant, mem_type)
 
@@ -107,6 +112,11 @@ def _usable(variant, mem_type):
     name, env = VARIANTS[variant]
     if variant == "tcp-ipv6" and not _ipv6_loopback():
         pytest.skip("no IPv6 loopback (::1) on this machine")
+    if name == "cuda_ipc":
+        # the GPU where CuPy sees one, pycoll's CPU simulator of CUDA everywhere else
+        env = dict(env, **cuda_env())
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
     record, why = registry.transport_class(name).probe()
     if record is None:
         pytest.skip(f"{name} is not usable here: {why}")
@@ -151,7 +161,7 @@ def _pattern(nbytes: int, seed: int) -> np.ndarray:
 
 def _filled(mem_type, nbytes, seed):
     if mem_type == CUDA:          # written on the default stream, done before it returns
-        import cupy
+        cupy = _cupy()
         buf = cupy.asarray(_pattern(nbytes, seed))
         cupy.cuda.Device(buf.device.id).synchronize()
         return buf
