@@ -196,11 +196,12 @@ def _gpu_visible() -> bool:
 
 def same_host_transport() -> str:
     """The transport the default allow-list gives two ranks of one host, host memory
-    included: cuda_ipc where it is usable here (CuPy and a CUDA driver, or the simulator:
-    its host messages are shm's), shm otherwise."""
+    included: the first one in the registry's order that is usable here (cuda_ipc where CuPy
+    and a CUDA driver, or the simulator, are there: its host messages are shm's; else shm)."""
     from ..transports import registry
-    records, _missing = registry.probe_all(["cuda_ipc"])
-    return "cuda_ipc" if records else "shm"
+    order = registry.allowed_transports()
+    records, _missing = registry.probe_all(order)
+    return next(name for name in order if name in records)
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,

@@ -16,8 +16,6 @@ Every module of ``pycoll/`` and ``rendezvous/`` is parsed, and every attribute a
 Anything else is a class reading another class's internals: give the owner a public name
 (a documented attribute or method), never a wider rule. A module's private helper imported
 by name (``from .x import _y``) is not an attribute access and is not judged here.
-
-``EXCEPTIONS`` lists what another branch is removing; it must not grow.
 """
 from __future__ import annotations
 
@@ -38,13 +36,6 @@ FOREIGN = {
     ("pycoll/fastpath/atomics.py", "_getvalue"): "numba's code-generation structs (cgutils) "
                                                  "hand out their LLVM value so",
 }
-
-#: (file, attribute): reads that another branch removes; listed only while they exist
-EXCEPTIONS = {
-    # owned by the cuda branch, to be removed
-    ("pycoll/cuda/staging.py", "_ref"),
-}
-
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -129,7 +120,7 @@ def violations(path: str, rel: str) -> list[str]:
                       and value.func.id == "super")
             library = isinstance(root, ast.Name) and root.id in foreign
             if not (own or parent or library or node.attr in allowed
-                    or (rel, node.attr) in FOREIGN or (rel, node.attr) in EXCEPTIONS):
+                    or (rel, node.attr) in FOREIGN):
                 found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
         for child in ast.iter_child_nodes(node):
             visit(child, allowed)
@@ -154,13 +145,13 @@ def test_no_module_reads_another_class_private_attributes():
 
 
 def test_the_allowances_are_still_needed():
-    """An entry of ``FOREIGN`` or ``EXCEPTIONS`` whose access is gone is removed with it."""
+    """An entry of ``FOREIGN`` whose access is gone is removed with it."""
     used = set()
     for path, rel in _modules():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         used |= {(rel, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    stale = (set(FOREIGN) | EXCEPTIONS) - used
+    stale = set(FOREIGN) - used
     assert not stale, f"no longer read, remove from the lists: {sorted(stale)}"
 
 

@@ -44,9 +44,3 @@ raises a clear error (use the default allocator, or host memory).
 A rank that passes device memory where its peer passes host memory (or the reverse) is
 refused on both sides with an error, never a silent reinterpretation.
 """
-from ..._moved import lazy_names
-
-# ``from pycoll.transports.cuda_ipc import CudaIpcTransport``, the path of the module this
-# package replaced, still works (loaded on first use: importing the package stays free)
-__getattr__ = lazy_names(__name__, {"CudaIpcTransport": "transport",
-                                    "CudaIpcChannel": "channel", "DeviceIpc": "ipc"})
