@@ -134,6 +134,24 @@ def test_algo_good_value(monkeypatch):
     assert tuning.Selector(registry, []).choose("allreduce", 8, 2) == "ring"
 
 
+# -- PYCOLL_SHM_PREFIX ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["a/b", "-x", "../x", "x" * 65, "a b"])
+def test_shm_prefix_bad_value(monkeypatch, value):
+    from pycoll.transports.shm.segment import name_prefix, sweep
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", value)
+    _raises_naming("PYCOLL_SHM_PREFIX", name_prefix)
+    assert sweep() == []          # the launcher's cleanup: nothing of that name can exist
+
+
+def test_shm_prefix_names_the_segments(monkeypatch):
+    from pycoll.transports.shm.segment import segment_prefix
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", "job-7.a_b")
+    assert segment_prefix(42).startswith("job-7.a_b-42-n")
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", "")
+    assert segment_prefix(42).startswith("pycoll-42-n")
+
+
 # -- PYCOLL_BENCH_CORRUPT_RANK --------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["one", "-1", "1.0"])
