@@ -79,6 +79,27 @@ def test_bad_value_fails_communicator_setup_naming_the_variable(var, value):
         assert f"{var}={value!r}" in tb, tb
 
 
+def test_fastpath_c_bad_value_does_not_break_import_and_raises_at_init():
+    """PYCOLL_FASTPATH_C is read at import (it picks the classes the calls go through): a
+    typo turns the compiled path off there and raises when a communicator is made."""
+    code = (
+        "import pycoll\n"
+        "from pycoll import fastpath\n"
+        "from pycoll.fastpath.compiled import callpath, unavailable\n"
+        "print('imported', callpath, unavailable)\n"
+        "try:\n"
+        "    fastpath.probe_record()\n"
+        "except pycoll.InvalidArgument as e:\n"
+        "    print('InvalidArgument:', e)\n"
+    )
+    env = dict(os.environ, PYCOLL_FASTPATH_C="maybe")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "imported None PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
+    assert "InvalidArgument: PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
+
+
 # -- PYCOLL_FLIGHT_RECORDER -----------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["lots", "1.5", "-1"])

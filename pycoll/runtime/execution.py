@@ -27,7 +27,7 @@ from typing import Any
 from ..algorithms import agreement
 from ..algorithms.primitives import Peers
 from ..envvars import env_bool
-from ..errors import PycollError, Revoked, TransportError
+from ..errors import InvalidArgument, PycollError, Revoked, TransportError
 from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
 from ..timeouts import as_seconds
 from .calls import CallInfo
@@ -39,11 +39,26 @@ Body = Callable[[Peers], None]
 _monotonic = time.monotonic
 
 
+def _compiled_call_off() -> str:
+    """Why ``PYCOLL_FASTPATH_C`` turns the compiled call off ('' : it does not). Read once, at
+    import: it picks classes (this module's and ``fastpath.compiled``'s). A bad value turns
+    the compiled call off rather than break ``import pycoll``; ``fastpath.probe_record``
+    raises it when a communicator is made."""
+    try:
+        return "" if env_bool("PYCOLL_FASTPATH_C", True) else "PYCOLL_FASTPATH_C=0"
+    except InvalidArgument as e:
+        return str(e)
+
+
+#: why the compiled call is off by ``PYCOLL_FASTPATH_C`` ('' : it is not)
+COMPILED_CALL_OFF = _compiled_call_off()
+
+
 def _state_base() -> Any:
     """``Execution``'s base: ``_execution_state.ExecutionState`` (its per-call fields in a C
     struct, for the fast path's compiled call) where setup.py built it and
     ``PYCOLL_FASTPATH_C`` does not turn the compiled call off; else ``object``."""
-    if not env_bool("PYCOLL_FASTPATH_C", True):
+    if COMPILED_CALL_OFF:
         return object
     try:
         return importlib.import_module("pycoll.runtime._execution_state").ExecutionState
