@@ -2,7 +2,16 @@
 
 Ranks are forked from the pytest process (``pycoll.testing.run_ranks``), so importing the
 heavy optional modules once here saves every forked rank from importing them again.
+
+The session's shared-memory segments get a name prefix of their own (``PYCOLL_SHM_PREFIX``,
+inherited by every rank the tests start): other pycoll jobs on the host then neither sweep the
+leftovers that tests make on purpose nor are swept by the tests, and the session sweeps what
+its dead ranks left when it ends.
 """
+import os
+
+os.environ.setdefault("PYCOLL_SHM_PREFIX", f"pycoll-test{os.getpid()}")
+
 try:
     import torch  # noqa: F401  (float16/bfloat16 reductions use torch's kernels)
 except ImportError:
@@ -17,3 +26,8 @@ try:
         fastpath.warm()
 except ImportError:
     pass
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from pycoll.transports.shm.segment import sweep
+    sweep()

@@ -79,6 +79,27 @@ def test_bad_value_fails_communicator_setup_naming_the_variable(var, value):
         assert f"{var}={value!r}" in tb, tb
 
 
+def test_fastpath_c_bad_value_does_not_break_import_and_raises_at_init():
+    """PYCOLL_FASTPATH_C is read at import (it picks the classes the calls go through): a
+    typo turns the compiled path off there and raises when a communicator is made."""
+    code = (
+        "import pycoll\n"
+        "from pycoll import fastpath\n"
+        "from pycoll.fastpath.compiled import callpath, unavailable\n"
+        "print('imported', callpath, unavailable)\n"
+        "try:\n"
+        "    fastpath.probe_record()\n"
+        "except pycoll.InvalidArgument as e:\n"
+        "    print('InvalidArgument:', e)\n"
+    )
+    env = dict(os.environ, PYCOLL_FASTPATH_C="maybe")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "imported None PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
+    assert "InvalidArgument: PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
+
+
 # -- PYCOLL_FLIGHT_RECORDER -----------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["lots", "1.5", "-1"])
@@ -132,6 +153,24 @@ def test_algo_good_value(monkeypatch):
     monkeypatch.setenv("PYCOLL_ALGO", " allreduce = ring ")
     registry = {"allreduce": {"ring": None, "recursive_doubling": None}}
     assert tuning.Selector(registry, []).choose("allreduce", 8, 2) == "ring"
+
+
+# -- PYCOLL_SHM_PREFIX ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["a/b", "-x", "../x", "x" * 65, "a b"])
+def test_shm_prefix_bad_value(monkeypatch, value):
+    from pycoll.transports.shm.segment import name_prefix, sweep
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", value)
+    _raises_naming("PYCOLL_SHM_PREFIX", name_prefix)
+    assert sweep() == []          # the launcher's cleanup: nothing of that name can exist
+
+
+def test_shm_prefix_names_the_segments(monkeypatch):
+    from pycoll.transports.shm.segment import segment_prefix
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", "job-7.a_b")
+    assert segment_prefix(42).startswith("job-7.a_b-42-n")
+    monkeypatch.setenv("PYCOLL_SHM_PREFIX", "")
+    assert segment_prefix(42).startswith("pycoll-42-n")
 
 
 # -- PYCOLL_BENCH_CORRUPT_RANK --------------------------------------------------------------

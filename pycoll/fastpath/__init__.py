@@ -68,6 +68,7 @@ def probe_record() -> dict[str, int]:
     so that every rank knows every rank's. A rank that its launcher says is alone on its
     host (``alone_on_host``) publishes the path off without importing numba: no
     communicator it is part of can take a one-host path."""
+    env_bool("PYCOLL_FASTPATH_C", True)   # read at import (COMPILED_CALL_OFF): a typo raises here
     if alone_on_host():
         return {"fast": 0, "fast_chunked": 0, "fast_cma": 0, "alone": 1}
     limit = probe_limit()

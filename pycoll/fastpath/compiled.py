@@ -8,7 +8,8 @@ point. That Python can cost more than the kernel. Where setup.py built
 through a numba ``cfunc`` (``kernels.bound_cfunc``), and hands everything else back to the
 closure. Measurements: docs/algorithms.md#the-compiled-call-path.
 
-``PYCOLL_FASTPATH_C=0`` turns it off (the closure alone, as without a compiler).
+``PYCOLL_FASTPATH_C=0`` turns it off (the closure alone, as without a compiler). It is the
+one variable read at ``import pycoll`` (``runtime.c_state.COMPILED_CALL_OFF``).
 """
 from __future__ import annotations
 
@@ -18,14 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ..envvars import env_bool
-from ..runtime.c_state import ExecutionState, RecorderState
+from ..runtime.c_state import COMPILED_CALL_OFF, ExecutionState, RecorderState
 
 
 def _load() -> tuple[Any, str]:
     """The ``_callpath`` module, or None and why: not built, or turned off."""
-    if not env_bool("PYCOLL_FASTPATH_C", True):
-        return None, "PYCOLL_FASTPATH_C=0"
+    if COMPILED_CALL_OFF:
+        return None, COMPILED_CALL_OFF
     try:
         _callpath = importlib.import_module("pycoll.fastpath._callpath")
     except ImportError as e:

@@ -67,6 +67,8 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_SHM_CMA", "1", "0: no cross-memory attach (process_vm_readv)"),
         ("PYCOLL_SHM_CMA_THRESHOLD", "2097152", "smallest message sent by cross-memory "
                                                 "attach (1048576 with more ranks than cores)"),
+        ("PYCOLL_SHM_PREFIX", "pycoll", "first part of shm segment names: processes sweep "
+                                        "only leftovers of their own prefix"),
         ("PYCOLL_SPIN_US", "50", "microseconds a waiter spins (0 with more ranks than cores)"),
         ("PYCOLL_IB_HCA", "", "RDMA devices/ports for verbs (NCCL_IB_HCA syntax); all"),
         ("PYCOLL_IB_GID_INDEX", "", "GID index; default: first RoCE v2 IPv4-mapped GID"),

@@ -36,11 +36,13 @@ def fd_targets() -> list[str]:
 
 
 def mapped_segments() -> set[str]:
-    """The pycoll shared-memory files (``/dev/shm/pycoll...``) this process has mapped, also
-    those already unlinked, read from ``/proc/self/maps``."""
+    """The pycoll shared-memory files (``/dev/shm/<PYCOLL_SHM_PREFIX>-...``) this process has
+    mapped, also those already unlinked, read from ``/proc/self/maps``."""
+    from ..transports.shm.segment import SHM_DIR, name_prefix
+    mine = f"{SHM_DIR}/{name_prefix()}-"
     with open("/proc/self/maps") as f:
         return {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-                for line in f if "/dev/shm/pycoll" in line}
+                for line in f if mine in line}
 
 
 def held_counts(comm: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Used by ``tests/faults`` and ``benchmarks/fault_detection.py``. :func:`kill_duri
 ``SIGKILL`` to the victim, and reports for every survivor what it raised and how long after
 the kill (``time.monotonic`` is one system-wide clock on Linux, so times compare across the
 processes). Every process is reaped before it returns, and ``leaked_segments`` lists any
-``/dev/shm/pycoll-<pid>-*`` left by the job's ranks.
+``/dev/shm/<PYCOLL_SHM_PREFIX>-<pid>-*`` left by the job's ranks.
 """
 from __future__ import annotations
 
@@ -172,6 +172,7 @@ def kill_during(world_size: int, collective: str = "allreduce", nbytes: int = 8,
         kind, t, msg = outcomes.get(r, ("missing", 0.0, "reported nothing"))
         latency = t - t_kill if (t and t_kill is not None) else None
         result.survivors.append(Survivor(r, kind, msg, latency))
+    from ..transports.shm.segment import SHM_DIR, segment_prefix
     result.leaked_segments = [f for pid in result.pids
-                              for f in glob.glob(f"/dev/shm/pycoll-{pid}-*")]
+                              for f in glob.glob(f"{SHM_DIR}/{segment_prefix(pid)}*")]
     return result

@@ -8,7 +8,8 @@ agree with itself.
 
 bfloat16 travels as torch tensors (pycoll reads torch's bfloat16), made and read back as
 views of numpy's uint16 bits: the test process never computes with torch, so that ranks
-forked from it can (torch's thread pool does not survive a fork).
+forked from it can (torch's thread pool does not survive a fork). Without torch, bfloat16
+leaves the sweeps (numpy has no bfloat16) and only its own tests skip.
 
 The sweep runs allreduce, reduce and reduce_scatter on float16, bfloat16, float32 and float64
 with data whose signs and exponents are mixed (so the order matters), sizes from one element
@@ -24,17 +25,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import pycoll
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.selection import ORDERED_ALGORITHMS
 from pycoll.testing import run_ranks, run_threads
 
+try:
+    import torch
+except ImportError:      # an install without the torch extra: no bfloat16 to test
+    torch = None
+
 pytestmark = pytest.mark.timeout(300)
 
 FULL = os.environ.get("PYCOLL_TEST_FULL") == "1"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = tuple(d for d in ("float16", "bfloat16", "float32", "float64")
+               if torch is not None or d != "bfloat16")
+NEEDS_TORCH = pytest.mark.skipif(torch is None, reason="bfloat16 needs torch "
+                                                       "(pip install 'pycoll[torch]')")
 SIZES = (1, 7, 1000, 4097, 300_001)          # 300001 float32: several uneven segments
 COLLECTIVES = ("allreduce", "reduce", "reduce_scatter")
 
@@ -60,8 +68,12 @@ def _tensor(values: np.ndarray, dtype: str) -> Any:
     return values.astype(dtype)
 
 
+def _is_tensor(x: Any) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def _as_f32(x: Any) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    if _is_tensor(x):
         bits = x.contiguous().view(torch.int16).numpy().view(np.uint16)
         return (bits.astype(np.uint32) << 16).view(np.float32)
     return np.asarray(x, dtype=np.float32)
@@ -88,12 +100,12 @@ def contract(inputs: list[Any], dtype: str) -> Any:
 
 
 def _bits(x: Any) -> bytes:
-    return x.contiguous().view(torch.int16).numpy().tobytes() if isinstance(
-        x, torch.Tensor) else np.ascontiguousarray(x).tobytes()
+    return x.contiguous().view(torch.int16).numpy().tobytes() if _is_tensor(
+        x) else np.ascontiguousarray(x).tobytes()
 
 
 def _copy(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):          # a copy of the bits, not a torch computation
+    if _is_tensor(x):          # a copy of the bits, not a torch computation
         return torch.from_numpy(x.view(torch.int16).numpy().copy()).view(torch.bfloat16)
     return x.copy()
 
@@ -316,7 +328,7 @@ def _half_errors(comm: Any, dtype: str) -> tuple[float, float]:
     return missed[0], missed[1]
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=NEEDS_TORCH)])
 def test_float32_accumulation_of_halves_rounds_correctly(dtype):
     for fp32, native in run_ranks(_half_errors, 8, dtype, env={"PYCOLL_TRANSPORTS": "shm"},
                                   timeout=120):
@@ -327,6 +339,8 @@ def _large(comm: Any) -> list[str]:
     """64 MiB of float32 (and 32 MiB of bfloat16): many segments, the fast path's chunks."""
     wrong = []
     for dtype, count in (("float32", 1 << 24), ("bfloat16", 1 << 24)):
+        if dtype not in DTYPES:
+            continue
         values = [_inputs(q, count, dtype, 77) for q in range(comm.size)]
         inputs = [_tensor(v, dtype) for v in values]
         mine = _copy(inputs[comm.rank])

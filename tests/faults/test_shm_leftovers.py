@@ -6,6 +6,10 @@ leave the segments behind (6 x 2 MiB in the report). Now the launcher sweeps its
 segments once it has reaped them, and any later pycoll process sweeps segments whose creator
 is dead (names carry the creator's pid and pid namespace), and so do the survivors of a rank
 killed alone, at ``finalize``.
+
+The session's own segment prefix (``PYCOLL_SHM_PREFIX``, set by tests/conftest.py) keeps
+other pycoll processes on the host from sweeping the leftovers these tests count: the jobs
+here carry it, and the tests look only at segments of that prefix.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pycoll.testing import run_ranks
+from pycoll.transports.shm.segment import SHM_DIR, segment_prefix
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +42,24 @@ comm.allreduce(np.ones(4))   # rank 0 creates its inbox for rank 1, then waits
 """
 
 
+PREFIX = os.environ["PYCOLL_SHM_PREFIX"]       # the session's (tests/conftest.py)
+
+
 def _segments(pids):
-    return [f for pid in pids for f in glob.glob(f"/dev/shm/pycoll-{pid}-*")]
+    return [f for pid in pids for f in glob.glob(f"{SHM_DIR}/{segment_prefix(pid)}*")]
+
+
+def _job_env(**extra):
+    """A clean environment for a job of its own, with the session's segment prefix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
+    env.update(PYTHONPATH=str(ROOT), PYCOLL_TRANSPORTS="shm", PYCOLL_SHM_PREFIX=PREFIX, **extra)
+    return env
 
 
 def _start(tmp_path, cmd_prefix):
     job = tmp_path / "job.py"
     job.write_text(JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
-    env.update(PYTHONPATH=str(ROOT), PYCOLL_TRANSPORTS="shm")
-    proc = subprocess.Popen(cmd_prefix + [str(job), str(tmp_path)], env=env,
+    proc = subprocess.Popen(cmd_prefix + [str(job), str(tmp_path)], env=_job_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 30
@@ -97,8 +110,27 @@ def test_later_jobs_sweep_segments_of_dead_processes(tmp_path):
             proc.wait(10)
     left = _segments(pids)
     assert left, "the kill -9 should have left segments (else this test proves nothing)"
-    run_ranks(_noop, 2, env={"PYCOLL_TRANSPORTS": "shm"})
+    run_ranks(_noop, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_SHM_PREFIX": PREFIX})
     assert _segments(pids) == []
+
+
+def test_jobs_of_another_prefix_leave_the_leftovers_alone():
+    """A pycoll job with the default prefix (someone else's job on the host) does not
+    sweep this session's leftovers (which these tests count), and a job of this prefix does.
+    Without prefixes, any pycoll process running beside the tests swept them first."""
+    probe = subprocess.Popen(["true"])               # a pid that is gone
+    probe.wait()
+    path = f"{SHM_DIR}/{segment_prefix(probe.pid)}0-{os.urandom(8).hex()}-from1"
+    Path(path).write_bytes(b"\0" * 4096)
+    try:
+        run_ranks(_noop, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_SHM_PREFIX": "pycoll"})
+        assert os.path.exists(path), "a job of another prefix swept this session's segment"
+        run_ranks(_noop, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_SHM_PREFIX": PREFIX})
+        assert not os.path.exists(path), "a job of this prefix left a dead process's segment"
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
 
 
 SURVIVOR_JOB = """
@@ -126,9 +158,7 @@ def test_survivors_remove_the_segments_of_a_rank_killed_before_they_mapped_them(
     from pycoll.testing import free_port
     job = tmp_path / "job.py"
     job.write_text(SURVIVOR_JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")}
-    env.update(PYTHONPATH=str(ROOT), PYCOLL_TRANSPORTS="shm", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    env = _job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     procs = [subprocess.Popen([sys.executable, str(job), str(tmp_path)],
                               env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, start_new_session=True)

@@ -7,9 +7,16 @@ import socket
 import sys
 
 import numpy as np
-import torch
 
 import pycoll
+
+try:
+    import torch
+except ImportError:      # an install without the torch extra: no bfloat16 cases
+    torch = None
+
+DTYPES = tuple(d for d in ("float16", "bfloat16", "float32", "float64")
+               if torch is not None or d != "bfloat16")
 
 
 def bf16(values: np.ndarray) -> np.ndarray:
@@ -19,8 +26,12 @@ def bf16(values: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def is_tensor(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def f32(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         bits = x.contiguous().view(torch.int16).numpy().view(np.uint16)
         return (bits.astype(np.uint32) << 16).view(np.float32)
     return np.asarray(x, dtype=np.float32)
@@ -39,7 +50,7 @@ def cases():
     """(collective, dtype, count, salt): sizes across the fold's segments, every dtype."""
     out, salt = [], 0
     for coll in ("allreduce", "reduce_scatter"):
-        for dtype in ("float16", "bfloat16", "float32", "float64"):
+        for dtype in DTYPES:
             for count in (5, 4097, 300_000):
                 salt += 1
                 out.append((coll, dtype, count, salt))
@@ -47,8 +58,8 @@ def cases():
 
 
 def digest(x) -> str:
-    raw = x.contiguous().view(torch.int16).numpy().tobytes() if isinstance(
-        x, torch.Tensor) else np.ascontiguousarray(x).tobytes()
+    raw = x.contiguous().view(torch.int16).numpy().tobytes() if is_tensor(
+        x) else np.ascontiguousarray(x).tobytes()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -62,7 +73,7 @@ def run(comm) -> dict:
         else:
             per = count // comm.size
             out = (torch.from_numpy(mine[:per].view(torch.int16).numpy().copy())
-                   .view(torch.bfloat16) if isinstance(mine, torch.Tensor) else mine[:per].copy())
+                   .view(torch.bfloat16) if is_tensor(mine) else mine[:per].copy())
             comm.reduce_scatter(out, mine[:per * comm.size], deterministic=True)
             found[f"{coll}/{dtype}/{count}"] = digest(out)
     return found

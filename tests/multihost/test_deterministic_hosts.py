@@ -2,14 +2,14 @@
 
 Four ranks as two network-namespace hosts of two (ranks in blocks, and dealt round-robin),
 and as four ranks of one host: every rank's result of every case has the same digest in the
-three runs, and it is the rank-order fold the contract names (computed here, in the test)."""
+three runs, and it is the rank-order fold the contract names (computed here, in the test).
+Without torch the cases leave out bfloat16 (deterministic_job.DTYPES)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from pycoll.testing import run_ranks
 from pycoll.testing.hosts import NamespaceHosts
@@ -27,7 +27,8 @@ def _contract(dtype: str, count: int, salt: int, n: int) -> object:
         acc = wide[0].copy()
         for x in wide[1:]:
             acc = acc + x
-        return (torch.from_numpy(job.bf16(acc)).view(torch.bfloat16) if dtype == "bfloat16"
+        return (job.torch.from_numpy(job.bf16(acc)).view(job.torch.bfloat16)
+                if dtype == "bfloat16"
                 else acc.astype(np.float16))
     acc = xs[0].copy()
     for x in xs[1:]:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import pycoll.torch  # noqa: F401  (registers "pycoll")
 from pycoll.testing import fd_targets, mapped_segments
+from pycoll.transports.shm.segment import SHM_DIR, name_prefix, segment_prefix
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
@@ -70,13 +71,13 @@ def resources() -> dict:
     threads = [t.name for t in threading.enumerate() if t.name.startswith("pycoll-")]
     if threads:
         left["threads"] = threads
-    shm = [f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getpid()}-")]
+    shm = [f for f in os.listdir(SHM_DIR) if f.startswith(segment_prefix(os.getpid()))]
     if shm:
         left["shm files"] = shm
     maps = mapped_segments()
     if maps:
         left["shm mappings"] = sorted(maps)
-    fds = [t for t in fd_targets() if "pidfd" in t or "/dev/shm/pycoll" in t]
+    fds = [t for t in fd_targets() if "pidfd" in t or t.startswith(f"{SHM_DIR}/{name_prefix()}-")]
     if fds:
         left["fds"] = fds
     return left

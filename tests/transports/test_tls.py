@@ -2,7 +2,7 @@
 test (``openssl``) and real ranks over loopback: results, striping, a rank of another CA, a
 plain stranger on a TLS data port, variables set only in part.
 
-The store's side is tests/rendezvous/test_store_tls.py, two namespace hosts (and the bytes on
+The store's side is tests/rdzv/test_store_tls.py, two namespace hosts (and the bytes on
 their wire) tests/multihost/test_tls_hosts.py.
 """
 from __future__ import annotations

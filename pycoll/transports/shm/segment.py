@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import secrets
 import shutil
 import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ...envvars import env_bool, env_int
-from ...errors import TransportError
+from ...envvars import env_bool, env_int, env_text
+from ...errors import InvalidArgument, TransportError
 from .cma import process_exited
 
 SHM_DIR = "/dev/shm"
@@ -143,11 +144,17 @@ class CmaNotice(NamedTuple):
 # A segment is normally unlinked as soon as both of its ends have mapped it. A job killed
 # while setting up (a rank slow to map its peers, then SIGTERM or kill -9) leaves the rest
 # behind. Segment names carry the creating process id and its pid namespace
-# (``pycoll-<pid>-n<namespace>-<rank>-<random>...``), so whoever comes later can tell
+# (``<prefix>-<pid>-n<namespace>-<rank>-<random>...``), so whoever comes later can tell
 # leftovers from live segments without any timing: the launcher sweeps its ranks' segments
 # once it has reaped them, and every shm transport sweeps the segments of dead processes when
 # it opens. Only segments of this pid namespace are judged (containers sharing /dev/shm have
-# their own pids) and only this user's.
+# their own pids), only this user's, and only those of this process's prefix
+# (``PYCOLL_SHM_PREFIX``, default ``pycoll``): a test suite gives itself a private prefix so
+# that other pycoll jobs on the host neither sweep its leftovers nor have theirs swept by it.
+
+DEFAULT_PREFIX = "pycoll"
+_PREFIX_SYNTAX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
 
 def _pid_namespace() -> str:
     try:
@@ -159,27 +166,38 @@ def _pid_namespace() -> str:
 _NAMESPACE = _pid_namespace()
 
 
+def name_prefix() -> str:
+    """``PYCOLL_SHM_PREFIX``: the first part of every segment's name, read when a transport
+    opens (a file name in /dev/shm: letters, digits, ``_.-``, at most 64)."""
+    prefix = env_text("PYCOLL_SHM_PREFIX") or DEFAULT_PREFIX
+    if not _PREFIX_SYNTAX.fullmatch(prefix):
+        raise InvalidArgument(f"PYCOLL_SHM_PREFIX={prefix!r}: use 1-64 letters, digits, '_', "
+                              "'.' or '-', starting with a letter or digit")
+    return prefix
+
+
 def segment_prefix(pid: int) -> str:
-    return f"pycoll-{pid}-n{_NAMESPACE}-"
+    return f"{name_prefix()}-{pid}-n{_NAMESPACE}-"
 
 
 def sweep(pids: Any = None) -> list[str]:
-    """Unlink this user's segments whose creator is dead (or, given ``pids``, whose creator
-    is one of those reaped processes). Returns the names removed."""
+    """Unlink this user's segments of this prefix whose creator is dead (or, given ``pids``,
+    whose creator is one of those reaped processes). Returns the names removed."""
     try:
         names = os.listdir(SHM_DIR)
-    except OSError:
+        mine = f"{name_prefix()}-"
+    except (OSError, InvalidArgument):    # an invalid prefix named no segment: init refused it
         return []
     wanted = None if pids is None else {int(p) for p in pids}
     uid = os.getuid()
     removed = []
     for name in names:
-        if not name.startswith("pycoll-"):
+        if not name.startswith(mine):
             continue
-        head = name.split("-", 3)
-        if len(head) < 4 or not head[1].isdigit() or head[2] != f"n{_NAMESPACE}":
+        head = name[len(mine):].split("-", 2)
+        if len(head) < 3 or not head[0].isdigit() or head[1] != f"n{_NAMESPACE}":
             continue
-        pid = int(head[1])
+        pid = int(head[0])
         if wanted is not None:
             if pid not in wanted:
                 continue
