@@ -13,6 +13,7 @@ grown communicator or none does. The launcher counts the same lobby
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from rendezvous import Store
 
+from .. import debug
 from ..errors import CollectiveTimeout, InvalidArgument, PeerLost, PycollError
 from .membership import Lease, gone_keys
 from .recovery import Communicator, Elastic, Make, Plan, base_name, best_effort, build_and_commit
@@ -28,6 +30,9 @@ T = TypeVar("T")
 
 #: pause between two looks at the lobby (joiners waiting, an admission)
 LOBBY_POLL_SECONDS = 0.005
+#: a joiner not admitted this long says once on stderr what it waits for, and where (its
+#: job may have ended: then it would wait out its deadline in silence)
+JOIN_NOTICE_SECONDS = 5.0
 
 
 def grow(elastic: Elastic[Communicator], count: int | None,
@@ -175,12 +180,24 @@ class Lobby:
         self.client.append(f"{self.prefix}/queue", f"{ticket} ")
         return ticket, lease
 
-    def admission(self, ticket: int, tried: str, deadline: float) -> Plan:
-        """The next admission of ``ticket`` (one for another round than ``tried``)."""
+    def admission(self, ticket: int, tried: str, deadline: float, store: str) -> Plan:
+        """The next admission of ``ticket`` (one for another round than ``tried``). The
+        first wait says once, after ``JOIN_NOTICE_SECONDS``, what it waits for at ``store``
+        (its address)."""
         key = f"{self.prefix}/admit/{ticket}"
+        quiet_until = time.monotonic() + JOIN_NOTICE_SECONDS if not tried else math.inf
 
         def admitted() -> Plan | None:
+            nonlocal quiet_until
             if not self.client.check([key]):
+                if time.monotonic() >= quiet_until:
+                    quiet_until = math.inf
+                    debug.logger.warning(
+                        f"joiner {ticket}: waiting to be admitted to a running job: in the "
+                        f"lobby {self.prefix} of the store at {store} (admission key {key}). "
+                        "Its ranks admit joiners when they call grow() (pycoll.grow()); if "
+                        "that job has ended or never grows, this process gives up at its "
+                        f"join timeout, in {max(0.0, deadline - time.monotonic()):.0f} s")
                 return None
             plan = Plan(**json.loads(self.client.get(key)))
             return plan if plan.scope != tried else None
@@ -217,10 +234,11 @@ def join(store: Store, base: str, make: Make, timeout: float) -> Any:
     client = clone_client(store, timeout)
     lobby = Lobby(client, base)
     ticket, lease = lobby.enter(store, timeout)
+    where = str(getattr(store, "address", None) or f"the job's store ({type(store).__name__})")
     tried = ""
     try:
         while True:
-            plan = lobby.admission(ticket, tried, deadline)
+            plan = lobby.admission(ticket, tried, deadline, where)
             tried = plan.scope
             built = build_and_commit(client, make, plan, deadline,
                                      f"joiner {ticket} (rank {plan.rank} of {plan.name})")

@@ -110,8 +110,8 @@ def _parser() -> _Parser:
                 epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _option(p, "-n", "--nproc", "--nprocs", "--nproc-per-node", dest="nprocs", type=_count,
             metavar="N", help="number of ranks (required)")
-    _option(p, "--prefix-output", action="store_true",
-            help='prefix every output line with "[rank K] "')
+    _option(p, "--prefix-output", "--tag-output", action="store_true",
+            help='prefix every output line with "[rank K] " (mpirun\'s --tag-output)')
     _option(p, "--timeout", type=_seconds, metavar="S",
             help="kill the job after S seconds (exit code 124)")
     _option(p, "--master-addr", metavar="A",

@@ -180,8 +180,9 @@ def launch(
         assert torch_port is not None       # node 0 picked it; the others learnt it above
 
         base = dict(os.environ if env is None else env)
-        if prefix_output:
-            base.setdefault("PYTHONUNBUFFERED", "1")  # so prefixed lines arrive as printed
+        # the ranks write into pipes: without this their lines would wait in Python's buffer
+        # (and die with a killed rank) instead of showing up as printed
+        base.setdefault("PYTHONUNBUFFERED", "1")
         envs = [_rank_environment(base, rank=node_rank * nprocs + local,
                                   world=nnodes * nprocs, local=local, nprocs=nprocs,
                                   node_rank=node_rank, host=host, store_port=store_port,

@@ -82,17 +82,23 @@ def _make_preexec() -> Callable[[], None] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# output prefixing
+# the ranks' output
+
+
+#: A line longer than this is forwarded in pieces (each ended by a newline), so that a rank
+#: writing without newlines cannot make the launcher hold its output in memory unbounded.
+_MAX_LINE = 1 << 20
 
 
 class _Output:
-    """Writes whole lines to one of our streams under a lock (one per stream)."""
+    """Writes whole lines to one of our streams under a lock (one per stream), so that two
+    ranks' lines never mix within a line."""
 
     def __init__(self, stream: IO) -> None:
         self.stream = stream
         self.lock = threading.Lock()
 
-    def write_line(self, data: bytes) -> None:
+    def write_lines(self, data: bytes) -> None:
         with self.lock:
             try:
                 buf = getattr(self.stream, "buffer", None)
@@ -108,18 +114,43 @@ class _Output:
 
 
 def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
+    """Forwards one rank stream's whole lines, each with ``prefix``, until the rank closes
+    it; a last line without a newline (the rank's partial line at exit) gets one. What one
+    read brings goes out in one locked write, the partial line at its end waits for the
+    rest: a rank's ``print`` may take several writes (``PYTHONUNBUFFERED``), and writing
+    them as they come would put another rank's output inside the line."""
+    pending = b""
     try:
-        for line in iter(pipe.readline, b""):
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            out.write_line(prefix + line)
+        fd = pipe.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1
+            if not cut and len(pending) >= _MAX_LINE:
+                cut = len(pending)
+            if not cut:
+                continue
+            lines, pending = pending[:cut], pending[cut:]
+            out.write_lines(_prefixed(lines, prefix))
     except (OSError, ValueError):
         pass
     finally:
+        if pending:
+            out.write_lines(_prefixed(pending, prefix))
         try:
             pipe.close()
         except OSError:
             pass
+
+
+def _prefixed(data: bytes, prefix: bytes) -> bytes:
+    """``data``'s lines, each with ``prefix`` and ended by a newline."""
+    lines = data.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return b"".join(prefix + line + b"\n" for line in lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +182,8 @@ class Supervisor:
         self.envs: list[Mapping[str, str]] = []   # each process's environment
         self.command: list[str] = []
         self._preexec: Callable[[], None] | None = None
-        self._outs: tuple[_Output, _Output] | None = None  # stdout, stderr when prefixing
+        self._outs = (_Output(sys.stdout), _Output(sys.stderr))  # the ranks' lines go there
+        self._prefix = False                 # "[rank K] " before each line
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []  # received by the launcher, in order
         self._old_handlers: dict[int, Any] = {}
@@ -185,7 +217,8 @@ class Supervisor:
         self._install_handlers()
         self.command = list(command)
         self._preexec = _make_preexec()
-        self._outs = (_Output(sys.stdout), _Output(sys.stderr)) if prefix_output else None
+        self._outs = (_Output(sys.stdout), _Output(sys.stderr))
+        self._prefix = prefix_output
         for local, env in enumerate(envs):
             if self.signals:
                 break
@@ -194,30 +227,28 @@ class Supervisor:
 
     def _spawn(self, env: Mapping[str, str], label: str, *,
                stdin: bool = False) -> subprocess.Popen:
-        """One process of the job, its output prefixed with ``[label] `` when asked."""
-        pipe = subprocess.PIPE if self._outs is not None else None
+        """One process of the job. Its output goes through pipes that threads read
+        (``_pump``), so that the ranks' lines reach our stdout and stderr whole, prefixed
+        with ``[label] `` when asked."""
         proc = subprocess.Popen(
             [sys.executable, *self.command],
             env=dict(env),
             stdin=None if stdin else subprocess.DEVNULL,
-            stdout=pipe,
-            stderr=pipe,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=self._preexec,
             close_fds=True,
         )
         self.procs.append(proc)
         self.envs.append(env)
-        if self._outs is not None:
-            for stream, out in ((proc.stdout, self._outs[0]), (proc.stderr, self._outs[1])):
-                t = threading.Thread(
-                    target=_pump,
-                    args=(stream, f"[{label}] ".encode(), out),
-                    name=f"pycoll.run-output-{label}",
-                    daemon=True,
-                )
-                t.start()
-                self.pumps.append(t)
+        prefix = f"[{label}] ".encode() if self._prefix else b""
+        for stream, out in ((proc.stdout, self._outs[0]), (proc.stderr, self._outs[1])):
+            assert stream is not None
+            t = threading.Thread(target=_pump, args=(stream, prefix, out),
+                                 name=f"pycoll.run-output-{label}", daemon=True)
+            t.start()
+            self.pumps.append(t)
         return proc
 
     def _start_replacement(self, index: int, label: str, rank: int) -> subprocess.Popen:

@@ -1,9 +1,9 @@
 """Strangers at a rank's listening port (the tcp data port, the verbs setup port): the
 hostile-input tests knock with these while a job runs.
 
-Every knock is bounded: a connect that finds the backlog full (the rank accepts only while
-its progress engine runs) gives up after ``connect_timeout``, and the whole knocking stops
-after ``seconds``, so a test's rank never waits on its own strangers.
+Every knock is bounded: a connect that finds the backlog full (a listener whose owner does
+not accept) gives up after ``connect_timeout``, and the whole knocking stops after
+``seconds``, so a test's rank never waits on its own strangers.
 """
 from __future__ import annotations
 

@@ -23,7 +23,9 @@ import select
 import socket
 import ssl
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,8 +59,6 @@ def proof(token: str | None, nonce: str, rank: int, stream: int, streams: int) -
 HANDSHAKE_SECONDS = 10.0
 #: connections still handshaking at once; beyond it the oldest is dropped (floods)
 MAX_HANDSHAKES = 256
-#: how often an idle transport looks for peers dialing in (a busy one: every pass)
-ACCEPT_INTERVAL = 0.01
 #: a non-blocking socket has nothing for us now (the ssl ones: a TLS socket's)
 WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -303,7 +303,7 @@ class Connector:
                 if dial.progress():
                     del self.dials[key]
                     moved = True
-        moved = self.acceptor.progress(self.awaiting) or moved
+        moved = self.acceptor.progress() or moved
         rank, attached = self.transport.rank, self.attached
         self.awaiting = any(ch.peer > rank and ch.busy() and ch.broken is None
                             and len(attached.get(ch.peer, ())) < ch.streams for ch in active)
@@ -312,7 +312,7 @@ class Connector:
     @property
     def pending(self) -> bool:
         """Connection setup in progress (the engine must progress even idle channels)."""
-        return bool(self.dials or self.acceptor.handshakes or self.awaiting)
+        return bool(self.dials or self.acceptor.proven or self.awaiting)
 
     def fds(self) -> list[tuple[int, int]]:
         return self.acceptor.fds() + [(d.sock.fileno(), d.events()) for d in self.dials.values()
@@ -355,15 +355,23 @@ class ConnectorTransport:
 class Acceptor:
     """The listening side of connection setup, shared by tcp and verbs (``Connector``).
 
-    Accepts without blocking, gives every accepted connection ``HANDSHAKE_SECONDS`` to prove
-    it is rank ``r`` of this job (``HELLO``), and hands proven sockets to the transport:
-    ``may_admit(r, stream, streams)`` (is ``r`` a higher rank that may dial this socket of
-    the pair now) and then ``attach(r, stream, streams, sock)`` after the one-byte ack.
-    Anything else (a stranger, a flood of silent sockets, a peer of another job) is dropped
-    without disturbing the job; when descriptors run short the oldest unproven connection
-    goes first. With ``tls`` the TLS handshake comes first, under the same deadline; a peer
-    whose certificate this side refuses is dropped like a stranger (the dialer, whose
-    handshake fails too, reports it).
+    The listener and the connections that have not proved themselves yet belong to a thread
+    of their own (``_gatekeeper``), not to the progress engine: a rank busy in user code or
+    in a long collective does not progress, and strangers would otherwise wait in the
+    kernel's backlog as long as it is busy, filling it, so that a peer's lazy dial waits for
+    the kernel's SYN retry. The gatekeeper accepts at once, gives every connection
+    ``HANDSHAKE_SECONDS`` from its arrival to prove it is rank ``r`` of this job (``HELLO``),
+    whatever the rank is doing, and checks the proof. Anything else (a stranger, a flood of
+    silent sockets, a peer of another job) is dropped without disturbing the job; beyond
+    ``MAX_HANDSHAKES``, or when descriptors run short, the oldest unproven connection goes
+    first. With ``tls`` the TLS handshake comes first, under the same deadline; a peer whose
+    certificate this side refuses is dropped like a stranger (the dialer, whose handshake
+    fails too, reports it).
+
+    Proven sockets wait in ``proven`` (a byte on a pipe wakes the engine) for ``progress``,
+    on the call path, to ask ``may_admit(r, stream, streams)`` (is ``r`` a higher rank that
+    may dial this socket of the pair now), ack them, and ``attach(r, stream, streams,
+    sock)``: the channels stay the engine's alone.
     """
 
     def __init__(self, rank: int, size: int, token: str | None, host: str, family: int,
@@ -382,40 +390,92 @@ class Acceptor:
         self.listener.bind((host, 0))
         self.listener.listen(128)
         self.listener.setblocking(False)
-        self.handshakes: dict[int, Handshake] = {}
-        self._next_accept = 0.0
+        self.handshakes: dict[int, Handshake] = {}     # the gatekeeper's, oldest first
+        #: proven by the gatekeeper, for ``progress``: (rank, stream, streams, socket)
+        self.proven: deque[tuple[int, int, int, socket.socket]] = deque()
+        self._wake_r, self._wake_w = os.pipe()          # gatekeeper -> engine
+        self._stop_r, self._stop_w = os.pipe()          # close -> gatekeeper
+        for fd in (self._wake_r, self._wake_w, self._stop_w):
+            os.set_blocking(fd, False)
+        self._closed = False
+        self._gate = threading.Thread(target=self._gatekeeper, daemon=True,
+                                      name=f"pycoll-accept-rank{rank}")
+        self._gate.start()
 
     def address(self, host: str) -> dict[str, Any]:
         return {"host": host, "port": self.listener.getsockname()[1], "nonce": self.nonce}
 
-    def progress(self, awaiting: bool) -> bool:
-        """Accept and check handshakes: every pass while ``awaiting`` (a channel with work
-        waits for its peer to dial in) or handshakes are open, else every
-        ``ACCEPT_INTERVAL``."""
-        now = time.monotonic() if not (self.handshakes or awaiting) else 0.0
-        if not (self.handshakes or awaiting or now >= self._next_accept):
+    # -- the engine's side -------------------------------------------------------------
+    def progress(self) -> bool:
+        """Admit the connections the gatekeeper has proven; True if any came."""
+        if not self.proven:
             return False
-        self._next_accept = now + ACCEPT_INTERVAL
-        moved = self._accept()
-        if self.handshakes:
-            moved = self._progress_handshakes() or moved
-        return moved
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except OSError:
+            pass
+        while self.proven:
+            rank, stream, streams, sock = self.proven.popleft()
+            try:
+                if not self._may_admit(rank, stream, streams):
+                    sock.close()        # not now (a stream it has, a transport it may not use)
+                    continue
+                sock.send(b"\x01")
+                tune(sock)
+            except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
+                sock.close()
+                continue
+            self._attach(rank, stream, streams, sock)
+        return True
 
     def fds(self) -> list[tuple[int, int]]:
-        return [(self.listener.fileno(), select.EPOLLIN)] + [
-            (fd, select.EPOLLIN) for fd in self.handshakes]
+        return [(self._wake_r, select.EPOLLIN)]
 
-    def _accept(self) -> bool:
-        moved = False
+    # -- the gatekeeper thread ---------------------------------------------------------
+    def _gatekeeper(self) -> None:
+        """Accept, drop what is past its deadline, read HELLOs, until ``close``."""
+        listener = self.listener.fileno()
+        while True:
+            try:
+                now = time.monotonic()
+                while self.handshakes:          # oldest first: drop the expired ones
+                    fd, hs = next(iter(self.handshakes.items()))
+                    if now - hs.since <= HANDSHAKE_SECONDS:
+                        break
+                    del self.handshakes[fd]     # silent: a stranger, or a dead dialer
+                    hs.sock.close()
+                poller = select.poll()
+                poller.register(self._stop_r, select.POLLIN)
+                poller.register(listener, select.POLLIN)
+                for fd in self.handshakes:
+                    poller.register(fd, select.POLLIN)
+                timeout = None
+                if self.handshakes:
+                    oldest = next(iter(self.handshakes.values()))
+                    timeout = max(0.0, oldest.since + HANDSHAKE_SECONDS - now) * 1000 + 1
+                for fd, _ in poller.poll(timeout):
+                    if fd == self._stop_r:
+                        return
+                    if fd == listener:
+                        self._accept()
+                    elif fd in self.handshakes:
+                        self._advance(fd)
+            except Exception:   # noqa: BLE001 - the gatekeeper must outlive any stranger
+                time.sleep(0.01)
+
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                break
+                return
             except OSError as e:   # EMFILE and friends: keep the job running
                 if e.errno in (errno.EMFILE, errno.ENFILE):
+                    if not self.handshakes:
+                        time.sleep(0.05)    # nothing of ours to free: do not spin on it
                     self._drop_oldest_handshake()
-                break
+                return
             conn.setblocking(False)
             if len(self.handshakes) >= MAX_HANDSHAKES:
                 self._drop_oldest_handshake()
@@ -427,66 +487,71 @@ class Acceptor:
                     conn.close()
                     continue
             self.handshakes[conn.fileno()] = Handshake(conn, secured=self.tls is None)
-            moved = True
-        return moved
 
     def _drop_oldest_handshake(self) -> None:
         if self.handshakes:
             fd = next(iter(self.handshakes))
             self.handshakes.pop(fd).sock.close()
 
-    def _progress_handshakes(self) -> bool:
-        moved = False
-        now = time.monotonic()
-        for fd, hs in list(self.handshakes.items()):
-            try:
-                if not hs.secured:
-                    hs.sock.do_handshake()     # type: ignore[attr-defined]
-                    hs.secured = True
-                chunk = hs.sock.recv(HELLO.size - len(hs.buf))
-            except WOULD_BLOCK:
-                if now - hs.since > HANDSHAKE_SECONDS:   # silent: a stranger, or a dead dialer
-                    del self.handshakes[fd]
-                    hs.sock.close()
-                continue
-            except OSError:   # ssl.SSLError too: a plain stranger, a certificate we refuse
-                chunk = b""
-            moved = True
-            if not chunk:
-                del self.handshakes[fd]
-                hs.sock.close()
-                continue
+    def _advance(self, fd: int) -> None:
+        """One step of connection ``fd``'s handshake: TLS, then reading its HELLO."""
+        hs = self.handshakes[fd]
+        try:
+            if not hs.secured:
+                hs.sock.do_handshake()     # type: ignore[attr-defined]
+                hs.secured = True
+            chunk = hs.sock.recv(HELLO.size - len(hs.buf))
+        except WOULD_BLOCK:
+            return
+        except OSError:   # ssl.SSLError too: a plain stranger, a certificate we refuse
+            chunk = b""
+        if chunk:
             hs.buf += chunk
             if len(hs.buf) < HELLO.size:
-                continue
-            del self.handshakes[fd]
-            if not self._admit(hs):
-                hs.sock.close()   # a stranger, or a peer of another job: drop it quietly
-        return moved
-
-    def _admit(self, hs: Handshake) -> bool:
-        """Check a complete HELLO: the proof first (nothing a stranger sends reaches any
-        other code), then that the rank may dial us; attach the socket if all holds."""
+                return
+        del self.handshakes[fd]
+        claim = self._proves(hs) if chunk else None
+        if claim is None:
+            hs.sock.close()   # gone, a stranger, or a peer of another job: drop it quietly
+            return
+        self.proven.append((*claim, hs.sock))
         try:
-            magic, rank, stream, streams, claimed = HELLO.unpack(bytes(hs.buf))
-            if (magic != MAGIC or not self.rank < rank < self.size
-                    or not 0 <= stream < streams <= MAX_STREAMS
-                    or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank,
-                                                              stream, streams))
-                    or not self._may_admit(rank, stream, streams)):
-                return False
-            hs.sock.send(b"\x01")
-            tune(hs.sock)
-        except Exception:   # noqa: BLE001 - a bad handshake must never fail the job
-            return False
-        self._attach(rank, stream, streams, hs.sock)
-        return True
+            os.write(self._wake_w, b"\x01")
+        except OSError:
+            pass              # the pipe is full: the engine is woken already
+
+    def _proves(self, hs: Handshake) -> tuple[int, int, int] | None:
+        """The (rank, stream, streams) a complete HELLO proves, or None. The proof comes
+        first: nothing a stranger sends reaches any other code."""
+        magic, rank, stream, streams, claimed = HELLO.unpack(bytes(hs.buf))
+        if (magic != MAGIC or not self.rank < rank < self.size
+                or not 0 <= stream < streams <= MAX_STREAMS
+                or not hmac.compare_digest(claimed, proof(self.token, self.nonce, rank,
+                                                          stream, streams))):
+            return None
+        return rank, stream, streams
 
     def close(self) -> None:
+        if self._closed:
+            return              # its descriptor numbers may be another's by now
+        self._closed = True
+        try:
+            os.write(self._stop_w, b"\x01")
+        except OSError:
+            pass
+        if self._gate is not threading.current_thread():
+            self._gate.join(timeout=5.0)
         for hs in self.handshakes.values():
             hs.sock.close()
         self.handshakes.clear()
+        while self.proven:
+            self.proven.popleft()[3].close()
         try:
             self.listener.close()
         except OSError:
             pass
+        for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -97,3 +97,37 @@ def test_a_joiner_nobody_admits_times_out_with_a_hint() -> None:
     assert out[:2] == [("ok", "member")] * 2
     kind, text = out[2]
     assert kind == "CollectiveTimeout" and "grow()" in text
+
+
+def test_joiner_of_an_ended_job_says_what_it_waits_for(tmp_path) -> None:
+    """A replacement started against a store whose job has ended (nobody is left to call
+    grow): soon after it queues, it says once on stderr what it waits for and where (the
+    store's address, the lobby), and still gives up at its own deadline, not before."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rendezvous import StoreServer
+
+    token = "ab" * 16
+    server = StoreServer("127.0.0.1", 0, token=token)
+    server.start()
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYCOLL_")},
+           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p),
+           "PYCOLL_JOIN": "1", "PYCOLL_RANK": "1", "PYCOLL_WORLD_SIZE": "2",
+           "PYCOLL_LOCAL_RANK": "1", "PYCOLL_LOCAL_WORLD_SIZE": "2",
+           "PYCOLL_MASTER_ADDR": "127.0.0.1", "PYCOLL_MASTER_PORT": str(server.port),
+           "PYCOLL_STORE_EXTERNAL": "1", "PYCOLL_TOKEN": token}
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import pycoll; pycoll.init(timeout=30)"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    finally:
+        server.close()
+    err = proc.stderr
+    assert proc.returncode != 0, err
+    notices = [line for line in err.splitlines() if "waiting to be admitted" in line]
+    assert len(notices) == 1, err
+    assert f"127.0.0.1:{server.port}" in notices[0] and "pycoll/world/lobby" in notices[0]
+    assert "grow()" in notices[0]
+    assert "CollectiveTimeout" in err and "no running job admitted this process" in err, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import struct
 import threading
@@ -112,3 +113,75 @@ def test_stranger_during_setup_is_dropped(tmp_path):
     port = int(port_file.read_text())
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _held_strangers(target, flood: int = 140) -> dict:
+    """Connect to ``target`` as strangers (more silent ones than the listener's backlog, a
+    half hello, garbage) and watch them from their side: how many could connect, and how
+    many the listener still holds open (no EOF, no reset) well past its handshake deadline."""
+    from pycoll.transports.wireup import HANDSHAKE_SECONDS
+    socks, refused = [], 0
+    payloads = [os.urandom(48), b"PYCOLLv2"] + [None] * flood
+    for data in payloads:
+        try:
+            s = socket.create_connection(target, timeout=2.0)
+        except OSError:     # the backlog is full: its holder does not accept
+            refused += 1
+            break
+        if data is not None:
+            s.sendall(data)
+        s.setblocking(False)
+        socks.append(s)
+    poller = select.poll()
+    for s in socks:
+        poller.register(s, select.POLLIN)
+    open_socks = {s.fileno(): s for s in socks}
+    limit = time.monotonic() + HANDSHAKE_SECONDS + 20.0     # the promise, and generous slack
+    while open_socks and time.monotonic() < limit:
+        for fd, _ in poller.poll(500):
+            try:
+                if open_socks[fd].recv(1):
+                    continue                    # the listener answered a stranger?
+            except BlockingIOError:
+                continue
+            except OSError:
+                pass                            # reset: dropped
+            poller.unregister(fd)
+            open_socks.pop(fd).close()
+    held = len(open_socks)
+    for s in open_socks.values():
+        s.close()
+    return {"connected": len(socks), "refused": refused, "held": held}
+
+
+def _busy_rank_job(comm, flag):
+    a = np.full(1024, comm.rank + 1, dtype=np.float32)
+    comm.allreduce(a)       # set up: rank 0's data port stays open, for peers dialing later
+    outcome = None
+    if comm.rank == 0:
+        # busy in user code, no pycoll call (so no progress) until rank 1 is done knocking
+        limit = time.monotonic() + 90.0
+        while not os.path.exists(flag) and time.monotonic() < limit:
+            time.sleep(0.05)
+    else:
+        addr = json.loads(comm._store.get("pycoll/world//hello/0"))["addr"]["tcp"]
+        try:
+            outcome = _held_strangers((addr["host"], addr["port"]))
+        finally:
+            open(flag, "w").close()
+    b = np.full(1024, comm.rank + 1, dtype=np.float32)
+    comm.allreduce(b)
+    comm.barrier()
+    return float(b[0]), outcome
+
+
+@pytest.mark.timeout(150)
+def test_strangers_dropped_while_the_rank_is_busy(tmp_path):
+    """After setup rank 0 sleeps in user code; strangers knock on its data port (a flood of
+    silent ones beyond the backlog, half a hello, garbage). Every one gets in and is
+    closed, seen from the stranger's side, within the handshake deadline and generous
+    slack, whatever rank 0 is doing; then the job's next collective works."""
+    results = run_ranks(_busy_rank_job, 2, str(tmp_path / "done"),
+                        env={"PYCOLL_TRANSPORT": "tcp"}, timeout=140, collective_timeout=100)
+    assert [r[0] for r in results] == [3.0, 3.0]
+    assert results[1][1] == {"connected": 142, "refused": 0, "held": 0}, results[1][1]

@@ -71,8 +71,7 @@ RANK_SCRIPT = textwrap.dedent(
         record["added"] = store.add("ranks_seen", 1)
         store.close()
 
-    # one write() per line: without --prefix-output the ranks share the launcher's stdout, and
-    # print() may split a line into several writes (e.g. with PYTHONUNBUFFERED=1)
+    # one write() per line, so that each record is one line whatever forwards it
     os.write(1, ("RECORD " + json.dumps(record) + "\\n").encode())
     os.write(2, f"stderr line from rank {rank}\\n".encode())
     # written last: the rank is fully up (a test may now signal the launcher)
@@ -217,6 +216,7 @@ def test_parse_script_and_its_options():
     p = _parse_args(["-n", "4", "--prefix-output", "train.py", "-n", "5", "--timeout", "x"])
     assert p["command"] == ["train.py", "-n", "5", "--timeout", "x"]
     assert p["nprocs"] == 4 and p["prefix_output"] and p["timeout"] is None
+    assert _parse_args(["-n", "2", "--tag-output", "train.py"])["prefix_output"]
 
 
 def test_parse_module_form_and_option_spellings():
@@ -348,6 +348,51 @@ def test_prefix_output(tmp_path, run_launcher):
     assert sorted(err_lines) == sorted(
         [f"[rank {r}] err {r}" for r in range(2)] + [f"[rank {r}] partial {r}" for r in range(2)])
     assert "out" not in err
+
+
+# Each rank prints its lines in pieces, as fast as it can (a progress line built with
+# print(..., end=""), a line longer than a pipe's atomic write), and ends both streams with a
+# line without newline.
+CHATTY_RANK = textwrap.dedent("""
+    import os, sys
+    r = os.environ["PYCOLL_RANK"]
+    for i in range(400):
+        print(f"line {r} {i}", end=" ", flush=True)
+        print("x" * (7 * i if i % 50 else 9000), end=" ", flush=True)
+        print(f"end {r}")
+    print(f"tail {r}", end="")
+    print(f"err {r}", end=" ", file=sys.stderr, flush=True)
+    print(f"tail {r}", end="", file=sys.stderr)
+""")
+
+
+@needs_store
+@pytest.mark.parametrize("prefix", [[], ["--prefix-output"]], ids=["plain", "prefixed"])
+def test_lines_of_ranks_stay_whole(tmp_path, run_launcher, prefix):
+    """Four ranks printing at once: every line the launcher writes is one rank's whole line
+    (never two ranks' text on one line), each rank's lines in order, and the line a rank
+    left without newline at exit comes out as a line of its own."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY_RANK)
+    rc, out, err = run_launcher("-n", 4, *prefix, script)
+    assert rc == 0, err
+    def tag(r):
+        return f"[rank {r}] " if prefix else ""
+
+    by_rank = {r: [] for r in range(4)}
+    for line in out.splitlines():
+        r = int(line.split(" ")[1].rstrip("]"))         # "[rank R] ..." or "line R ..."
+        text = line.removeprefix(tag(r))
+        words = text.split(" ")
+        assert len(words) in (2, 6) and words[1] == str(r) and words[-1] == str(r), \
+            f"not one rank's whole line: {line[:200]!r}"
+        by_rank[r].append(text)
+    for r in range(4):
+        assert by_rank[r] == [
+            f"line {r} {i} {'x' * (7 * i if i % 50 else 9000)} end {r}" for i in range(400)
+        ] + [f"tail {r}"]
+    err_lines = sorted(x for x in err.splitlines() if "err" in x)
+    assert err_lines == sorted(f"{tag(r)}err {r} tail {r}" for r in range(4))
 
 
 @needs_store

@@ -6,7 +6,8 @@ sender and a receiver, so both ends use the pair), and proves membership of the 
 ``HMAC(token, listener nonce : rank : socket)``. Dials and handshakes are non-blocking and
 progress with everything else, so connections open in parallel, never rank after rank.
 Anything else that connects to the data port (a stranger, a flood of silent sockets) is
-dropped at a short handshake deadline without disturbing the job. The dials, the handshake
+dropped at a short handshake deadline without disturbing the job, by a thread that accepts
+and judges connections even while the rank is busy elsewhere. The dials, the handshake
 and the acceptor are ``wireup``'s (verbs uses them too), the interface choice ``netif``'s,
 the frames ``channel.py``'s. With ``PYCOLL_TLS_CERT/KEY/CA`` every socket is TLS 1.3 with
 mutual authentication (``tls.py``), the HMAC proof inside it.
