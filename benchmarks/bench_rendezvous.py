@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Optional
 
 HOST = "127.0.0.1"
 
@@ -172,7 +171,7 @@ def run_once(backend: str, n: int, procs: int) -> tuple[float, float]:
     return t1 - t0, max(o[1] for o in outs) - t2
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,256,1024", help="comma-separated client counts")
     ap.add_argument("--procs", type=int, default=4, help="worker processes driving the clients")

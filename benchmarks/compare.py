@@ -462,7 +462,7 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
              f"the whole buffer); {a.reps} repetition(s), libraries interleaved per "
              f"{'repetition (order rotated)' if a.interleave == 'rep' else 'size'}; each cell is "
              f"the median over repetitions.")
-    it = (f"OSU iteration counts (1000/100 up to 8 KiB, 100/10 above)"
+    it = ("OSU iteration counts (1000/100 up to 8 KiB, 100/10 above)"
           + (f", capped so one size takes about {a.time_budget} s (at least "
              f"{a.min_iterations} iterations)" if a.time_budget else ""))
     L.append(f"- Timing: the same loop for every library (pycoll/bench/runner.py): each op timed, "

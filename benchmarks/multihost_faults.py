@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from multihost.jobs import (DEAD_MS, bound_seconds, fault_trial,  # noqa: E402
-                            launcher_trial)
+from multihost.jobs import DEAD_MS, bound_seconds, fault_trial, launcher_trial  # noqa: E402
+
 from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "out" / "multihost-faults"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.transports import registry
 from pycoll.algorithms.selection import Selector
+from pycoll.transports import registry
 
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
                "gather", "scatter"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll.testing import RankFailure, run_ranks
+from pycoll.testing import run_ranks
 
 INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 FLOAT_DTYPES = ["float16", "float32", "float64"]

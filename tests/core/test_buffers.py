@@ -12,9 +12,9 @@ import array
 import numpy as np
 import pytest
 
-from pycoll.errors import InvalidArgument
 from pycoll.buffers.memory import CUDA, HOST, MemRef
 from pycoll.buffers.tensors import as_buffer
+from pycoll.errors import InvalidArgument
 from pycoll.testing import run_ranks
 
 

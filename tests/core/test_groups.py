@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import pycoll
-
 from pycoll.testing import run_ranks
 
 

@@ -158,8 +158,8 @@ def test_other_ranks_are_not_left_hanging(transport):
 def _init_with_wrong_size(rank, port, q):
     import os
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
-    from rendezvous import TCPStore
     from pycoll.comm.communicator import Communicator
+    from rendezvous import TCPStore
     store = TCPStore("127.0.0.1", port, timeout=5)
     try:
         Communicator.create(store, rank, 2 if rank == 0 else 3, timeout=3)
@@ -170,6 +170,7 @@ def _init_with_wrong_size(rank, port, q):
 
 def test_world_size_mismatch_at_init():
     import multiprocessing as mp
+
     from rendezvous import StoreServer
     server = StoreServer("127.0.0.1", 0).start()
     ctx = mp.get_context("fork")

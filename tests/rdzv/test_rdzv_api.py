@@ -8,10 +8,10 @@ import socket
 import threading
 
 import pytest
+from rdzv_util import HOST, finish, reaped, run_child, spawn, wait_until
 
 import rendezvous
 from rendezvous import PrefixStore, StoreServer, StoreTimeout, TCPStore
-from rdzv_util import HOST, finish, reaped, run_child, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,9 +10,9 @@ import sys
 import threading
 
 import pytest
+from rdzv_util import HOST, child_env, cli_server, finish, run_child, spawn
 
 from rendezvous import AuthError, StoreServer, TCPStore
-from rdzv_util import HOST, child_env, cli_server, finish, run_child, spawn
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,15 +8,24 @@ import signal
 import socket
 import struct
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+from rdzv_util import (
+    HOST,
+    cli_server,
+    finish,
+    raw_connect,
+    raw_login,
+    reaped,
+    recv_frame,
+    spawn,
+    wait_closed,
+    wait_until,
+)
 
 from rendezvous import StoreServer, TCPStore
 from rendezvous import protocol as P
-from rdzv_util import (
-    HOST, cli_server, finish, raw_connect, raw_login, recv_frame, spawn, reaped, wait_closed, wait_until,
-)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +88,7 @@ def test_random_frames_after_handshake(hserver: StoreServer, caplog: pytest.LogC
             sock.settimeout(10)
             try:
                 data = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 data = b""
             if not data or wait_closed(sock, 0.05):
                 closed += 1

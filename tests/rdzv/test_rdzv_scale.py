@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from rdzv_util import HOST, cli_server, finish, read_line, reaped, spawn, wait_until
 
 from rendezvous import StoreServer, TCPStore
-from rdzv_util import HOST, cli_server, finish, read_line, reaped, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(110)
 

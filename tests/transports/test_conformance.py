@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from pycoll.errors import MessageSizeMismatch, PeerLost
 from pycoll.buffers.memory import CUDA, HOST, MemRef
+from pycoll.errors import MessageSizeMismatch, PeerLost
 from pycoll.testing import cuda_env, run_ranks, run_threads
 from pycoll.transports import registry
 from pycoll.transports.progress import WaitTimeout

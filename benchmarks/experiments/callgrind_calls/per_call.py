@@ -2,7 +2,10 @@
 (FastMethod's inclusive instructions - the numba code that bound_vectorcall calls - the
 Python a kernel that slept hands its call to) / 6152 calls. The numba code's waits and the
 sleeps depend on when the peer arrives; the rest is the same from run to run."""
-import re, subprocess, sys
+import re
+import subprocess
+import sys
+
 for out in sys.argv[1:]:
     text = subprocess.run(["callgrind_annotate", "--tree=calling", "--inclusive=yes",
                            "--threshold=100", out], capture_output=True, text=True).stdout
