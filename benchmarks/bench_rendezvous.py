@@ -144,7 +144,8 @@ def run_once(backend: str, n: int, procs: int) -> tuple[float, float]:
     ready, results, go1, go2 = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     procs = max(1, min(procs, n))
     shares = [list(range(i, n, procs)) for i in range(procs)]
-    workers = [ctx.Process(target=_worker, args=(backend, port, n, s, ready, go1, go2, results), daemon=True)
+    workers = [ctx.Process(target=_worker, args=(backend, port, n, s, ready, go1, go2, results),
+                           daemon=True)
                for s in shares]
     try:
         for w in workers:
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     def cell(v):
         return f"{v[0]:.3f} ({v[1]:.3f} + {v[2]:.3f})" if v else "n/a"
 
-    print(f"\nbootstrap = connect + (set own address, multi_get all N); {args.procs} worker processes; "
+    print("\nbootstrap = connect + (set own address, multi_get all N); "
+          f"{args.procs} worker processes; "
           f"median of {args.repeat}; python {sys.version.split()[0]}; {os.cpu_count()} cpus")
     print("\n| N | rendezvous s (connect + exchange) | torch TCPStore s (connect + exchange) "
           "| ratio total | ratio exchange |")

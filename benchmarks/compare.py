@@ -218,7 +218,8 @@ def _probe_mpi(lib: str, py: str) -> tuple[dict | None, str | None]:
 
 
 #: why a peer is skipped with --device cuda
-HOST_ONLY = {"gloo": "benchmarks/peers/gloo_runner.py allocates CPU tensors only (no device option)",
+HOST_ONLY = {"gloo": "benchmarks/peers/gloo_runner.py allocates CPU tensors only "
+                     "(no device option)",
              "mpich": "the MPI peers move host buffers only",
              "openmpi": "the MPI peers move host buffers only"}
 CUDA_PROBE = ("from pycoll.bench.backend import cuda_unavailable_reason as f\n"
@@ -241,7 +242,8 @@ def available(lib: str, py: str, device: str = "cpu") -> str | None:
                            text=True)
         return None if r.returncode == 0 else f"pycoll not importable: {r.stderr.strip()[-200:]}"
     if lib == "gloo":
-        r = subprocess.run([py, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+        r = subprocess.run([py, "-c",
+                            "import torch.distributed as d; assert d.is_gloo_available()"],
                            capture_output=True, text=True)
         return None if r.returncode == 0 else "torch with Gloo is not installed"
     if lib in MPI_LIBS:

@@ -148,7 +148,8 @@ def run_case(case: str, trials: int, dead_ms: int, seed: int) -> dict:
             "ok": ok, "named": named, "bound_s": bound, "dead_ms": dead_ms,
             "first_median_s": f_med, "first_worst_s": f_max,
             "last_median_s": l_med, "last_worst_s": l_max,
-            "errors": kinds, "setup_retries": setups, "seconds": time.monotonic() - started, "failures": failures,
+            "errors": kinds, "setup_retries": setups, "seconds": time.monotonic() - started,
+            "failures": failures,
             "trial_details": details}
 
 

@@ -50,7 +50,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for label, collective in ROWS:
         for p in (2, 3, 4, 8):
-            print(f"| {label} | {p} | {choices(shm, collective, p)} | {choices(tcp, collective, p)} |")
+            print(f"| {label} | {p} | {choices(shm, collective, p)} | "
+                  f"{choices(tcp, collective, p)} |")
 
 
 if __name__ == "__main__":

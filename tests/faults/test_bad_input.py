@@ -56,7 +56,8 @@ def _cases(comm):
         "allgather output too small": lambda: comm.allgather(np.zeros(8 * n - 1, F32), ok),
         "allgather output dtype differs": lambda: comm.allgather(np.zeros(8 * n, np.float64), ok),
         "allgather output list too short": lambda: comm.allgather([np.zeros(8, F32)] * (n - 1), ok),
-        "allgather output read-only": lambda: comm.allgather(np.frombuffer(b"\0" * 32 * n, F32), ok),
+        "allgather output read-only":
+            lambda: comm.allgather(np.frombuffer(b"\0" * 32 * n, F32), ok),
         # reduce_scatter
         "reduce_scatter input wrong size": lambda: comm.reduce_scatter(np.zeros(8, F32),
                                                                        np.ones(8 * n + 1, F32)),

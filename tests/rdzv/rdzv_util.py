@@ -26,7 +26,8 @@ PRELUDE = textwrap.dedent(
     """
     import os, sys, time, threading, resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192, hard))
     threading.stack_size(256 * 1024)
     import rendezvous
     from rendezvous import *
@@ -49,7 +50,8 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-def spawn(code: str, *args: object, env: dict | None = None, stdin: bool = False) -> subprocess.Popen:
+def spawn(code: str, *args: object, env: dict | None = None,
+          stdin: bool = False) -> subprocess.Popen:
     """Start ``python -c PRELUDE+code args...``; stdout/stderr captured as text."""
     return subprocess.Popen(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(code), *map(str, args)],
@@ -68,7 +70,8 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str, str
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate(timeout=10)
-        raise AssertionError(f"child overran {timeout}s; stdout={out[-2000:]!r} stderr={err[-2000:]!r}")
+        raise AssertionError(f"child overran {timeout}s; stdout={out[-2000:]!r} "
+                             f"stderr={err[-2000:]!r}") from None
     return proc.returncode, out, err
 
 
@@ -107,7 +110,8 @@ def read_line(stream, timeout: float) -> str:
 
 
 @contextlib.contextmanager
-def cli_server(*extra: str, host: str = HOST, env: dict | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
+def cli_server(*extra: str, host: str = HOST,
+               env: dict | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
     """Run ``python -m rendezvous serve`` and yield (process, port). Reaped on exit."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rendezvous", "serve", "--host", host, "--port", "0", *extra],

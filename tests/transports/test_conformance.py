@@ -4,9 +4,10 @@ Each test talks to a transport's channels directly (``comm.channel(peer)``), bel
 algorithm, with real ranks: processes (``run_ranks``), or threads for a transport whose
 capabilities say ``in_process`` (``run_threads``). Every transport in the registry runs with
 its defaults; extra variants exercise other protocol paths (shm fragments through tiny
-slots; tcp over IPv6, a named interface, several sockets; verbs rendezvous and eager). Memory types come from the transport's declared capabilities; the buffers of a
-type come from ``ALLOCATORS``, so a transport that declares device memory runs the same
-cases on device buffers.
+slots; tcp over IPv6, a named interface, several sockets; verbs rendezvous and eager). Memory
+types come from the transport's declared capabilities; the buffers of a type come from
+``ALLOCATORS``, so a transport that declares device memory runs the same cases on device
+buffers.
 """
 from __future__ import annotations
 
