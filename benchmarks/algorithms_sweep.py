@@ -1,6 +1,6 @@
 """Every algorithm of every collective, forced with ``algo=``, against the automatic choice.
 
-    .venv/bin/python benchmarks/algorithms_sweep.py                      # 8 B .. 256 MiB, 2 and 4 ranks
+    .venv/bin/python benchmarks/algorithms_sweep.py         # 8 B .. 256 MiB, 2 and 4 ranks
     .venv/bin/python benchmarks/algorithms_sweep.py --max-size 16M --ranks 4 --reps 5
 
 For each collective, world size and message size it measures the latency of each algorithm
@@ -31,7 +31,8 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -205,7 +206,8 @@ def report(rows: list[dict], meta: dict) -> str:
            "Method: float32, sum; each cell is the median over "
            f"{meta['reps']} interleaved rounds of the slowest rank's mean time per operation "
            f"(each round ~{meta['target_ms']} ms of back-to-back calls). busbw uses the "
-           "nccl-tests factors. `auto` is `algo=None` (the cost model: pycoll/algorithms/selection.py); "
+           "nccl-tests factors. `auto` is `algo=None` (the cost model: "
+           "pycoll/algorithms/selection.py); "
            "'≤1.1×' is yes when auto is within 10% of the best forced algorithm or picked it "
            "(auto and the best differ only by noise then).", ""]
     summary = ["## Summary: automatic choice within 10% of the best", "",
@@ -258,9 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.date.today().isoformat()
     meta = {"date": date, "machine": f"{platform.node()} {platform.machine()}, "
                                      f"{os.cpu_count()} cores, Python {platform.python_version()}",
-            "load_start": "%.1f %.1f %.1f" % os.getloadavg(), "reps": args.reps,
+            "load_start": "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg()), "reps": args.reps,
             "target_ms": args.target_ms, "ranks": ranks, "collectives": args.collectives,
-            "command": " ".join(["python", "benchmarks/algorithms_sweep.py"] + (argv or sys.argv[1:]))}
+            "command": " ".join(["python", "benchmarks/algorithms_sweep.py"]
+                                + (argv or sys.argv[1:]))}
     rows: list[dict] = []
     env = dict(os.environ)
     if args.transport:
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += json.load(f)
         finally:
             os.unlink(path)
-    meta["load_end"] = "%.1f %.1f %.1f" % os.getloadavg()
+    meta["load_end"] = "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"algorithms-{date}")
     text = report(rows, meta)

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Optional
 
 HOST = "127.0.0.1"
 
@@ -145,7 +144,8 @@ def run_once(backend: str, n: int, procs: int) -> tuple[float, float]:
     ready, results, go1, go2 = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     procs = max(1, min(procs, n))
     shares = [list(range(i, n, procs)) for i in range(procs)]
-    workers = [ctx.Process(target=_worker, args=(backend, port, n, s, ready, go1, go2, results), daemon=True)
+    workers = [ctx.Process(target=_worker, args=(backend, port, n, s, ready, go1, go2, results),
+                           daemon=True)
                for s in shares]
     try:
         for w in workers:
@@ -172,7 +172,7 @@ def run_once(backend: str, n: int, procs: int) -> tuple[float, float]:
     return t1 - t0, max(o[1] for o in outs) - t2
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,256,1024", help="comma-separated client counts")
     ap.add_argument("--procs", type=int, default=4, help="worker processes driving the clients")
@@ -206,7 +206,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     def cell(v):
         return f"{v[0]:.3f} ({v[1]:.3f} + {v[2]:.3f})" if v else "n/a"
 
-    print(f"\nbootstrap = connect + (set own address, multi_get all N); {args.procs} worker processes; "
+    print("\nbootstrap = connect + (set own address, multi_get all N); "
+          f"{args.procs} worker processes; "
           f"median of {args.repeat}; python {sys.version.split()[0]}; {os.cpu_count()} cpus")
     print("\n| N | rendezvous s (connect + exchange) | torch TCPStore s (connect + exchange) "
           "| ratio total | ratio exchange |")

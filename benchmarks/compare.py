@@ -218,7 +218,8 @@ def _probe_mpi(lib: str, py: str) -> tuple[dict | None, str | None]:
 
 
 #: why a peer is skipped with --device cuda
-HOST_ONLY = {"gloo": "benchmarks/peers/gloo_runner.py allocates CPU tensors only (no device option)",
+HOST_ONLY = {"gloo": "benchmarks/peers/gloo_runner.py allocates CPU tensors only "
+                     "(no device option)",
              "mpich": "the MPI peers move host buffers only",
              "openmpi": "the MPI peers move host buffers only"}
 CUDA_PROBE = ("from pycoll.bench.backend import cuda_unavailable_reason as f\n"
@@ -241,7 +242,8 @@ def available(lib: str, py: str, device: str = "cpu") -> str | None:
                            text=True)
         return None if r.returncode == 0 else f"pycoll not importable: {r.stderr.strip()[-200:]}"
     if lib == "gloo":
-        r = subprocess.run([py, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+        r = subprocess.run([py, "-c",
+                            "import torch.distributed as d; assert d.is_gloo_available()"],
                            capture_output=True, text=True)
         return None if r.returncode == 0 else "torch with Gloo is not installed"
     if lib in MPI_LIBS:
@@ -462,7 +464,7 @@ def markdown(a, machine: dict, agg: dict, libs: list[str], skipped: dict, errors
              f"the whole buffer); {a.reps} repetition(s), libraries interleaved per "
              f"{'repetition (order rotated)' if a.interleave == 'rep' else 'size'}; each cell is "
              f"the median over repetitions.")
-    it = (f"OSU iteration counts (1000/100 up to 8 KiB, 100/10 above)"
+    it = ("OSU iteration counts (1000/100 up to 8 KiB, 100/10 above)"
           + (f", capped so one size takes about {a.time_budget} s (at least "
              f"{a.min_iterations} iterations)" if a.time_budget else ""))
     L.append(f"- Timing: the same loop for every library (pycoll/bench/runner.py): each op timed, "

@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import pycoll.torch as pycoll_torch
-
+import pycoll.torch  # noqa: F401  (registers the "pycoll" backend)
 
 
 def train(group, device, args) -> tuple[list[float], list[torch.Tensor]]:

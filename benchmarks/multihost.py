@@ -228,7 +228,9 @@ def render(report: dict, command: str) -> str:
                       "| size | ring | hierarchical | hier / ring | auto (chose) | auto / best |",
                       "|---|---|---|---|---|---|"]
             for b in sizes:
-                get = lambda algo: cases[algo].get(b) or cases[algo].get(str(b))  # noqa: E731
+                def get(algo, cases=cases, b=b):
+                    return cases[algo].get(b) or cases[algo].get(str(b))
+
                 ring, hier, auto = get("ring"), get("hierarchical"), get("auto")
                 best = max(ring["busbw"], hier["busbw"])
                 lines.append(f"| {_size(b)} | {ring['busbw']:.3f} | {hier['busbw']:.3f} | "

@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from multihost.jobs import (DEAD_MS, bound_seconds, fault_trial,  # noqa: E402
-                            launcher_trial)
+from multihost.jobs import DEAD_MS, bound_seconds, fault_trial, launcher_trial  # noqa: E402
+
 from pycoll.testing.hosts import NamespaceHosts, chosen_cases  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "out" / "multihost-faults"
@@ -148,7 +148,8 @@ def run_case(case: str, trials: int, dead_ms: int, seed: int) -> dict:
             "ok": ok, "named": named, "bound_s": bound, "dead_ms": dead_ms,
             "first_median_s": f_med, "first_worst_s": f_max,
             "last_median_s": l_med, "last_worst_s": l_max,
-            "errors": kinds, "setup_retries": setups, "seconds": time.monotonic() - started, "failures": failures,
+            "errors": kinds, "setup_retries": setups, "seconds": time.monotonic() - started,
+            "failures": failures,
             "trial_details": details}
 
 

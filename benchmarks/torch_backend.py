@@ -154,7 +154,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64],
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 16, 64],
                     help="MiB, comma separated (default 1,4,16,64)")
     ap.add_argument("--ops", type=lambda s: s.split(","),
                     default=["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"])
@@ -185,15 +186,16 @@ def main() -> None:
                   f"p90 {g['p90_ms']:.1f}); gloo/pycoll = {g['median_ms'] / p['median_ms']:.2f}x;"
                   f" checksums equal: {p['checksum'] == g['checksum']}", flush=True)
             c = ddp["no_allreduce"]
-            print(f"DDP step without the gradient allreduce (a hook that returns each bucket as it is, same processes and "
+            print("DDP step without the gradient allreduce (a hook that returns each bucket as it "
+                  "is, same processes and "
                   f"rounds): {c['median_ms']:.1f} ms (p10 {c['p10_ms']:.1f}, p90 "
                   f"{c['p90_ms']:.1f}); the ceiling of any backend, gloo/no_allreduce = "
                   f"{g['median_ms'] / c['median_ms']:.2f}x; pycoll removes "
                   f"{(g['median_ms'] - p['median_ms']) / (g['median_ms'] - c['median_ms']):.0%}"
                   " of what Gloo's allreduce adds to the step", flush=True)
     if rank == 0:
-        print("busbw (GB/s, median of %d): torch = dist.* on pycoll, direct = pycoll "
-              "Communicator, gloo = dist.* on Gloo" % args.reps, flush=True)
+        print(f"busbw (GB/s, median of {args.reps}): torch = dist.* on pycoll, direct = pycoll "
+              "Communicator, gloo = dist.* on Gloo", flush=True)
     result["ops"] = op_part(args, pyc, gloo)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 import pycoll
-from pycoll.runtime import abort, flight_recorder
 from pycoll import debug
 from pycoll.algorithms import selection as tuning
 from pycoll.bench import options as bench_options
+from pycoll.runtime import abort, flight_recorder
 from pycoll.testing import run_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

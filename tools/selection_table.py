@@ -14,9 +14,9 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pycoll.algorithms import ALGORITHMS  # noqa: E402
+from pycoll.algorithms.selection import Selector  # noqa: E402
 from pycoll.transports.shm.transport import ShmTransport  # noqa: E402
 from pycoll.transports.tcp.transport import TcpTransport  # noqa: E402
-from pycoll.algorithms.selection import Selector  # noqa: E402
 
 SIZES = [1 << k for k in range(3, 29)]      # 8 B .. 256 MiB
 ROWS = [("allreduce", "allreduce"), ("broadcast", "broadcast"), ("reduce", "reduce"),
@@ -50,7 +50,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for label, collective in ROWS:
         for p in (2, 3, 4, 8):
-            print(f"| {label} | {p} | {choices(shm, collective, p)} | {choices(tcp, collective, p)} |")
+            print(f"| {label} | {p} | {choices(shm, collective, p)} | "
+                  f"{choices(tcp, collective, p)} |")
 
 
 if __name__ == "__main__":

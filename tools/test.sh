@@ -4,7 +4,7 @@
 #
 #   install  .venv (python3): torch 2.13.0 (CPU) and the extras test, lint, mpi, bench, spark,
 #            ray; a Java runtime for Spark where none is found (apt)
-#   lint     ruff over pycoll, rendezvous, tests and benchmarks; mypy (pyproject.toml)
+#   lint     ruff over pycoll, rendezvous, tests, benchmarks and tools; mypy (pyproject.toml)
 #   test     the whole suite in .venv, then the verbs tests in the Soft-RoCE VM
 #   matrix   a quick subset (QUICK below) on other Pythons and numpy releases, each in its own
 #            venv under .venv-matrix/ (packages from the index, no torch: off Python 3.11 the
@@ -77,7 +77,7 @@ install() {
 
 lint() {
     local rc=0
-    .venv/bin/ruff check pycoll rendezvous tests benchmarks || rc=1
+    .venv/bin/ruff check pycoll rendezvous tests benchmarks tools || rc=1
     .venv/bin/mypy || rc=1
     return $rc
 }

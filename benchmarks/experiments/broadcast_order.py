@@ -3,7 +3,7 @@
 when it starts it relative to the root, and which rank leaves the (untimed) barrier first.
 
     python -m pycoll.run -n 4 benchmarks/experiments/broadcast_order.py pycoll
-    mpirun -n 4 python benchmarks/experiments/broadcast_order.py mpi        # Open MPI or MPICH (mpi4py)
+    mpirun -n 4 python benchmarks/experiments/broadcast_order.py mpi  # Open MPI, MPICH (mpi4py)
 
 The loop is OSU's (``osu_bcast.c``; ``pycoll.bench`` and benchmarks/compare.py time it so):
 each rank times its own 8-byte broadcast from rank 0, then an untimed barrier. Every rank

@@ -5,8 +5,8 @@
 * ``memory``: aggregate copy bandwidth of two processes (``np.copyto``) at a given size,
   the ceiling of any shared-memory collective on one host.
 
-Usage: ``python benchmarks/experiments/ceilings.py [--size 64M] [--reps 5]``; prints one markdown row per
-ceiling (median of the repetitions). Run it in the same session as the benchmark it
+Usage: ``python benchmarks/experiments/ceilings.py [--size 64M] [--reps 5]``; prints one
+markdown row per ceiling (median of the repetitions). Run it in the same session as the benchmark it
 normalises: this machine is shared and its numbers drift.
 """
 from __future__ import annotations
@@ -95,7 +95,8 @@ def main() -> None:
     args = ap.parse_args()
     nbytes = parse_size(args.size)
     print("| ceiling | size | GB/s |\n|---|---|---:|")
-    print(f"| one-way loopback TCP, 2 processes | {args.size} | {tcp_one_way(nbytes, args.reps):.2f} |")
+    print(f"| one-way loopback TCP, 2 processes | {args.size} | "
+          f"{tcp_one_way(nbytes, args.reps):.2f} |")
     print(f"| memory copy, 2 processes aggregate | {args.size} | "
           f"{memory_two_process(nbytes, args.reps):.2f} |")
 

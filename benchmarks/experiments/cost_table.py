@@ -2,8 +2,8 @@
 
     python benchmarks/experiments/cost_table.py            # the table in docs/algorithms.md
 
-Pure arithmetic (``pycoll.algorithms.selection.Selector``): no ranks are started. ``tcp`` is a job spread
-over hosts (every rank on its own core); ``inproc`` is the in-process transport of the
+Pure arithmetic (``pycoll.algorithms.selection.Selector``): no ranks are started. ``tcp`` is a
+job spread over hosts (every rank on its own core); ``inproc`` is the in-process transport of the
 256/1024-rank tests, whose ranks share this machine's cores (the crowded model).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.transports import registry
 from pycoll.algorithms.selection import Selector
+from pycoll.transports import registry
 
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
                "gather", "scatter"]

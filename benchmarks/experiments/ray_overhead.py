@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     import pycoll.ray
     from pycoll.testing import run_ranks
 
-    command = " ".join(["python", "benchmarks/experiments/ray_overhead.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python", "benchmarks/experiments/ray_overhead.py",
+                        *(argv or sys.argv[1:])])
     worlds = [int(n) for n in args.ranks.split(",")]
     results: dict = {"command": command, "worlds": {}}
     # forked first: a process that runs a Ray driver has gRPC threads, which fork does not carry

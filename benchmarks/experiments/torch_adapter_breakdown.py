@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a synchronous ``dist.all_reduce`` spends its time on the pycoll group, in layers.
 
-    python -m pycoll.run -n 2 benchmarks/experiments/torch_adapter_breakdown.py [--bytes 8] [--reps 7]
+    python -m pycoll.run -n 2 benchmarks/experiments/torch_adapter_breakdown.py \\
+        [--bytes 8] [--reps 7]
 
 Rank 0 times four ways of making the same allreduce, each ``--iters`` calls back to back per
 repetition (after a barrier), rotating their order, and reports the median per call (us):

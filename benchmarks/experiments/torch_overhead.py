@@ -2,7 +2,8 @@
 """Where the torch layer's per-call time goes: ``dist.*`` on the pycoll group against the
 same pycoll communicator called directly, and the part spent outside pycoll's own call.
 
-    python -m pycoll.run -n 2 benchmarks/experiments/torch_overhead.py [--mib 1] [--iters 100] [--reps 5]
+    python -m pycoll.run -n 2 benchmarks/experiments/torch_overhead.py \\
+        [--mib 1] [--iters 100] [--reps 5]
 
 For each collective it times, on rank 0, ``--iters`` back-to-back calls per repetition
 (after a barrier), alternating the two variants, and reports medians over repetitions:
@@ -53,12 +54,12 @@ def main() -> None:
         real = getattr(comm, name)
         inside: list[int] = []
 
-        def timed(*a, _real=real, **k):
+        def timed(*a, _real=real, _inside=inside, **k):
             t0 = clock()
             try:
                 return _real(*a, **k)
             finally:
-                inside.append(clock() - t0)
+                _inside.append(clock() - t0)
 
         res: dict[str, list[float]] = {"direct": [], "torch": [], "inside": []}
         for _ in range(args.reps):

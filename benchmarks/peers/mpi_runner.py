@@ -20,8 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-
 from peer_common import build_parser, peer_main  # noqa: E402
+
 from pycoll.bench.backend import BufferDelegate, NumpyBuffers  # noqa: E402
 from pycoll.bench.runner import BenchError  # noqa: E402
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.transports.shm.transport import ShmTransport
 from pycoll.algorithms.selection import Selector
+from pycoll.transports.shm.transport import ShmTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [1 << k for k in range(3, 29)]

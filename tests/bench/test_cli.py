@@ -5,8 +5,15 @@ import os
 
 import pytest
 
-from .helpers import (PY, bench, clean_env, free_port, parse_nccl_like_a_user,
-                      parse_osu_like_a_user, run)
+from .helpers import (
+    PY,
+    bench,
+    clean_env,
+    free_port,
+    parse_nccl_like_a_user,
+    parse_osu_like_a_user,
+    run,
+)
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -11,8 +11,15 @@ from pycoll.bench import ceiling, report
 from pycoll.bench.backend import cuda_unavailable_reason, local_rank
 from pycoll.bench.cli import add_ceiling, mark_row
 
-from .helpers import (PY, ROOT, bench, compare_module, parse_nccl_like_a_user,
-                      parse_osu_like_a_user, run)
+from .helpers import (
+    PY,
+    ROOT,
+    bench,
+    compare_module,
+    parse_nccl_like_a_user,
+    parse_osu_like_a_user,
+    run,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,8 +1,14 @@
 """Flag and size parsing of python -m pycoll.bench (no processes)."""
 import pytest
 
-from pycoll.bench.options import (default_iterations, format_size, message_sizes, parse_args,
-                                  parse_message_range, parse_size)
+from pycoll.bench.options import (
+    default_iterations,
+    format_size,
+    message_sizes,
+    parse_args,
+    parse_message_range,
+    parse_size,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

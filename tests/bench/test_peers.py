@@ -51,7 +51,7 @@ def test_gloo_runner_validates():
              "-c"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True))
     outs = [p.communicate(timeout=80) for p in procs]
-    for p, (o, e) in zip(procs, outs):
+    for p, (_o, e) in zip(procs, outs):
         assert p.returncode == 0, e[-2000:]
     rows = _rows(outs[0][0])
     assert outs[1][0] == ""                       # only rank 0 prints

@@ -140,7 +140,7 @@ def test_nccl_parser_reads_real_log():
   1073741824     268435456     float     sum      -1   9306.7  115.37  115.37      0   9291.5  115.56  115.56      0
 # Out of bounds values : 0 OK
 # Avg bus bandwidth    : 115.9
-"""
+"""  # noqa: E501 (nccl-tests' own output, verbatim)
     p = report.parse_nccl(real)
     assert p["avg_busbw"] == 115.9 and p["oob"] == 0
     assert p["rows"][0]["busbw"] == 115.37 and p["rows"][0]["ip_busbw"] == 115.56

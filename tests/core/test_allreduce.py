@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll.testing import RankFailure, run_ranks
+from pycoll.testing import run_ranks
 
 INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 FLOAT_DTYPES = ["float16", "float32", "float64"]
@@ -48,7 +48,7 @@ def _allreduce_cases(comm, cases):
 
 def _check(size, cases, env=None):
     per_rank = run_ranks(_allreduce_cases, size, cases, env=env)
-    for i, (count, dtype, op, algo) in enumerate(cases):
+    for i, (count, dtype, op, _algo) in enumerate(cases):
         expected = _reference(size, count, dtype, op)
         for rank in range(size):
             got = np.frombuffer(per_rank[rank][i], dtype=dtype)
@@ -58,7 +58,8 @@ def _check(size, cases, env=None):
                 np.testing.assert_allclose(got.astype(np.float64), expected, rtol=tol,
                                            err_msg=str(cases[i]))
             else:
-                assert np.array_equal(got, expected.astype(dtype)), (cases[i], got[:8], expected[:8])
+                assert np.array_equal(got, expected.astype(dtype)), (cases[i], got[:8],
+                                                                     expected[:8])
 
 
 COUNTS = [0, 1, 2, 13, 1031]          # zero, one, tiny, prime, prime not divisible by size

@@ -12,9 +12,9 @@ import array
 import numpy as np
 import pytest
 
-from pycoll.errors import InvalidArgument
 from pycoll.buffers.memory import CUDA, HOST, MemRef
 from pycoll.buffers.tensors import as_buffer
+from pycoll.errors import InvalidArgument
 from pycoll.testing import run_ranks
 
 
@@ -38,7 +38,8 @@ class DeviceArray:
     """
 
     def __init__(self, shape, typestr="<f4", strides=None, device=0):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (0x1000, False),
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (0x1000, False),
                                          "version": 3, "strides": strides}
         self.device = type("Device", (), {"id": device})()
 
@@ -66,7 +67,7 @@ def _host_kinds(comm):
 
 
 def test_host_objects_end_to_end():
-    for rank, out in enumerate(run_ranks(_host_kinds, 2)):
+    for _rank, out in enumerate(run_ranks(_host_kinds, 2)):
         assert out["bytearray"] == [2] * 8
         assert out["memoryview"] == 3
         assert out["array.array"] == [2.0] * 3

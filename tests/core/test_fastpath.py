@@ -468,7 +468,7 @@ def _plans(comm):
 
 
 def test_persistent_plans():
-    for rank, (paths, seen, last, errors) in enumerate(run_ranks(_plans, 2)):
+    for _rank, (paths, seen, last, errors) in enumerate(run_ranks(_plans, 2)):
         assert paths == ("fastpath", "fastpath-chunked", "ring")
         assert seen == [(10.0 + i, 2.0 * i) for i in range(20)]
         assert last == [3.0] * 5
@@ -509,7 +509,7 @@ def _arrays_the_entry_point_was_not_made_for(comm):
         "2-D": lambda: np.empty((2, 3), dtype=np.float32),
         "subclass": lambda: np.empty(6, dtype=np.float32).view(_Tagged),
     }
-    for rounds in range(2):          # the second round finds every call already bound
+    for _rounds in range(2):          # the second round finds every call already bound
         for name, make in shapes.items():
             a = make()
             a[...] = (np.arange(6, dtype=np.float32) + comm.rank * 10).reshape(a.shape)

@@ -1,4 +1,5 @@
-"""Groups: new_group and split make communicators that share their parent's channels (renumbered), with ids that keep their messages apart."""
+"""Groups: new_group and split make communicators that share their parent's channels
+(renumbered), with ids that keep their messages apart."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,6 @@ import numpy as np
 import pytest
 
 import pycoll
-
 from pycoll.testing import run_ranks
 
 

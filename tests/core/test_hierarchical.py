@@ -32,7 +32,7 @@ def _hierarchical(comm, dtype):
 def test_hierarchical_matches_reference(size, node_size, topology, dtype):
     results = run_ranks(_hierarchical, size, dtype,
                         env={"PYCOLL_VIRTUAL_NODE_SIZE": str(node_size)})
-    for top, transports, out in results:
+    for top, _transports, out in results:
         assert top == topology
         assert out == results[0][2]              # identical bits everywhere
     assert "tcp" in results[0][1]

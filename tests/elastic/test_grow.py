@@ -32,7 +32,7 @@ def test_two_processes_join_and_compute_with_the_ranks() -> None:
     out = run_ranks(_grow_by_two, 3, joiners=2)
     ranks = sorted(o[0] for o in out)
     assert ranks == [0, 1, 2, 3, 4]
-    for rank, size, total, flag, gone, _, lobby in out:
+    for _rank, size, total, flag, gone, _, lobby in out:
         assert (size, total, flag, gone) == (5, 15.0, 1, []), out
         # the admitted joiners' tickets and admissions are gone from the lobby
         assert lobby == {"pycoll/world/lobby/queue": b"",

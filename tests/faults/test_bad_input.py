@@ -56,7 +56,8 @@ def _cases(comm):
         "allgather output too small": lambda: comm.allgather(np.zeros(8 * n - 1, F32), ok),
         "allgather output dtype differs": lambda: comm.allgather(np.zeros(8 * n, np.float64), ok),
         "allgather output list too short": lambda: comm.allgather([np.zeros(8, F32)] * (n - 1), ok),
-        "allgather output read-only": lambda: comm.allgather(np.frombuffer(b"\0" * 32 * n, F32), ok),
+        "allgather output read-only":
+            lambda: comm.allgather(np.frombuffer(b"\0" * 32 * n, F32), ok),
         # reduce_scatter
         "reduce_scatter input wrong size": lambda: comm.reduce_scatter(np.zeros(8, F32),
                                                                        np.ones(8 * n + 1, F32)),
@@ -158,8 +159,8 @@ def test_other_ranks_are_not_left_hanging(transport):
 def _init_with_wrong_size(rank, port, q):
     import os
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
-    from rendezvous import TCPStore
     from pycoll.comm.communicator import Communicator
+    from rendezvous import TCPStore
     store = TCPStore("127.0.0.1", port, timeout=5)
     try:
         Communicator.create(store, rank, 2 if rank == 0 else 3, timeout=3)
@@ -170,6 +171,7 @@ def _init_with_wrong_size(rank, port, q):
 
 def test_world_size_mismatch_at_init():
     import multiprocessing as mp
+
     from rendezvous import StoreServer
     server = StoreServer("127.0.0.1", 0).start()
     ctx = mp.get_context("fork")

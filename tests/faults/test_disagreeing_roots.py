@@ -9,7 +9,8 @@ a receive compares the sender's dtype (``tags.p2p_tag``): every rank raises, non
 and none waits for its deadline. One exception, by design: a small broadcast on one host is
 one way (the fast path's ``broadcast_one_way``: a root returns without hearing from anyone),
 so a rank that names itself root returns its own, untouched buffer and raises at its next
-collective (or finalize); its receivers still raise at once or get the bytes of a rank that named itself root.
+collective (or finalize); its receivers still raise at once or get the bytes of a rank that
+named itself root.
 """
 from __future__ import annotations
 

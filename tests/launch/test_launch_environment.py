@@ -36,7 +36,8 @@ def test_defaults_to_os_environ(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     info = detect_launch()
-    assert (info.launcher, info.rank, info.world_size, info.master_addr) == ("openmpi", 1, 2, "10.0.0.1")
+    assert (info.launcher, info.rank, info.world_size, info.master_addr) == \
+        ("openmpi", 1, 2, "10.0.0.1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +98,8 @@ def test_torchrun_pycoll_master_addr_overrides():
 
 
 def test_torchrun_master_port_65535_has_no_next_port():
-    with pytest.raises(ValueError, match=r"MASTER_PORT.*torchrun.*PYCOLL_MASTER_PORT|torchrun.*MASTER_PORT"):
+    with pytest.raises(ValueError,
+                       match=r"MASTER_PORT.*torchrun.*PYCOLL_MASTER_PORT|torchrun.*MASTER_PORT"):
         detect_launch({**TORCHRUN_ENV, "MASTER_PORT": "65535"})
 
 
@@ -329,7 +331,8 @@ def test_argument_overrides_a_broken_variable():
 
 def test_arguments_partly_override():
     info = resolve_launch(master_addr="override", env=MPICH_ENV)
-    assert (info.rank, info.world_size, info.master_addr, info.master_port) == (1, 4, "override", 4000)
+    assert (info.rank, info.world_size, info.master_addr, info.master_port) == \
+        (1, 4, "override", 4000)
 
 
 def test_single_process_by_arguments():
@@ -374,7 +377,8 @@ def test_string_arguments_that_parse_are_accepted():
     ({"PYCOLL_RANK": "0"}, "PYCOLL_WORLD_SIZE", "pycoll"),
     ({"PYCOLL_WORLD_SIZE": "2"}, "PYCOLL_RANK", "pycoll"),
     ({**PYCOLL_ENV, "PYCOLL_MASTER_PORT": "port"}, "PYCOLL_MASTER_PORT", "pycoll"),
-    ({"PYCOLL_RANK": "0", "PYCOLL_WORLD_SIZE": "2", "PYCOLL_MASTER_PORT": "1"}, "PYCOLL_MASTER_ADDR", "pycoll"),
+    ({"PYCOLL_RANK": "0", "PYCOLL_WORLD_SIZE": "2", "PYCOLL_MASTER_PORT": "1"},
+     "PYCOLL_MASTER_ADDR", "pycoll"),
     ({**TORCHRUN_ENV, "RANK": "8"}, "RANK", "torchrun"),
     ({**TORCHRUN_ENV, "WORLD_SIZE": "0"}, "WORLD_SIZE", "torchrun"),
     ({**TORCHRUN_ENV, "WORLD_SIZE": "-3"}, "WORLD_SIZE", "torchrun"),
@@ -414,9 +418,11 @@ def test_import_is_cheap_and_standalone():
         "import sys, importlib.util, pycoll.launch.environment as e\n"
         "before = set(sys.modules)\n"
         "spec = importlib.util.spec_from_file_location('standalone_env', e.__file__)\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['standalone_env'] = m; spec.loader.exec_module(m)\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['standalone_env'] = m; "
+        "spec.loader.exec_module(m)\n"
         "assert m.detect_launch({}).launcher == 'none'\n"
-        "new = sorted(n for n in set(sys.modules) - before if n.split('.')[0] in ('pycoll', 'rendezvous', 'numpy', 'torch'))\n"
+        "new = sorted(n for n in set(sys.modules) - before "
+        "if n.split('.')[0] in ('pycoll', 'rendezvous', 'numpy', 'torch'))\n"
         "import pycoll.launch\n"
         "print(new, 'pycoll.launch.launcher' in sys.modules)\n"
     )

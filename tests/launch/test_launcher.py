@@ -181,7 +181,8 @@ def _alive(pid):
 
 
 def pids(outdir, n):
-    return [int((outdir / f"pid.{r}").read_text()) for r in range(n) if (outdir / f"pid.{r}").exists()]
+    return [int((outdir / f"pid.{r}").read_text()) for r in range(n)
+            if (outdir / f"pid.{r}").exists()]
 
 
 def assert_all_gone(pid_list, within=10.0):
@@ -223,7 +224,8 @@ def test_parse_module_form_and_option_spellings():
     p = _parse_args(["--nproc=2", "--timeout", "3.5", "--master-addr", "0.0.0.0",
                      "--master-port=1234", "-m", "pkg.mod", "-x", "--", "y"])
     assert p["command"] == ["-m", "pkg.mod", "-x", "--", "y"]
-    assert (p["nprocs"], p["timeout"], p["master_addr"], p["master_port"]) == (2, 3.5, "0.0.0.0", 1234)
+    assert (p["nprocs"], p["timeout"], p["master_addr"], p["master_port"]) == \
+        (2, 3.5, "0.0.0.0", 1234)
     assert _parse_args(["-n3", "-mpkg", "a"])["command"] == ["-m", "pkg", "a"]
     assert _parse_args(["-n", "1", "--", "-weird.py"])["command"] == ["-weird.py"]
 
@@ -299,7 +301,8 @@ def test_store_rejects_wrong_token(tmp_path, run_launcher):
     script.write_text(textwrap.dedent("""
         import os, sys, rendezvous
         try:
-            s = rendezvous.TCPStore(os.environ["PYCOLL_MASTER_ADDR"], int(os.environ["PYCOLL_MASTER_PORT"]),
+            s = rendezvous.TCPStore(os.environ["PYCOLL_MASTER_ADDR"],
+                                    int(os.environ["PYCOLL_MASTER_PORT"]),
                                     token="0" * 32, timeout=5.0)
             s.add("k", 1)
         except Exception as e:
@@ -318,7 +321,8 @@ def test_module_form(tmp_path, run_launcher):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "hello.py").write_text(
-        "import os, sys\nos.write(1, f\"hello {os.environ['PYCOLL_RANK']} {sys.argv[1:]}\\n\".encode())\n"
+        "import os, sys\n"
+        "os.write(1, f\"hello {os.environ['PYCOLL_RANK']} {sys.argv[1:]}\\n\".encode())\n"
     )
     rc, out, err = run_launcher("-n", 2, "-m", "mypkg.hello", "a", "-n", "b")
     assert rc == 0, err
@@ -339,7 +343,8 @@ def test_prefix_output(tmp_path, run_launcher):
     rc, out, err = run_launcher("-n", 2, "--prefix-output", script)
     assert rc == 0, err
     out_lines = out.splitlines()
-    assert sorted(out_lines) == sorted(f"[rank {r}] out {r} {i}" for r in range(2) for i in range(3))
+    assert sorted(out_lines) == sorted(f"[rank {r}] out {r} {i}"
+                                       for r in range(2) for i in range(3))
     # per rank, the order of its lines is kept
     for r in range(2):
         assert [x for x in out_lines if x.startswith(f"[rank {r}]")] == [
@@ -513,13 +518,15 @@ def test_launch_api_from_a_thread(job, capfd):
     script, outdir = job
     result = []
     t = threading.Thread(target=lambda: result.append(
-        launch(["-c", "import os; os.write(1, ('rank ' + os.environ['PYCOLL_RANK'] + '\\n').encode())"], 2, env=_env(),
-               timeout=DEADLINE)))
+        launch(["-c",
+                "import os; os.write(1, ('rank ' + os.environ['PYCOLL_RANK'] + '\\n').encode())"],
+               2, env=_env(), timeout=DEADLINE)))
     t.start()
     t.join(DEADLINE + 10)
     assert result == [0]
     out, _ = capfd.readouterr()
-    assert sorted(line for line in out.splitlines() if line.startswith("rank")) == ["rank 0", "rank 1"]
+    assert sorted(line for line in out.splitlines() if line.startswith("rank")) == \
+        ["rank 0", "rank 1"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +542,8 @@ def test_torch_env_init_under_pycoll_run(tmp_path, run_launcher):
         dist.init_process_group("gloo", init_method="env://")
         t = torch.ones(4) * (dist.get_rank() + 1)
         dist.all_reduce(t)
-        s = rendezvous.TCPStore(os.environ["PYCOLL_MASTER_ADDR"], int(os.environ["PYCOLL_MASTER_PORT"]),
+        s = rendezvous.TCPStore(os.environ["PYCOLL_MASTER_ADDR"],
+                                int(os.environ["PYCOLL_MASTER_PORT"]),
                                 token=os.environ["PYCOLL_TOKEN"], timeout=30.0)
         s.add("n", 1)
         os.write(1, f"SUM {dist.get_rank()} {t.tolist()}\\n".encode())

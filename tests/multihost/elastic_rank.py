@@ -30,8 +30,8 @@ import time
 import traceback
 
 import pycoll
-from pycoll.testing.kill_trials import Plan, WrongResult, mixed_step, recover
 from pycoll.testing.hosts import write_json
+from pycoll.testing.kill_trials import Plan, WrongResult, mixed_step, recover
 
 #: checked steps before the rank says it is ready (every message size of the loop once)
 WARMUP = 3

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import rendezvous  # noqa: E402
 from rdzv_util import HOST, raise_nofile  # noqa: E402
+
+import rendezvous  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -15,11 +15,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Iterator, Optional
-
-from rendezvous import protocol as P
+from collections.abc import Iterator
 
 from pycoll.testing import free_port as testing_free_port
+from rendezvous import protocol as P
 
 HOST = "127.0.0.1"
 
@@ -27,7 +26,8 @@ PRELUDE = textwrap.dedent(
     """
     import os, sys, time, threading, resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192, hard))
     threading.stack_size(256 * 1024)
     import rendezvous
     from rendezvous import *
@@ -50,7 +50,8 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-def spawn(code: str, *args: object, env: Optional[dict] = None, stdin: bool = False) -> subprocess.Popen:
+def spawn(code: str, *args: object, env: dict | None = None,
+          stdin: bool = False) -> subprocess.Popen:
     """Start ``python -c PRELUDE+code args...``; stdout/stderr captured as text."""
     return subprocess.Popen(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(code), *map(str, args)],
@@ -69,11 +70,12 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str, str
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate(timeout=10)
-        raise AssertionError(f"child overran {timeout}s; stdout={out[-2000:]!r} stderr={err[-2000:]!r}")
+        raise AssertionError(f"child overran {timeout}s; stdout={out[-2000:]!r} "
+                             f"stderr={err[-2000:]!r}") from None
     return proc.returncode, out, err
 
 
-def run_child(code: str, *args: object, timeout: float = 60.0, env: Optional[dict] = None) -> str:
+def run_child(code: str, *args: object, timeout: float = 60.0, env: dict | None = None) -> str:
     """Run a child to completion; assert exit 0; return its stdout."""
     rc, out, err = finish(spawn(code, *args, env=env), timeout)
     assert rc == 0, f"child failed rc={rc}\nstdout={out[-3000:]}\nstderr={err[-3000:]}"
@@ -108,7 +110,8 @@ def read_line(stream, timeout: float) -> str:
 
 
 @contextlib.contextmanager
-def cli_server(*extra: str, host: str = HOST, env: Optional[dict] = None) -> Iterator[tuple[subprocess.Popen, int]]:
+def cli_server(*extra: str, host: str = HOST,
+               env: dict | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
     """Run ``python -m rendezvous serve`` and yield (process, port). Reaped on exit."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rendezvous", "serve", "--host", host, "--port", "0", *extra],
@@ -168,7 +171,7 @@ def raw_connect(port: int, host: str = HOST, timeout: float = 10.0) -> tuple[soc
     return sock, nonce
 
 
-def raw_login(port: int, token: Optional[bytes] = None, timeout: float = 10.0) -> socket.socket:
+def raw_login(port: int, token: bytes | None = None, timeout: float = 10.0) -> socket.socket:
     """A raw connection that has completed the handshake (ready for request frames)."""
     sock, snonce = raw_connect(port, timeout=timeout)
     cnonce = os.urandom(32)
@@ -187,7 +190,7 @@ def wait_closed(sock: socket.socket, timeout: float = 10.0) -> bool:
         sock.settimeout(max(deadline - time.monotonic(), 0.01))
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return False
         except (ConnectionResetError, BrokenPipeError):
             return True

@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from rdzv_util import HOST, wait_until
 
 from rendezvous import PrefixStore, StoreError, StoreServer, TCPStore
-from rdzv_util import HOST, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,10 +8,10 @@ import socket
 import threading
 
 import pytest
+from rdzv_util import HOST, finish, reaped, run_child, spawn, wait_until
 
 import rendezvous
 from rendezvous import PrefixStore, StoreServer, StoreTimeout, TCPStore
-from rdzv_util import HOST, finish, reaped, run_child, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,7 +159,8 @@ def test_blocking_calls_released_by_another_process(server: StoreServer) -> None
         print("get", s.get("late/a").decode(), flush=True)
         s.wait(["late/b", "late/c"])
         print("wait ok", flush=True)
-        print("multi", [v.decode() for v in s.multi_get(["late/d", "late/e"], timeout=60)], flush=True)
+        print("multi", [v.decode() for v in s.multi_get(["late/d", "late/e"], timeout=60)],
+              flush=True)
     """
     setter = """
         s = TCPStore("127.0.0.1", int(sys.argv[1]), timeout=30)
@@ -174,7 +175,8 @@ def test_blocking_calls_released_by_another_process(server: StoreServer) -> None
         run_child(setter, server.port, "a")
         assert wait_until(lambda: _parked_on(server, "late/b"), 30), "child never blocked on wait"
         run_child(setter, server.port, "bc")
-        assert wait_until(lambda: _parked_on(server, "late/d"), 30), "child never blocked on multi_get"
+        assert wait_until(lambda: _parked_on(server, "late/d"), 30), \
+            "child never blocked on multi_get"
         run_child(setter, server.port, "de")
         rc, out, err = finish(w, 30)
     assert rc == 0, err

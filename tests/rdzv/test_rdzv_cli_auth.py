@@ -10,9 +10,9 @@ import sys
 import threading
 
 import pytest
+from rdzv_util import HOST, child_env, cli_server, finish, run_child, spawn
 
 from rendezvous import AuthError, StoreServer, TCPStore
-from rdzv_util import HOST, child_env, cli_server, finish, run_child, spawn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -217,7 +217,7 @@ def test_auth_across_processes_many_clients() -> None:
         procs = [spawn(good, srv.port, env=child_env(PYCOLL_TOKEN=TOKEN)) for _ in range(3)]
         procs.append(spawn(bad, srv.port))
         results = [finish(p, 60) for p in procs]
-        for rc, out, err in results:
+        for rc, _out, err in results:
             assert rc == 0, err
         assert results[-1][1].strip() == "10"
         with TCPStore(HOST, srv.port, token=TOKEN, timeout=10) as s:

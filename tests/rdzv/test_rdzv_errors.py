@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from rdzv_util import HOST, cli_server, finish, free_port, reaped, run_child, spawn, wait_until
 
 from rendezvous import (
     StoreConnectError,
@@ -16,7 +17,6 @@ from rendezvous import (
     StoreTimeout,
     TCPStore,
 )
-from rdzv_util import HOST, cli_server, finish, free_port, reaped, run_child, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,15 +8,24 @@ import signal
 import socket
 import struct
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+from rdzv_util import (
+    HOST,
+    cli_server,
+    finish,
+    raw_connect,
+    raw_login,
+    reaped,
+    recv_frame,
+    spawn,
+    wait_closed,
+    wait_until,
+)
 
 from rendezvous import StoreServer, TCPStore
 from rendezvous import protocol as P
-from rdzv_util import (
-    HOST, cli_server, finish, raw_connect, raw_login, recv_frame, spawn, reaped, wait_closed, wait_until,
-)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +55,8 @@ def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return any(text in r.getMessage() for r in caplog.records)
 
 
-def test_random_bytes_before_handshake(hserver: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_random_bytes_before_handshake(hserver: StoreServer,
+                                       caplog: pytest.LogCaptureFixture) -> None:
     legit = TCPStore(HOST, hserver.port, timeout=10)  # connected before and during the attack
     rng = random.Random(1234)
     for i in range(30):
@@ -64,10 +74,11 @@ def test_random_bytes_before_handshake(hserver: StoreServer, caplog: pytest.LogC
     assert _logged(caplog, "closing connection from")
 
 
-def test_random_frames_after_handshake(hserver: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_random_frames_after_handshake(hserver: StoreServer,
+                                       caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(99)
     closed = 0
-    for i in range(40):
+    for _i in range(40):
         sock = raw_login(hserver.port)
         with sock:
             body = rng.randbytes(rng.randint(0, 200))
@@ -79,7 +90,7 @@ def test_random_frames_after_handshake(hserver: StoreServer, caplog: pytest.LogC
             sock.settimeout(10)
             try:
                 data = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 data = b""
             if not data or wait_closed(sock, 0.05):
                 closed += 1
@@ -128,7 +139,8 @@ def test_oversized_length_closes_at_once(
     _healthy(hserver.port)
 
 
-def test_unknown_command_and_bad_arity(hserver: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_command_and_bad_arity(hserver: StoreServer,
+                                       caplog: pytest.LogCaptureFixture) -> None:
     sock = raw_login(hserver.port)
     with sock:
         sock.sendall(P.encode_message(200, 0, [b"x"]))
@@ -147,7 +159,8 @@ def test_unknown_command_and_bad_arity(hserver: StoreServer, caplog: pytest.LogC
     _healthy(hserver.port)
 
 
-def test_bad_magic_and_garbage_handshake(hserver: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_magic_and_garbage_handshake(hserver: StoreServer,
+                                         caplog: pytest.LogCaptureFixture) -> None:
     sock, _ = raw_connect(hserver.port)
     with sock:
         login = P.LOGIN_FIXED.pack(0xDEADBEEF, P.VERSION, b"\x00" * 32, 0)
@@ -199,7 +212,8 @@ def test_wrong_tokens_and_replayed_login(caplog: pytest.LogCaptureFixture) -> No
         replay, _ = raw_connect(srv.port)
         with replay:
             replay.sendall(P.FRAME_HEADER.pack(len(login)) + login)
-            assert P.WELCOME_FIXED.unpack_from(recv_frame(replay), 0)[0] == P.WelcomeStatus.AUTH_FAILED
+            assert P.WELCOME_FIXED.unpack_from(recv_frame(replay), 0)[0] == \
+                P.WelcomeStatus.AUTH_FAILED
             assert wait_closed(replay, 10)
         # Commands before authentication are never executed.
         early, _ = raw_connect(srv.port)
@@ -222,7 +236,8 @@ def test_wrong_tokens_and_replayed_login(caplog: pytest.LogCaptureFixture) -> No
         srv.close()
 
 
-def test_flooding_while_parked_is_cut_off(hserver: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_flooding_while_parked_is_cut_off(hserver: StoreServer,
+                                          caplog: pytest.LogCaptureFixture) -> None:
     sock = raw_login(hserver.port)
     with sock:
         sock.sendall(P.encode_message(P.Op.GET, 30000, [b"never"]))  # parks the connection

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from rdzv_util import HOST, cli_server, finish, read_line, reaped, spawn, wait_until
 
 from rendezvous import StoreServer, TCPStore
-from rdzv_util import HOST, cli_server, finish, read_line, reaped, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(110)
 
@@ -22,13 +22,15 @@ BOOTSTRAP = """
             s.set(keys[r], f"tcp://127.0.0.1:{20000 + r}|rank={r}")
             vals = s.multi_get(keys)
             assert len(vals) == world
-            assert all(v == f"tcp://127.0.0.1:{20000 + i}|rank={i}".encode() for i, v in enumerate(vals))
+            assert all(v == f"tcp://127.0.0.1:{20000 + i}|rank={i}".encode()
+                       for i, v in enumerate(vals))
             with lock:
                 ok.append(s)  # stay connected until everyone in this process is done
         except BaseException as e:
             with lock:
                 errors.append(f"rank {r}: {e!r}")
-    ts = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(first, first + count)]
+    ts = [threading.Thread(target=rank, args=(r,), daemon=True)
+          for r in range(first, first + count)]
     [t.start() for t in ts]
     go.set()
     [t.join(100) for t in ts]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from rdzv_util import HOST

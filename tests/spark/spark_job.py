@@ -29,7 +29,8 @@ def main() -> int:
     sc = SparkContext(conf=pycoll.spark.barrier_conf(conf, world))
     sc.setLogLevel("ERROR")
     try:
-        results = pycoll.spark.run(allreduce_report, world, sc=sc, args=(N,), timeout=60, job_timeout=120)
+        results = pycoll.spark.run(allreduce_report, world, sc=sc, args=(N,), timeout=60,
+                                   job_timeout=120)
     finally:
         sc.stop()
     print(json.dumps(results), flush=True)

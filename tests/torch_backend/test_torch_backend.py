@@ -1,7 +1,7 @@
 """The "pycoll" torch.distributed backend, on real rank processes, checked against Gloo.
 
-Each test starts N fresh Python processes (tests/torch_backend/worker.py, env:// variables as torchrun
-sets them) that use the pycoll backend and a Gloo group side by side in the same processes.
+Each test starts N fresh Python processes (tests/torch_backend/worker.py, env:// variables as
+torchrun sets them) that use the pycoll backend and a Gloo group side by side in the same processes.
 """
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def _ok(results: list[dict], ranks=None) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_op_matches_gloo(world_size):
-    """all_reduce (all ops incl. AVG/PREMUL_SUM, all dtypes), broadcast, reduce, all_gather(_into_tensor),
-    reduce_scatter(_tensor), all_to_all(_single, even/uneven), gather, scatter, p2p,
-    batch_isend_irecv, object collectives, new_group, barrier, coalesced and functional
-    collectives, sync and async; then destroy_process_group releases everything."""
+    """all_reduce (all ops incl. AVG/PREMUL_SUM, all dtypes), broadcast, reduce,
+    all_gather(_into_tensor), reduce_scatter(_tensor), all_to_all(_single, even/uneven),
+    gather, scatter, p2p, batch_isend_irecv, object collectives, new_group, barrier, coalesced
+    and functional collectives, sync and async; then destroy_process_group releases
+    everything."""
     results = run_scenario("ops", world_size, timeout=100)
     _ok(results)
     assert all(res["checked"] > 250 for res in results), describe(results)

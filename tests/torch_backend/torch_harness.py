@@ -1,4 +1,5 @@
-"""Run tests/torch_backend/worker.py as N real rank processes (torch env:// style) and collect results.
+"""Run tests/torch_backend/worker.py as N real rank processes (torch env:// style) and collect
+results.
 
 Each rank is a fresh ``python`` process with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set, as
 torchrun and ``python -m pycoll.run`` do. Ranks write their outcome as JSON into a scratch

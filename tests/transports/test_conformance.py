@@ -4,9 +4,10 @@ Each test talks to a transport's channels directly (``comm.channel(peer)``), bel
 algorithm, with real ranks: processes (``run_ranks``), or threads for a transport whose
 capabilities say ``in_process`` (``run_threads``). Every transport in the registry runs with
 its defaults; extra variants exercise other protocol paths (shm fragments through tiny
-slots; tcp over IPv6, a named interface, several sockets; verbs rendezvous and eager). Memory types come from the transport's declared capabilities; the buffers of a
-type come from ``ALLOCATORS``, so a transport that declares device memory runs the same
-cases on device buffers.
+slots; tcp over IPv6, a named interface, several sockets; verbs rendezvous and eager). Memory
+types come from the transport's declared capabilities; the buffers of a type come from
+``ALLOCATORS``, so a transport that declares device memory runs the same cases on device
+buffers.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from pycoll.errors import MessageSizeMismatch, PeerLost
 from pycoll.buffers.memory import CUDA, HOST, MemRef
+from pycoll.errors import MessageSizeMismatch, PeerLost
 from pycoll.testing import cuda_env, run_ranks, run_threads
 from pycoll.transports import registry
 from pycoll.transports.progress import WaitTimeout
@@ -104,11 +105,12 @@ def test_every_variant_names_a_registered_transport():
 @pytest.fixture(params=list(_cases()))
 def transport(request, monkeypatch):
     variant, mem_type = request.param
-    return _usable(variant, mem_type)
+    return _usable(variant, mem_type, monkeypatch)
 
 
-def _usable(variant, mem_type):
-    """(variant, registry name, environment, memory type); skips where it is not usable."""
+def _usable(variant, mem_type, monkeypatch):
+    """(variant, registry name, environment, memory type); skips where it is not usable.
+    cuda_ipc's probe reads the simulator's environment, so the test sets it (``monkeypatch``)."""
     name, env = VARIANTS[variant]
     if variant == "tcp-ipv6" and not _ipv6_loopback():
         pytest.skip("no IPv6 loopback (::1) on this machine")
@@ -205,8 +207,8 @@ def test_sizes_both_directions(transport):
 
 
 @pytest.mark.parametrize("variant", DEFAULTS)
-def test_256_mib_full_duplex(variant):
-    t = _usable(variant, HOST)
+def test_256_mib_full_duplex(variant, monkeypatch):
+    t = _usable(variant, HOST, monkeypatch)
     run(t, _exchange_sizes, 2, [256 << 20], timeout=120)
 
 
@@ -425,8 +427,8 @@ def _late_receive_for_set_aside_message(comm, mem_type):
 
 
 @pytest.mark.parametrize("variant", ["shm-copy", *DEFAULTS])
-def test_receive_posted_while_message_is_set_aside(variant):
-    t = _usable(variant, HOST)
+def test_receive_posted_while_message_is_set_aside(variant, monkeypatch):
+    t = _usable(variant, HOST, monkeypatch)
     assert run(t, _late_receive_for_set_aside_message, 2) == [True, True]
 
 

@@ -13,10 +13,9 @@ import textwrap
 import time
 
 import numpy as np
-
-import pycoll
 import pytest
 
+import pycoll
 from pycoll.testing import run_ranks, tcp_connections
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_connections import _store_barrier, data_sockets
 
 from pycoll.testing import run_ranks
-
-from test_connections import _store_barrier, data_sockets
 
 pytestmark = pytest.mark.timeout(120)
 

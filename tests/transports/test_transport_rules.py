@@ -4,14 +4,13 @@ pairs or tcp sockets, compute it from the size alone, so it must cover every byt
 once, in at most the lanes there are)."""
 from __future__ import annotations
 
-import pytest
-
 import socket
+
+import pytest
 
 from pycoll.errors import InvalidArgument, TransportError
 from pycoll.transports.base import STRIPE_MIN, stripes
-from pycoll.transports.netif import parse_name_rules
-from pycoll.transports.netif import select_interface
+from pycoll.transports.netif import parse_name_rules, select_interface
 
 
 def test_hca_list_prefix_exact_exclude_and_ports():

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycoll.testing.faults import kill_during
 from pycoll.testing import run_ranks
+from pycoll.testing.faults import kill_during
 from pycoll.transports.verbs.device import probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "algorithms"))
