@@ -18,6 +18,14 @@ from pycoll.testing import run_ranks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _fresh_python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter with ``env`` added; its stdout (it must exit 0)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def _raises_naming(var: str, fn, *args):
     with pytest.raises(pycoll.InvalidArgument) as e:
         fn(*args)
@@ -54,13 +62,10 @@ def test_abort_poll_ms_is_read_at_use_not_at_import():
         "except pycoll.InvalidArgument as e:\n"
         "    print('InvalidArgument:', e)\n"
     )
-    env = dict(os.environ, PYCOLL_ABORT_POLL_MS="abc")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT, env=env)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0] == "imported", out.stdout
-    assert lines[1].startswith("InvalidArgument: PYCOLL_ABORT_POLL_MS='abc'"), out.stdout
+    out = _fresh_python(code, PYCOLL_ABORT_POLL_MS="abc")
+    lines = out.splitlines()
+    assert lines[0] == "imported", out
+    assert lines[1].startswith("InvalidArgument: PYCOLL_ABORT_POLL_MS='abc'"), out
 
 
 def _init_only(comm):
@@ -92,12 +97,9 @@ def test_fastpath_c_bad_value_does_not_break_import_and_raises_at_init():
         "except pycoll.InvalidArgument as e:\n"
         "    print('InvalidArgument:', e)\n"
     )
-    env = dict(os.environ, PYCOLL_FASTPATH_C="maybe")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env=env)
-    assert out.returncode == 0, out.stderr
-    assert "imported None PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
-    assert "InvalidArgument: PYCOLL_FASTPATH_C='maybe'" in out.stdout, out.stdout
+    out = _fresh_python(code, PYCOLL_FASTPATH_C="maybe")
+    assert "imported None PYCOLL_FASTPATH_C='maybe'" in out, out
+    assert "InvalidArgument: PYCOLL_FASTPATH_C='maybe'" in out, out
 
 
 # -- PYCOLL_FLIGHT_RECORDER -----------------------------------------------------------------
