@@ -22,6 +22,7 @@ Ranks also die with the launcher if it is killed with SIGKILL (``PR_SET_PDEATHSI
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,8 +119,11 @@ def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
     it; a last line without a newline (the rank's partial line at exit) gets one. What one
     read brings goes out in one locked write, the partial line at its end waits for the
     rest: a rank's ``print`` may take several writes (``PYTHONUNBUFFERED``), and writing
-    them as they come would put another rank's output inside the line."""
+    them as they come would put another rank's output inside the line. A carriage return
+    ends a line too: a progress bar (tqdm's) redraws its line after ``\r`` and never ends it
+    until it is done, so waiting for ``\n`` would show nothing of it until then."""
     pending = b""
+    after_cr = False
     try:
         fd = pipe.fileno()
         while True:
@@ -127,30 +131,42 @@ def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
             if not chunk:
                 break
             pending += chunk
-            cut = pending.rfind(b"\n") + 1
+            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
             if not cut and len(pending) >= _MAX_LINE:
                 cut = len(pending)
             if not cut:
                 continue
             lines, pending = pending[:cut], pending[cut:]
-            out.write_lines(_prefixed(lines, prefix))
+            out.write_lines(_prefixed(lines, prefix, after_cr))
+            after_cr = lines.endswith(b"\r")
     except (OSError, ValueError):
         pass
     finally:
         if pending:
-            out.write_lines(_prefixed(pending, prefix))
+            out.write_lines(_prefixed(pending, prefix, after_cr))
         try:
             pipe.close()
         except OSError:
             pass
 
 
-def _prefixed(data: bytes, prefix: bytes) -> bytes:
-    """``data``'s lines, each with ``prefix`` and ended by a newline."""
-    lines = data.split(b"\n")
-    if not lines[-1]:
-        lines.pop()
-    return b"".join(prefix + line + b"\n" for line in lines)
+#: a line and its end: ``\n``, ``\r\n`` or a lone ``\r`` (a redrawn line), or the last
+#: line without one
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def _prefixed(data: bytes, prefix: bytes, after_cr: bool = False) -> bytes:
+    """``data``'s lines, each with ``prefix`` and kept with its own end (a ``\r`` stays a
+    ``\r``: the terminal redraws the line, prefix included); the last one, if it has no
+    end, gets a newline. ``after_cr``: the previous data ended with ``\r``, so a ``\n`` first
+    is the rest of a ``\r\n`` two reads split, and comes out alone, without a prefix."""
+    out = []
+    for line in _LINE.findall(data):
+        if line == b"\n" and after_cr and not out:
+            out.append(line)
+        else:
+            out.append(prefix + line if line.endswith((b"\n", b"\r")) else prefix + line + b"\n")
+    return b"".join(out)
 
 
 # --------------------------------------------------------------------------------------------

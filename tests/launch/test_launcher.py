@@ -355,6 +355,49 @@ def test_prefix_output(tmp_path, run_launcher):
     assert "out" not in err
 
 
+# A progress bar as tqdm draws it: "\r" and the new text, the line ended only when it is done.
+PROGRESS_RANK = textwrap.dedent("""
+    import os, sys, time
+    r = os.environ["PYCOLL_RANK"]
+    for i in range(3):
+        sys.stdout.write(f"\\rstep {r} {i}")
+        sys.stdout.flush()
+    deadline = time.monotonic() + 60
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(" done")
+""")
+
+
+@needs_store
+@pytest.mark.parametrize("prefix", [[], ["--prefix-output"]], ids=["plain", "prefixed"])
+def test_a_line_redrawn_after_cr_is_forwarded_before_its_newline(tmp_path, run_launcher, prefix):
+    """A progress bar's redraws (``\\r``) reach the launcher's output while the rank still runs,
+    not only when the line ends: both ranks' "step R 1" shows before the test lets them
+    finish; every redraw keeps its ``\\r`` and its rank prefix."""
+    (tmp_path / "progress.py").write_text(PROGRESS_RANK)
+    lau = run_launcher.start("-n", 2, *prefix, "progress.py")
+    got = bytearray()
+
+    def read():
+        fd = lau.proc.stdout.fileno()
+        while chunk := os.read(fd, 4096):
+            got.extend(chunk)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    tag = (lambda r: f"[rank {r}] ") if prefix else (lambda r: "")
+    deadline = time.monotonic() + 30
+    while not all(f"{tag(r)}step {r} 1\r".encode() in got for r in range(2)):
+        assert lau.proc.poll() is None and time.monotonic() < deadline, \
+            f"the redrawn lines did not come out while the ranks ran: {bytes(got)!r}"
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    assert lau.proc.wait(DEADLINE) == 0, lau.proc.stderr.read()
+    reader.join(DEADLINE)
+    for r in range(2):
+        assert f"{tag(r)}step {r} 2 done\n".encode() in got, bytes(got)
+
+
 # Each rank prints its lines in pieces, as fast as it can (a progress line built with
 # print(..., end=""), a line longer than a pipe's atomic write), and ends both streams with a
 # line without newline.
