@@ -225,8 +225,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     """
     from rendezvous import StoreServer
 
+    # bound and listening now, served only after the fork: a process with threads should not
+    # fork (a lock another thread holds stays held in the child; Python 3.12 warns)
     server = StoreServer("127.0.0.1", 0)
-    server.start()
     ctx: Any = mp.get_context(start_method or ("spawn" if _cuda_initialised() else "fork"))
     results = ctx.Queue()
     joining = {"PYCOLL_JOIN": "1"}
@@ -242,6 +243,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     try:
         for p in procs:
             p.start()
+        server.start()
         while len(outcomes) < world_size and time.monotonic() < deadline:
             try:
                 rank, kind, value = results.get(timeout=0.1)

@@ -115,8 +115,7 @@ def kill_during(world_size: int, collective: str = "allreduce", nbytes: int = 8,
     if victim is None:
         victim = rng.randrange(world_size)
     full_env = {"PYCOLL_TRANSPORTS": transport, **(env or {})}
-    server = StoreServer("127.0.0.1", 0)
-    server.start()
+    server = StoreServer("127.0.0.1", 0)     # served after the fork (see run_ranks)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, daemon=True,
@@ -129,6 +128,7 @@ def kill_during(world_size: int, collective: str = "allreduce", nbytes: int = 8,
     try:
         for p in procs:
             p.start()
+        server.start()
         result.pids = [p.pid for p in procs]  # type: ignore[misc]
         ready: set[int] = set()
         limit = time.monotonic() + 60 + 10 * world_size
