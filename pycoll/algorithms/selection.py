@@ -53,7 +53,7 @@ class Selector:
                               else parse_overrides(os.environ.get("PYCOLL_ALGO")))
         for coll, algo in self.overrides.items():
             self._check(coll, algo, "PYCOLL_ALGO")
-            if self.registry[coll][algo].compressed:
+            if getattr(self.registry[coll][algo], "compressed", False):
                 raise InvalidArgument(f"PYCOLL_ALGO: {coll}={algo} moves a compressed wire "
                                       "format, which only compress= (or PYCOLL_COMPRESS) "
                                       "asks for")
@@ -82,7 +82,6 @@ class Selector:
         table = self.registry[collective]
         if wire_ratio is not None or (algo is not None and table[algo].compressed):
             return self._compressed(collective, table, nbytes, world_size, algo, wire_ratio)
-        table = {name: a for name, a in table.items() if not a.compressed}
         ordered = ordered and any(a.ordered for a in table.values())
         if algo is not None:
             if ordered and not table[algo].ordered:
@@ -98,7 +97,7 @@ class Selector:
             return self.overrides[collective]
         network = self.network()
         candidates = [a for a in table.values()
-                      if a.ordered == ordered and a.applies(network)]
+                      if a.ordered == ordered and not a.compressed and a.applies(network)]
         if len(candidates) == 1:
             return candidates[0].name
         return min(candidates, key=lambda a: a.cost(nbytes, world_size, network)).name

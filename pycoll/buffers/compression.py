@@ -126,7 +126,8 @@ class Codec:
             mag[~np.isfinite(mag)] = 0.0
             amax = np.maximum.reduceat(mag, starts)
         wanted = amax.astype(np.float64) / self.fmax
-        s = wanted.astype(np.float32)
+        with np.errstate(over="ignore"):         # beyond float32: NaN below, as documented
+            s = wanted.astype(np.float32)
         low = s < wanted                         # round the scale up: no element saturates
         s[low] = np.nextafter(s[low], np.float32(np.inf))
         # zeros (and non-finite) only: any scale is exact. At least float32's smallest normal
@@ -306,15 +307,16 @@ def error_bound(inputs: Sequence[np.ndarray], fmt: str, dtype: str = "float32",
         a = np.sum([block_max(x) for x in xs], axis=0)
         u = 2.0 ** -53 if dtype == "float64" else 2.0 ** -24
         gamma = (n - 1) * u / (1 - (n - 1) * u)
-        e1 = rho * m + eta * a + n * tiny
-        xhat = (1 + rho) * m + eta * a + n * tiny
-        e2 = gamma * xhat + (n - 1) * TINY
-        bound = e1 + e2
-        if collective == "allreduce":
-            fmag = xhat + e2
-            bound = bound + rho * fmag + eta * (1 + rho + eta) * (1 + gamma) * a + tiny
-        if avg:
-            bound = bound / n + 2.0 ** -24 * (m / n + bound / n)
+        e1 = rho * m + eta * a + n * tiny                 # every input quantised once
+        xhat = (1 + rho) * m + eta * a + n * tiny         # what the fold adds up
+        bound = e1 + gamma * xhat + (n - 1) * TINY        # the fold's n - 1 roundings
+        fmag = (1 + gamma) * xhat + (n - 1) * TINY        # |the owner's sum| at most
+        amax = block_max(fmag)                            # its block's maximum at most
+        if avg:                                           # times 1/n, rounded once
+            bound, fmag, amax = bound / n, fmag / n, amax / n
+            bound = bound + 2.0 ** -23 * fmag + TINY
+        if collective == "allreduce":                     # the owner's result quantised
+            bound = bound + rho * fmag + eta * amax + tiny
     if dtype in ("float16", "bfloat16"):
         exact = np.abs(np.sum(xs, axis=0)) if collective not in ("allgather", "broadcast") \
             else xs[0]
@@ -335,3 +337,38 @@ def reference_encode_decode(x: np.ndarray, fmt: str) -> np.ndarray:
     c.decode(wire, out)
     return out
 
+
+
+def reference(inputs: Sequence[np.ndarray], fmt: str, op: ReduceOp | str = "sum",
+              dtype: str | None = None) -> np.ndarray:
+    """What a compressed allreduce returns on every rank for the ranks' ``inputs`` (rank
+    order; bfloat16 as uint16 bits with ``dtype="bfloat16"``): per owner's chunk of whole
+    blocks, every input quantised, the decoded pieces folded in rank order in the
+    accumulation dtype, avg's scale, the result quantised once and decoded. For checking a
+    result, or reproducing one without the job."""
+    from .reduction import parse_op, prepare
+    rop = parse_op(op)
+    arrays = [np.array(x).reshape(-1) for x in inputs]
+    name = dtype or arrays[0].dtype.name
+    n = len(arrays)
+    for a in arrays:
+        prepare(rop, name, a)
+    comp = Compression.of(fmt, rop, name, n)
+    c = comp.codec
+    out = np.empty_like(arrays[0])
+    for lo, hi in aligned_bounds(out.size, n):
+        acc = None
+        for a in arrays:
+            wide = np.empty(hi - lo, dtype=comp.acc)
+            to_acc(a[lo:hi], name, wide)
+            wire = np.empty(c.wire_nbytes(hi - lo), dtype=np.uint8)
+            c.encode(wide, wire)
+            c.decode(wire, wide)
+            acc = wide if acc is None else acc + wide
+        assert acc is not None
+        comp.finish(acc)
+        wire = np.empty(c.wire_nbytes(hi - lo), dtype=np.uint8)
+        c.encode(acc, wire)
+        c.decode(wire, acc)
+        from_acc(acc, name, out[lo:hi])
+    return out.reshape(np.shape(inputs[0]))
