@@ -162,13 +162,16 @@ def broadcast_compressed(peers: Peers, arr: np.ndarray, root: int, comp: Compres
 
 
 # -- costs: ``nbytes`` is the uncompressed size; the network says how much of it travels -----
-#: seconds per input byte of one quantisation or dequantisation pass (numpy, several
-#: temporaries per element); calibrate with ``python -m pycoll.bench allreduce --compress``
+#: input bytes per second of one quantisation or dequantisation pass (numpy, several
+#: temporaries per element), and the fixed cost of one pass (a dozen numpy calls): both to
+#: calibrate with ``python -m pycoll.bench allreduce --compress`` on an idle machine
 CODEC_GBPS = 1.0
+CODEC_CALL_US = 30.0
 
 
-def codec_time(nbytes: float) -> float:
-    return nbytes / (CODEC_GBPS * 1e9)
+def codec_time(nbytes: float, calls: int = 1) -> float:
+    """``calls`` (de)quantisation passes over ``nbytes`` input bytes in all."""
+    return calls * CODEC_CALL_US * 1e-6 + nbytes / (CODEC_GBPS * 1e9)
 
 
 def _wire(nbytes: int, net: Network) -> float:
@@ -176,45 +179,51 @@ def _wire(nbytes: int, net: Network) -> float:
 
 
 def _fold_time(nbytes: int, p: int, link: LinkModel, wire: float) -> float:
-    """The owners' round: p - 1 pieces in at once over the owner's link, every piece encoded
-    (the whole buffer), p pieces of 1/p decoded and folded."""
+    """The owners' round: every rank encodes its p pieces (the whole buffer), p - 1 pieces
+    arrive at once over the owner's link, and it decodes and folds p pieces of 1/p."""
     a, b, g = alpha(p, link, True), link.beta, gamma()
     return (a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * wire * b
-            + codec_time(nbytes) + codec_time(nbytes) + nbytes * g)
+            + 2 * codec_time(nbytes, p) + nbytes * g)
+
+
+def _rounds(p: int) -> int:
+    """The allgather's rounds: recursive doubling where p is a power of two, else a ring."""
+    return lg(p) if p > 2 and pof2(p) == p else p - 1
 
 
 def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    rounds = lg(p) if p > 2 and pof2(p) == p else p - 1
-    ag = rounds * alpha(p, link, True) + (p - 1) / p * wire * link.beta
-    critical = _fold_time(nbytes, p, link, wire) + codec_time(nbytes / p) + ag \
-        + codec_time(nbytes)
-    work = p * ((p - 1) / p * wire * 2 * link.beta + 3 * codec_time(nbytes) + nbytes * gamma())
+    ag = _rounds(p) * alpha(p, link, True) + (p - 1) / p * wire * link.beta
+    critical = (_fold_time(nbytes, p, link, wire) + codec_time(nbytes / p) + ag
+                + codec_time(nbytes, p))
+    work = p * ((p - 1) / p * wire * 2 * link.beta + codec_time(3 * nbytes, 3 * p + 1)
+                + nbytes * gamma())
     return bound(critical, work, p, link)
 
 
 def _reduce_scatter_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    work = p * ((p - 1) / p * wire * link.beta + 2 * codec_time(nbytes / p) * p)
+    work = p * ((p - 1) / p * wire * link.beta + codec_time(2 * nbytes, 2 * p))
     return bound(_fold_time(nbytes, p, link, wire), work, p, link)
 
 
 def _allgather_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    rounds = lg(p) if p > 2 and pof2(p) == p else p - 1
-    critical = (rounds * alpha(p, link, True) + (p - 1) / p * wire * link.beta
-                + codec_time(nbytes / p) + codec_time(nbytes))
-    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes), p, link)
+    critical = (_rounds(p) * alpha(p, link, True) + (p - 1) / p * wire * link.beta
+                + codec_time(nbytes / p) + codec_time(nbytes, p))
+    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes, p + 1), p,
+                 link)
 
 
 def _broadcast_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    critical = lg(p) * (alpha(p, link, False) + wire * link.beta) + 2 * codec_time(nbytes)
-    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes), p, link, False)
+    critical = lg(p) * (alpha(p, link, False) + wire * link.beta) + codec_time(2 * nbytes, 2)
+    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes), p, link,
+                 False)
 
 
 ALLREDUCE = Algorithm("allreduce", "compressed", allreduce_compressed, _allreduce_cost,

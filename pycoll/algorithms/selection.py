@@ -126,12 +126,14 @@ class Selector:
     def compression_pays(self, collective: str, nbytes: int, world_size: int,
                          wire_ratio: float) -> bool:
         """Whether the model expects the compressed call to be faster than the cheapest
-        uncompressed algorithm on these links (never acted on by itself: compression
-        changes the result, so only the user switches it on; tools report it)."""
+        uncompressed algorithm on these links (the rank-order folds included: they run in
+        the compressed ones' rounds, so only the bytes and the codec make the difference).
+        Never acted on by itself: compression changes the result, so only the user switches
+        it on; tools report it."""
         table = self.registry[collective]
         network = self.network()
         plain = min(a.cost(nbytes, world_size, network) for a in table.values()
-                    if not a.compressed and not a.ordered and a.applies(network))
+                    if not a.compressed and a.applies(network))
         squeezed = replace(network, wire_ratio=wire_ratio)
         return min(a.cost(nbytes, world_size, squeezed) for a in table.values()
                    if a.compressed) < plain
