@@ -166,7 +166,9 @@ def run(opts: Options, argv: list[str]) -> int:
             return 2
         sizes = [0] if opts.collective == "barrier" else opts.sizes()
         meta = build_meta(opts, backend, argv)
-        if not spec.pt2pt:
+        if opts.compress:         # what the ranks' PYCOLL_COMPRESS runs, whatever the size
+            meta["algorithm"] = f"compressed (compress={opts.compress})"
+        elif not spec.pt2pt:
             meta["algorithm"] = _algorithm_text(backend, opts.collective, sizes,
                                                 opts.dtypes[0], opts.algo)
         pids = backend.allgather_floats([float(os.getpid())])[:, 0]

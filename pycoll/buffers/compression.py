@@ -189,11 +189,17 @@ def codec(name: str) -> Codec:
     return found
 
 
+#: ``compress=`` of a call that must move its own bytes whatever the communicator's default
+OFF = "none"
+
+
 def check_compress(value: str | None, where: str) -> str | None:
-    """``value`` if it names a format (or is None); InvalidArgument naming ``where`` else."""
-    if value is not None and value not in CODECS:
+    """``value`` if it names a format, ``OFF`` or None; InvalidArgument naming ``where``
+    else."""
+    if value is not None and value not in CODECS and value != OFF:
         raise InvalidArgument(f"{where}: compress={value!r} is not a wire format; choose one "
-                              "of " + ", ".join(map(repr, FORMATS)) + " (or None)")
+                              "of " + ", ".join(map(repr, FORMATS)) + f", {OFF!r} (this "
+                              "call uncompressed) or None (the communicator's default)")
     return value
 
 

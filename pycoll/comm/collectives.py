@@ -34,6 +34,9 @@ from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse,
 from .persistent import AllreducePlan
 from .planning import Planner
 
+#: the collectives that take ``compress=``
+COMPRESSIBLE = frozenset({"allreduce", "reduce_scatter", "allgather", "broadcast"})
+
 
 class Collectives:
     """allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
@@ -73,7 +76,10 @@ class Collectives:
 
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
-        ("fastpath..." for the one-host fast path; allreduce: of a native dtype)."""
+        ("fastpath..." for the one-host fast path; allreduce: of a native dtype; with a
+        ``compress`` default, "compressed" for the collectives it applies to, of floats)."""
+        if algo is None and self._plan.compress is not None and collective in COMPRESSIBLE:
+            return "compressed"
         fast = self._fast
         if fast is not None and algo is None:
             found = fast.kind_of(collective, nbytes)

@@ -16,6 +16,7 @@ from ..buffers.compression import (
     COMPRESSIBLE_DTYPES,
     COMPRESSIBLE_OPS,
     FORMATS,
+    OFF,
     Compression,
     check_compress,
 )
@@ -38,8 +39,9 @@ def reduction_defaults(deterministic: bool | None, accumulate: str | None,
         "PYCOLL_ACCUMULATE", "fp32", ACCUMULATE)
     squeeze = check_compress(compress, "compress")
     if squeeze is None:
-        squeeze = env_choice("PYCOLL_COMPRESS", "none", ("none",) + FORMATS)
-        squeeze = None if squeeze == "none" else squeeze
+        squeeze = env_choice("PYCOLL_COMPRESS", OFF, (OFF,) + FORMATS)
+    if squeeze == OFF:
+        squeeze = None
     return {"deterministic": bool(det), "accumulate": acc, "compress": squeeze}
 
 
@@ -236,7 +238,7 @@ class Planner:
     def wants_compress(self, compress: str | None) -> bool:
         """Whether a call may be compressed (asked, or the communicator's default): its
         device buffers are then staged, since the codecs run on the host."""
-        return (compress or self.compress) is not None
+        return compress != OFF and (compress or self.compress) is not None
 
     def compression(self, collective: str, compress: str | None, dtype: str,
                     rop: ReduceOp | None, *, accumulate: str | None = None,
@@ -247,6 +249,8 @@ class Planner:
         exact, compression never changes them unasked), else None."""
         where = f"rank {self.rank}: {collective}"
         fmt = check_compress(compress, where)
+        if fmt == OFF:
+            return None
         if fmt is None:
             fmt = self.compress
             if (fmt is None or dtype not in COMPRESSIBLE_DTYPES

@@ -302,17 +302,20 @@ def _defaults(comm):
     comm.allreduce(ints)                       # the default leaves exact calls alone
     y = np.full(600, 0.3, np.float32) * (comm.rank + 1)
     comm.allreduce(y, "max")
-    return comm.compress, x, ints, y
+    z = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    comm.allreduce(z, compress="none")         # this call exact despite the default
+    return comm.compress, x, ints, y, z
 
 
 def test_the_communicators_default():
     res = run_ranks(_defaults, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_COMPRESS": "int8"})
     xs = [np.full(600, 0.3, np.float32) * (r + 1) for r in range(2)]
-    for fmt, x, ints, y in res:
+    for fmt, x, ints, y, z in res:
         assert fmt == "int8"
         assert np.array_equal(x, cz.reference(xs, "int8"))
         assert np.array_equal(ints, 2 * np.arange(600))
         assert np.array_equal(y, xs[1])
+        assert np.array_equal(z, xs[0] + xs[1])
 
 
 def _persistent(comm):
@@ -358,3 +361,28 @@ def test_the_cost_model_prices_wire_bytes_and_the_codec():
     t16 = cost(big, 4, replace(net, wire_ratio=bf16))
     t32 = cost(big, 4, net)
     assert t8 < t16 < t32          # fewer wire bytes, less time, on a slow link
+
+
+def _small(comm):
+    out = {}
+    for count in (1, 5, 300, 257):          # fewer blocks than ranks: owners with nothing
+        for fmt in FORMATS:
+            x = np.arange(count, dtype=np.float32) * (comm.rank + 1) + 0.5
+            comm.allreduce(x, compress=fmt)
+            ag = np.empty(count * comm.size, np.float32)
+            comm.allgather(ag, np.full(count, comm.rank + 0.25, np.float32), compress=fmt)
+            b = np.full(count, 1.5 if comm.rank == 0 else 0.0, np.float32)
+            comm.broadcast(b, 0, compress=fmt)
+            out[count, fmt] = (x, ag, b)
+    return out
+
+
+def test_buffers_smaller_than_one_block_per_rank():
+    res = run_ranks(_small, 3, env={"PYCOLL_TRANSPORTS": "tcp"}, timeout=120)
+    for (count, fmt), (x, ag, b) in res[0].items():
+        xs = [np.arange(count, dtype=np.float32) * (r + 1) + 0.5 for r in range(3)]
+        assert np.array_equal(x, cz.reference(xs, fmt)), (count, fmt)
+        assert all(np.array_equal(x, r[count, fmt][0]) for r in res[1:])
+        want = np.repeat(np.arange(3) + 0.25, count)
+        assert np.all(np.abs(ag - want) <= 0.25 * 2 ** -6), (count, fmt)   # int8: 1.25/254
+        assert np.all(np.abs(b - 1.5) <= 1.5 / 254), (count, fmt)

@@ -31,6 +31,7 @@ def test_reports_wire_bytes_and_the_error_within_its_bound(collective):
     r = bench(collective, "--compress", "int8", "-n", "2", "-m", "1K:64K", "-i", "2", "-x",
               "1", "-q", timeout=240)
     assert r.returncode == 0, r.stderr
+    assert "compressed (compress=int8)" in r.stdout
     rows = _table(r.stdout)
     assert len(rows) == 7, r.stdout
     for size, dtype, wire, ratio, err, over in rows:
