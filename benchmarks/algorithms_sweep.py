@@ -142,7 +142,8 @@ def worker(args: argparse.Namespace) -> None:
     n = comm.size
     rows = []
     for coll in args.collectives:
-        algos: list[str | None] = list(ALGORITHMS[coll]) + [None]
+        algos: list[str | None] = [name for name, a in ALGORITHMS[coll].items()
+                                   if not a.compressed] + [None]     # (compress= only)
         for size in (args.sizes if coll != "barrier" else [0]):
             nbytes = _op_bytes(coll, size, n)
             ops = {a: _operation(comm, coll, size, a) for a in algos}

@@ -26,7 +26,7 @@ def init(rank: int | None = None, world_size: int | None = None, *,
          master_addr: str | None = None, master_port: int | None = None,
          timeout: float | timedelta = DEFAULT_TIMEOUT, comm: Any = None,
          deterministic: bool | None = None, accumulate: str | None = None,
-         join: bool | None = None) -> Communicator:
+         compress: str | None = None, join: bool | None = None) -> Communicator:
     """Join the job and return the world communicator (also kept as the default).
 
     With no arguments everything comes from the launcher's environment; a process started
@@ -35,6 +35,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     MPI), which plain ``init()`` also uses under mpiexec on several hosts without MASTER_ADDR.
     ``deterministic``, ``accumulate``: the defaults of every reducing call
     (docs/numerics.md; default ``PYCOLL_DETERMINISTIC``, ``PYCOLL_ACCUMULATE``).
+    ``compress``: the wire format of float allreduce, reduce_scatter, allgather and
+    broadcast calls ("bf16", "fp16", "fp8", "int8"; default ``PYCOLL_COMPRESS``, else none).
     ``join`` (default ``PYCOLL_JOIN``, which ``pycoll.run --elastic --max-restarts`` sets in
     a replacement): join the running job instead, once its ranks call ``grow``
     (docs/elastic.md); this process's rank then follows theirs.
@@ -59,7 +61,8 @@ def init(rank: int | None = None, world_size: int | None = None, *,
     try:
         _world = Communicator.create(store, r, n, timeout=seconds, token=secret,
                                      master_addr=addr, owns_store=store is not None,
-                                     deterministic=deterministic, accumulate=accumulate)
+                                     deterministic=deterministic, accumulate=accumulate,
+                                     compress=compress)
     except BaseException:
         if store is not None:
             store.close()
@@ -143,11 +146,11 @@ def get_world_size() -> int:
 def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
               timeout: float | None = None, async_op: bool = False,
               deterministic: bool | None = None, accumulate: str | None = None,
-              integrity: bool | None = None) -> Work | None:
+              integrity: bool | None = None, compress: str | None = None) -> Work | None:
     """Allreduce ``tensor`` in place on the default communicator."""
     return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op,
                              deterministic=deterministic, accumulate=accumulate,
-                             integrity=integrity)
+                             integrity=integrity, compress=compress)
 
 
 def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,

@@ -19,11 +19,15 @@ gather          fn(peers, inp, out, root)                 ``out`` only at root
 scatter         fn(peers, inp, out, root)                 ``inp`` only at root
 barrier         fn(peers)
 =============== =================================================================
+
+The ``compressed`` records (``compressed.py``: ``compress=`` calls, and only they) take the
+``Compression`` (wire format, dtype, finishing step) as one more argument.
 """
 from __future__ import annotations
 
 from . import (
     chain,
+    compressed,
     halving_doubling,
     hierarchical,
     linear,
@@ -67,6 +71,10 @@ for _algorithm in (
     linear.SCATTER,
     tree.SCATTER,
     pairwise.BARRIER,
+    compressed.ALLREDUCE,               # compress=: these, and only these
+    compressed.REDUCE_SCATTER,
+    compressed.ALLGATHER,
+    compressed.BROADCAST,
 ):
     ALGORITHMS.setdefault(_algorithm.collective, {})[_algorithm.name] = _algorithm
 del _algorithm

@@ -76,6 +76,9 @@ class Network:
 
     link: LinkModel
     hierarchy: Hierarchy | None = None
+    #: wire bytes per input byte of the call being priced (a compressed call's format,
+    #: ``Codec.ratio``); the costs of compressed records price what travels with it
+    wire_ratio: float = 1.0
 
 
 #: ``cost(nbytes, p, network)``: modelled seconds of one call
@@ -92,7 +95,9 @@ class Algorithm:
     ``__init__.py``), ``cost`` (seconds, from the model's parts here), ``ordered`` (it folds
     in rank order: what ``deterministic=True`` calls run, and only they, unless forced),
     ``applies(network)`` (whether the model may pick it unasked; ``algo=`` and
-    ``PYCOLL_ALGO`` run it regardless)."""
+    ``PYCOLL_ALGO`` run it regardless), ``compressed`` (it moves a compressed wire format,
+    ``compressed.py``: what ``compress=`` calls run, and only they; its ``run`` takes the
+    ``Compression`` last and its cost prices ``Network.wire_ratio`` of the bytes)."""
 
     collective: str
     name: str
@@ -100,6 +105,7 @@ class Algorithm:
     cost: Cost
     ordered: bool = False
     applies: Callable[[Network], bool] = always
+    compressed: bool = False
 
 
 def gamma() -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ..errors import InvalidArgument
 from ..transports.base import Capabilities
@@ -52,6 +53,10 @@ class Selector:
                               else parse_overrides(os.environ.get("PYCOLL_ALGO")))
         for coll, algo in self.overrides.items():
             self._check(coll, algo, "PYCOLL_ALGO")
+            if getattr(self.registry[coll][algo], "compressed", False):
+                raise InvalidArgument(f"PYCOLL_ALGO: {coll}={algo} moves a compressed wire "
+                                      "format, which only compress= (or PYCOLL_COMPRESS) "
+                                      "asks for")
 
     def _check(self, collective: str, algo: str, where: str) -> None:
         known = self.registry.get(collective)
@@ -63,15 +68,20 @@ class Selector:
                                   "of " + ", ".join(sorted(known)))
 
     def choose(self, collective: str, nbytes: int, world_size: int, algo: str | None = None,
-               ordered: bool = False) -> str:
+               ordered: bool = False, wire_ratio: float | None = None) -> str:
         """The algorithm for a call: ``algo`` if given, else ``PYCOLL_ALGO``'s, else the
         cheapest that applies. ``ordered``: the call must fold in rank order
         (``deterministic=True``, or half-precision sums accumulated in float32), which only
         the records marked ``ordered`` do (the cheapest of them is taken); an ordinary call
-        never gets them unasked (they may be forced)."""
+        never gets them unasked (they may be forced). ``wire_ratio``: a compressed call
+        (``compress=``, wire bytes per input byte), which only the records marked
+        ``compressed`` serve (they fold in rank order by construction); other calls never
+        get them."""
         if algo is not None:
             self._check(collective, algo, "algo=")
         table = self.registry[collective]
+        if wire_ratio is not None or (algo is not None and table[algo].compressed):
+            return self._compressed(collective, table, nbytes, world_size, algo, wire_ratio)
         ordered = ordered and any(a.ordered for a in table.values())
         if algo is not None:
             if ordered and not table[algo].ordered:
@@ -87,10 +97,46 @@ class Selector:
             return self.overrides[collective]
         network = self.network()
         candidates = [a for a in table.values()
-                      if a.ordered == ordered and a.applies(network)]
+                      if a.ordered == ordered and not a.compressed and a.applies(network)]
         if len(candidates) == 1:
             return candidates[0].name
         return min(candidates, key=lambda a: a.cost(nbytes, world_size, network)).name
+
+    def _compressed(self, collective: str, table: Mapping[str, Algorithm], nbytes: int,
+                    world_size: int, algo: str | None, wire_ratio: float | None) -> str:
+        names = sorted(name for name, a in table.items() if a.compressed)
+        if wire_ratio is None:
+            raise InvalidArgument(f"algo={algo!r}: {collective}'s {algo!r} moves a compressed "
+                                  "wire format: pass compress= (docs/numerics.md)")
+        if not names:
+            raise InvalidArgument(f"{collective} has no compressed algorithm: compress= "
+                                  "applies to allreduce, reduce_scatter, allgather and "
+                                  "broadcast")
+        if algo is not None and algo not in names:
+            raise InvalidArgument(
+                f"algo={algo!r}: {collective} with compress= runs "
+                f"{', '.join(map(repr, names))} only; pass it or leave algo unset "
+                "(docs/numerics.md)")
+        if algo is not None or len(names) == 1:
+            return algo or names[0]
+        network = replace(self.network(), wire_ratio=wire_ratio)
+        return min((table[n] for n in names),
+                   key=lambda a: a.cost(nbytes, world_size, network)).name
+
+    def compression_pays(self, collective: str, nbytes: int, world_size: int,
+                         wire_ratio: float) -> bool:
+        """Whether the model expects the compressed call to be faster than the cheapest
+        uncompressed algorithm on these links (the rank-order folds included: they run in
+        the compressed ones' rounds, so only the bytes and the codec make the difference).
+        Never acted on by itself: compression changes the result, so only the user switches
+        it on; tools report it."""
+        table = self.registry[collective]
+        network = self.network()
+        plain = min(a.cost(nbytes, world_size, network) for a in table.values()
+                    if not a.compressed and a.applies(network))
+        squeezed = replace(network, wire_ratio=wire_ratio)
+        return min(a.cost(nbytes, world_size, squeezed) for a in table.values()
+                   if a.compressed) < plain
 
     def network(self) -> Network:
         """What the costs see of the links (read each time: tools set ``link``)."""

@@ -202,7 +202,8 @@ class PycollBackend(BufferDelegate):
         k = len(values)
         a = np.zeros((self.world_size, k), dtype=np.float64)
         a[self.rank, :] = values
-        self.comm.allreduce(a.reshape(-1), op="sum")
+        # exact whatever --compress made the communicator's default
+        self.comm.allreduce(a.reshape(-1), op="sum", compress="none")
         return a
 
     # -- description ---------------------------------------------------------

@@ -80,7 +80,7 @@ def build_meta(opts: Options, backend, argv: list[str]) -> dict:
         "timing": opts.timing, "root": opts.root if opts.root_mode == "fixed" else "rotate",
         "transport": backend.transport(), "dtypes": opts.dtypes, "ops": opts.ops,
         "validate": opts.validate, "window": opts.window, "algo": opts.algo,
-        "time_budget": opts.time_budget,
+        "time_budget": opts.time_budget, "compress": opts.compress,
         "iters_text": (str(opts.iterations) if opts.iterations is not None
                        else f"{it_small[0]}/{it_large[0]}"),
         "warmup_text": (str(opts.warmup) if opts.warmup is not None
@@ -166,7 +166,9 @@ def run(opts: Options, argv: list[str]) -> int:
             return 2
         sizes = [0] if opts.collective == "barrier" else opts.sizes()
         meta = build_meta(opts, backend, argv)
-        if not spec.pt2pt:
+        if opts.compress:         # what the ranks' PYCOLL_COMPRESS runs, whatever the size
+            meta["algorithm"] = f"compressed (compress={opts.compress})"
+        elif not spec.pt2pt:
             meta["algorithm"] = _algorithm_text(backend, opts.collective, sizes,
                                                 opts.dtypes[0], opts.algo)
         pids = backend.allgather_floats([float(os.getpid())])[:, 0]
@@ -227,6 +229,10 @@ def run(opts: Options, argv: list[str]) -> int:
                     break
             if failed:
                 break
+        if opts.compress and failed is None:
+            from .compressed import error_table
+            emit(error_table(backend.comm, opts.collective, sizes, opts.dtypes, all_rows,
+                             opts.compress, opts.fmt != "jsonl"))
         if opts.fmt == "osu":
             emit(report.summary_lines(all_rows))
         elif opts.fmt == "nccl":
@@ -264,6 +270,8 @@ def main(argv=None) -> int:
     opts = parse_args(argv)
     if opts.transport:
         os.environ["PYCOLL_TRANSPORTS"] = opts.transport
+    if opts.compress:           # every rank's communicator default: the timed calls compress
+        os.environ["PYCOLL_COMPRESS"] = opts.compress
     if opts.device == "cuda":
         why = cuda_unavailable_reason()      # before any rank starts
         if why:

@@ -194,6 +194,7 @@ class Options:
     corrupt_rank: int | None
     label: str | None
     modes: Modes = PLAIN
+    compress: str | None = None     # --compress: the wire format (PYCOLL_COMPRESS in the ranks)
 
     def sizes(self) -> list[int]:
         return message_sizes(self.min_size, self.max_size)
@@ -272,6 +273,10 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     p.add_argument("--nonblocking", type=int, default=0, metavar="W",
                    help="post W calls with async_op=True, then wait for all; adds OSU's "
                         "non-blocking columns Overall, Compute, Pure Comm. and Overlap(%%)")
+    p.add_argument("--compress", default=None, choices=("bf16", "fp16", "fp8", "int8"),
+                   help="compressed collectives (allreduce, reduce_scatter, allgather, "
+                        "broadcast of floats): busbw on the uncompressed size, plus a table of "
+                        "wire bytes and the measured max error against docs/numerics.md's bound")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--label", default=None, help=argparse.SUPPRESS)
     # Testing hook: corrupt this rank's result before validation (also env
@@ -325,6 +330,16 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
     if ns.time_budget is not None and ns.time_budget <= 0:
         parser.error("--time-budget must be > 0")
     modes = _modes(parser, ns, coll)
+    if ns.compress:
+        if coll not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+            parser.error(f"--compress: for allreduce, reduce_scatter, allgather and broadcast, "
+                         f"not {coll}")
+        if ns.validation or modes.check_every:
+            parser.error("--compress and -c/--check-every: validation expects exact results; "
+                         "--compress reports the measured error against its bound instead")
+        if any(d not in ("float32", "float64", "float16", "bfloat16") for d in dtypes):
+            parser.error("--compress: float dtypes only (-T float32, float64, float16, "
+                         "bfloat16)")
     corrupt = ns.corrupt_rank
     if corrupt is None:
         try:
@@ -339,6 +354,7 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
         json=ns.json, csv=ns.csv, plot=ns.plot, fmt=ns.fmt, timing=ns.timing,
         window=ns.window, time_budget=ns.time_budget, min_iterations=max(1, ns.min_iterations),
         quiet=ns.quiet, corrupt_rank=corrupt, label=ns.label, modes=modes,
+        compress=ns.compress,
     )
 
 

@@ -295,7 +295,8 @@ CSV_FIELDS = ["library", "collective", "ranks", "size", "requested_size", "count
 OPTIONAL_FIELDS = ["nonblocking", "overall_us", "compute_us", "pure_comm_us", "overlap_pct",
                    "tail_p50_us", "tail_p99_us", "tail_max_us", "check_every",
                    "checked_iterations", "failed_checks", "first_bad_iteration",
-                   *(f"{stem}_{end}" for stem, _ in MEMORY_FIELDS for end in ("min", "max"))]
+                   *(f"{stem}_{end}" for stem, _ in MEMORY_FIELDS for end in ("min", "max")),
+                   "compress", "wire_bytes", "max_abs_err", "err_over_bound"]
 
 
 def jsonl_row(row: dict) -> str:

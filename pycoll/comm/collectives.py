@@ -18,6 +18,7 @@ import numpy as np
 from .. import debug
 from ..algorithms import ALGORITHMS
 from ..algorithms.primitives import Peers
+from ..buffers.compression import Compression
 from ..buffers.memops import HostOps
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op
@@ -32,6 +33,9 @@ from ..tags import P2P_TAG_LIMIT, p2p_tag
 from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse, sum_check
 from .persistent import AllreducePlan
 from .planning import Planner
+
+#: the collectives that take ``compress=``
+COMPRESSIBLE = frozenset({"allreduce", "reduce_scatter", "allgather", "broadcast"})
 
 
 class Collectives:
@@ -72,7 +76,10 @@ class Collectives:
 
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
-        ("fastpath..." for the one-host fast path; allreduce: of a native dtype)."""
+        ("fastpath..." for the one-host fast path; allreduce: of a native dtype; with a
+        ``compress`` default, "compressed" for the collectives it applies to, of floats)."""
+        if algo is None and self._plan.compress is not None and collective in COMPRESSIBLE:
+            return "compressed"
         fast = self._fast
         if fast is not None and algo is None:
             found = fast.kind_of(collective, nbytes)
@@ -83,18 +90,21 @@ class Collectives:
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
                   deterministic: bool | None = None,
-                  accumulate: str | None = None, integrity: bool | None = None
-                  ) -> Work | None:
+                  accumulate: str | None = None, integrity: bool | None = None,
+                  compress: str | None = None) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
 
         ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
         whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
         bfloat16 sums accumulate in float32, rounded once) or "dtype". Both default to the
         communicator's (docs/numerics.md). ``integrity``: check the result end to end
-        (True), or not (False); None: as ``PYCOLL_INTEGRITY`` says (docs/integrity.md)."""
+        (True), or not (False); None: as ``PYCOLL_INTEGRITY`` says (docs/integrity.md).
+        ``compress``: the wire format ("bf16", "fp16", "fp8", "int8"; default the
+        communicator's): float sums only, accumulated in float32, every rank's result the
+        same bits, within the bound of docs/numerics.md#compressed-collectives."""
         fast = self._fast
         if (fast is not None and algo is None and deterministic is None and accumulate is None
-                and integrity is None and (not self._integrity_every
+                and integrity is None and compress is None and (not self._integrity_every
                                            or (self._exec.seq + 1) % self._integrity_every)):
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
             if arr is not None:
@@ -118,12 +128,12 @@ class Collectives:
                 if call is not None and arr.ndim == 1 and arr.flags.carray:
                     return call.run(arr, timeout, async_op, tensor)
         return self._allreduce(tensor, op, algo, timeout, async_op, deterministic, accumulate,
-                               integrity)
+                               integrity, compress)
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
                    async_op: bool, deterministic: bool | None = None,
-                   accumulate: str | None = None, integrity: bool | None = None
-                   ) -> Work | None:
+                   accumulate: str | None = None, integrity: bool | None = None,
+                   compress: str | None = None) -> Work | None:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
@@ -132,9 +142,14 @@ class Collectives:
         fast = self._fast
         plan = self._plan
         plan.begin()
-        buf = plan.buffer(tensor, "allreduce", direct=not plan.is_deterministic(deterministic))
+        buf = plan.buffer(tensor, "allreduce", direct=not (plan.is_deterministic(deterministic)
+                                                           or plan.wants_compress(compress)))
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
+        comp = plan.compression("allreduce", compress, buf.dtype, rop, accumulate=accumulate,
+                                integrity=integrity)
+        if comp is not None:
+            return self._compressed_allreduce(buf, tensor, rop, comp, algo, timeout, async_op)
         fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
         check = self._sum_check("allreduce", integrity, rop, buf.dtype, buf.count, buf.mem_type)
         if (fast is not None and algo is None and not plan.device_buffers and check is None
@@ -168,6 +183,29 @@ class Collectives:
         return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
                                      algorithm=name, fold=fold), body, timeout, async_op, tensor,
                             check)
+
+    def _compressed_allreduce(self, buf: Any, tensor: Any, rop: Any, comp: Compression,
+                              algo: str | None, timeout: float | None, async_op: bool
+                              ) -> Work | None:
+        """allreduce with ``compress=`` (``algorithms/compressed.py``): the generic path
+        (the fast path's kernels add the buffers' own bytes)."""
+        name = self._plan.select("allreduce", buf.nbytes, algo, compressed=comp,
+                                 itemsize=buf.itemsize)
+        algorithm = ALGORITHMS["allreduce"][name].run
+        arr = buf.array
+        spec = self._ops.reduce_spec(rop, buf.dtype, self.size)
+        size = self.size
+
+        def body(peers: Peers) -> None:
+            spec.prepare(arr)
+            if size == 1 or arr.size == 0:
+                spec.finish(arr)
+            else:
+                algorithm(peers, arr, spec, comp)
+
+        return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
+                                     algorithm=name, compress=comp.codec.name), body, timeout,
+                            async_op, tensor)
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                        timeout: float | None = None, deterministic: bool | None = None,
@@ -205,10 +243,15 @@ class Collectives:
 
     def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
-                  integrity: bool | None = None) -> Work | None:
-        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+                  integrity: bool | None = None, compress: str | None = None
+                  ) -> Work | None:
+        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank.
+
+        ``compress``: the wire format of a float buffer (as for ``allreduce``); every rank,
+        the root too, ends with the values the bytes decode to."""
         fast = self._fast
         if (fast is not None and algo is None and type(root) is int and integrity is None
+                and compress is None
                 and (not self._integrity_every
                      or (self._exec.seq + 1) % self._integrity_every)):
             arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
@@ -222,15 +265,33 @@ class Collectives:
                         fast.last_broadcast = (root, arr.dtype, arr.nbytes, call)
                 if call is not None and arr.ndim == 1 and arr.flags.carray:
                     return call.run(arr, timeout, async_op, tensor)
-        return self._broadcast(tensor, root, algo, timeout, async_op, integrity)
+        return self._broadcast(tensor, root, algo, timeout, async_op, integrity, compress)
 
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
-                   async_op: bool, integrity: bool | None = None) -> Work | None:
+                   async_op: bool, integrity: bool | None = None,
+                   compress: str | None = None) -> Work | None:
         """broadcast, classified (apart: see ``_allreduce``)."""
         fast = self._fast
         self._plan.begin()
-        buf = self._plan.buffer(tensor, "broadcast")
+        buf = self._plan.buffer(tensor, "broadcast",
+                                direct=not self._plan.wants_compress(compress))
         root = self._plan.check_rank(root, "root", "broadcast")
+        comp = self._plan.compression("broadcast", compress, buf.dtype, None,
+                                      integrity=integrity)
+        if comp is not None:
+            name = self._plan.select("broadcast", buf.nbytes, algo, compressed=comp,
+                                     itemsize=buf.itemsize)
+            run = ALGORITHMS["broadcast"][name].run
+            data = buf.array
+
+            def squeezed(peers: Peers) -> None:
+                if self.size > 1 and data.size:
+                    run(peers, data, root, comp)
+
+            return self._submit(CallInfo("broadcast", buf.nbytes, buf.dtype, buf.count,
+                                         root=root, algorithm=name,
+                                         compress=comp.codec.name),
+                                squeezed, timeout, async_op, tensor)
         check = self._move_check("broadcast", integrity, buf.mem_type)
         if (fast is not None and algo is None and not self._plan.device_buffers
                 and check is None and fast.broadcast_kind(buf.nbytes)):
@@ -310,11 +371,14 @@ class Collectives:
 
     def allgather(self, output: Any, input: Any, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
-                  integrity: bool | None = None) -> Work | None:
+                  integrity: bool | None = None, compress: str | None = None
+                  ) -> Work | None:
         """Concatenate every rank's ``input`` into ``output`` (rank order).
 
         ``output`` is one tensor with ``world_size`` times the elements of ``input``, or a
-        list of ``world_size`` tensors shaped like ``input``.
+        list of ``world_size`` tensors shaped like ``input``. ``compress``: the wire format
+        of float buffers (as for ``allreduce``); every rank, the block's owner too, gets the
+        values the bytes decode to.
         """
         self._plan.begin()
         inp = self._plan.buffer(input, "allgather", name="input", writable=False)
@@ -323,10 +387,14 @@ class Collectives:
         fused = out.array if out is not None else np.empty(inp.count * self.size,
                                                            dtype=inp.array.dtype)
         bounds = [(i * inp.count, (i + 1) * inp.count) for i in range(self.size)]
-        name = self._plan.select("allgather", fused.nbytes, algo)
+        comp = self._plan.compression("allgather", compress, inp.dtype, None,
+                                      integrity=integrity)
+        name = self._plan.select("allgather", fused.nbytes, algo, compressed=comp,
+                                 itemsize=inp.itemsize)
         fn = ALGORITHMS["allgather"][name].run
-        check = self._move_check("allgather", integrity, inp.mem_type,
-                                 *(o.mem_type for o in outs))
+        check = None if comp is not None else self._move_check(
+            "allgather", integrity, inp.mem_type, *(o.mem_type for o in outs))
+        extra = () if comp is None else (comp,)
 
         def body(peers: Peers) -> None:
             a, b = bounds[self.rank]
@@ -334,7 +402,7 @@ class Collectives:
                 check.sent_to_all(inp.array)
             fused[a:b] = inp.array
             if self.size > 1 and inp.count:
-                fn(peers, fused, bounds)
+                fn(peers, fused, bounds, *extra)
             if out is None:
                 for i, o in enumerate(outs):
                     o.array[...] = fused[bounds[i][0]:bounds[i][1]]
@@ -344,19 +412,22 @@ class Collectives:
                 check.finish(peers)
 
         return self._submit(CallInfo("allgather", fused.nbytes, inp.dtype, inp.count,
-                                     algorithm=name), body, timeout, async_op, output, check)
+                                     algorithm=name,
+                                     compress=comp.codec.name if comp is not None else None),
+                            body, timeout, async_op, output, check)
 
     def reduce_scatter(self, output: Any, input: Any, op: OpLike = "sum", *,
                        algo: str | None = None, timeout: float | None = None,
                        async_op: bool = False, deterministic: bool | None = None,
-                       accumulate: str | None = None, integrity: bool | None = None
-                       ) -> Work | None:
+                       accumulate: str | None = None, integrity: bool | None = None,
+                       compress: str | None = None) -> Work | None:
         """Reduce ``input`` across ranks and leave block ``rank`` of the result in ``output``.
 
         ``input`` has ``world_size`` times the elements of ``output`` (or is a list of
         ``world_size`` tensors shaped like ``output``); it is left unchanged.
-        ``deterministic``, ``accumulate``, ``integrity``: as for ``allreduce`` (each rank's
-        block is checked against every rank's input of that block).
+        ``deterministic``, ``accumulate``, ``integrity``, ``compress``: as for ``allreduce``
+        (each rank's block is checked against every rank's input of that block; compressed,
+        the owner keeps its float32 sum: only the inputs are quantised).
         """
         plan = self._plan
         plan.begin()
@@ -364,14 +435,19 @@ class Collectives:
         rop = parse_op(op)
         check_op_dtype(rop, out.dtype)
         ins = plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
-        fold = plan.fold_mode("reduce_scatter", rop, out, deterministic, accumulate, algo)
+        comp = plan.compression("reduce_scatter", compress, out.dtype, rop,
+                                accumulate=accumulate, integrity=integrity)
+        fold = (None if comp is not None else
+                plan.fold_mode("reduce_scatter", rop, out, deterministic, accumulate, algo))
         name = plan.select("reduce_scatter", out.nbytes * self.size, algo,
-                           ordered=fold is not None)
+                           ordered=fold is not None, compressed=comp, itemsize=out.itemsize)
         fn = ALGORITHMS["reduce_scatter"][name].run
+        extra = () if comp is None else (comp,)
         spec = self._ops.reduce_spec(rop, out.dtype, self.size, wide=fold == "fp32")
         count = out.count
-        check = self._sum_check("reduce_scatter", integrity, rop, out.dtype, count * self.size,
-                                out.mem_type, *(b.mem_type for b in ins), blocks=True)
+        check = None if comp is not None else self._sum_check(
+            "reduce_scatter", integrity, rop, out.dtype, count * self.size, out.mem_type,
+            *(b.mem_type for b in ins), blocks=True)
 
         def body(peers: Peers) -> None:
             work = (ins[0].array.copy() if len(ins) == 1
@@ -382,14 +458,15 @@ class Collectives:
             if self.size == 1 or count == 0:
                 spec.finish(work)
             else:
-                fn(peers, work, spec)
+                fn(peers, work, spec, *extra)
             out.array[...] = work[self.rank * count:(self.rank + 1) * count]
             if check is not None:
                 check.after(out.array)
                 check.finish(peers)
 
         return self._submit(CallInfo("reduce_scatter", out.nbytes * self.size, out.dtype,
-                                     out.count, rop, algorithm=name, fold=fold),
+                                     out.count, rop, algorithm=name, fold=fold,
+                                     compress=comp.codec.name if comp is not None else None),
                             body, timeout, async_op, output, check)
 
     def alltoall(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,

@@ -79,7 +79,8 @@ class Communicator(Collectives, FusedCollectives):
                  token: str | None = None, master_addr: str | None = None,
                  hosts: Sequence[str] | None = None, comm_id: int = 0,
                  root_name: str | None = None, deterministic: bool | None = None,
-                 accumulate: str | None = None, lease: Lease | None = None,
+                 accumulate: str | None = None, compress: str | None = None,
+                 lease: Lease | None = None,
                  watch: Callable[[], None] | None = None) -> None:
         self.rank = rank
         self.size = size
@@ -110,7 +111,7 @@ class Communicator(Collectives, FusedCollectives):
         caps = connections.capabilities_in_use(self._members) if connections else []
         self._plan = Planner(rank, size, Selector(ALGORITHMS, caps,
                                                   hierarchy=self._hierarchy_model()), caps,
-                             **reduction_defaults(deterministic, accumulate))
+                             **reduction_defaults(deterministic, accumulate, compress))
         capacity = capacity_from_env()
         failures = Failures(rank, size, name, store, token, self.timeout,
                             self.transport_summary,
@@ -141,7 +142,8 @@ class Communicator(Collectives, FusedCollectives):
                       if connections is not None and store is not None else None)
         self._elastic: Elastic[Communicator] = Elastic(
             rank, size, name, store, self._exec, failures, membership, self._make_successor,
-            self._release, {"deterministic": self.deterministic, "accumulate": self.accumulate},
+            self._release, {"deterministic": self.deterministic, "accumulate": self.accumulate,
+                            "compress": self.compress},
             quiet=self._quiet, draw_id=self._groups.draw_id)
         #: made by shrink or grow: each rank's number in the communicator this one replaced
         #: (None: a joiner); None otherwise
@@ -188,7 +190,7 @@ class Communicator(Collectives, FusedCollectives):
                timeout: Timeout = DEFAULT_TIMEOUT, token: str | None = None,
                master_addr: str | None = None, owns_store: bool = False,
                host: str | None = None, deterministic: bool | None = None,
-               accumulate: str | None = None,
+               accumulate: str | None = None, compress: str | None = None,
                watch: Callable[[], None] | None = None) -> Communicator:
         """Join ``size`` ranks that share ``store``; every rank calls this collectively.
 
@@ -204,7 +206,7 @@ class Communicator(Collectives, FusedCollectives):
                 or not 0 <= rank < size):
             raise InvalidArgument(f"rank {rank} is outside a world of size {size}")
         debug.configure(rank)
-        numerics = reduction_defaults(deterministic, accumulate)
+        numerics = reduction_defaults(deterministic, accumulate, compress)
         if size == 1:
             return cls(rank, 1, store=store, name=name, timeout=limit, owns_store=owns_store,
                        token=token, master_addr=master_addr, **numerics)
@@ -276,7 +278,7 @@ class Communicator(Collectives, FusedCollectives):
                              token=self._token, master_addr=self._master_addr,
                              hosts=[self._hosts[m] for m in members], comm_id=comm_id,
                              root_name=self._root_name, deterministic=self.deterministic,
-                             accumulate=self.accumulate)
+                             accumulate=self.accumulate, compress=self.compress)
         # From now on two communicators (maybe two threads) share the channels.
         self._peers.engine.share(self._exec.executor.idle())
         return child
@@ -381,11 +383,12 @@ class Communicator(Collectives, FusedCollectives):
                                 hosts=[self._hosts[p] for p in previous],
                                 comm_id=int(extra["comm_id"]), root_name=self._root_name,
                                 deterministic=self.deterministic, accumulate=self.accumulate,
-                                watch=watch)
+                                compress=self.compress, watch=watch)
         return Communicator.create(self._store, rank, size, name=name, timeout=self.timeout,
                                    token=self._token, master_addr=self._master_addr,
                                    host=self._hosts[self.rank], watch=watch,
-                                   deterministic=self.deterministic, accumulate=self.accumulate)
+                                   deterministic=self.deterministic, accumulate=self.accumulate,
+                                   compress=self.compress)
 
     def _quiet(self) -> bool:
         """Never failed and nothing in flight, here and in every group made from here: the
@@ -567,6 +570,13 @@ class Communicator(Collectives, FusedCollectives):
     def accumulate(self) -> str:
         """How half-precision sums accumulate by default: "fp32" or "dtype"."""
         return self._plan.accumulate
+
+    @property
+    def compress(self) -> str | None:
+        """The wire format of float sums, allgathers and broadcasts by default
+        (``compress=`` of ``init``/``create``, ``PYCOLL_COMPRESS``; None: the buffers' own
+        bytes; docs/numerics.md)."""
+        return self._plan.compress
 
     @property
     def seq(self) -> int:

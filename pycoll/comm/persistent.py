@@ -72,9 +72,13 @@ class AllreducePlan:
         self.nbytes = buf.nbytes
         self._array = buf.array
         self._binding = _binding(tensor)
+        # the communicator's compress= default applies to each run (the generic path)
+        self._compressed = planner.compression("allreduce", None, buf.dtype, rop,
+                                               accumulate=accumulate) is not None
         self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop,
                                      fold=fold)
                            if fast is not None and algo is None and buf.mem_type == HOST
+                           and not self._compressed
                            and fast.takes(buf.nbytes, buf.dtype, rop, fold)
                            else None)
 
@@ -84,6 +88,8 @@ class AllreducePlan:
         buffers), or the generic path's algorithm."""
         if self._fast_call is not None:
             return self._fast_call.kind
+        if self._compressed:
+            return "compressed"
         return self._planner.select("allreduce", self.nbytes, self.algo,
                                     ordered=self.fold is not None)
 

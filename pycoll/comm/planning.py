@@ -12,6 +12,14 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.selection import ORDERED_ALGORITHMS, Selector
+from ..buffers.compression import (
+    COMPRESSIBLE_DTYPES,
+    COMPRESSIBLE_OPS,
+    FORMATS,
+    OFF,
+    Compression,
+    check_compress,
+)
 from ..buffers.folding import ACCUMULATE, check_accumulate, order_matters, widens
 from ..buffers.memory import CUDA, HOST
 from ..buffers.reduction import ReduceOp
@@ -21,14 +29,20 @@ from ..errors import InvalidArgument, InvalidDtype
 from ..transports.base import Capabilities
 
 
-def reduction_defaults(deterministic: bool | None,
-                       accumulate: str | None) -> dict[str, Any]:
+def reduction_defaults(deterministic: bool | None, accumulate: str | None,
+                       compress: str | None = None) -> dict[str, Any]:
     """A communicator's defaults for reducing calls: the arguments, else
-    ``PYCOLL_DETERMINISTIC`` (default off) and ``PYCOLL_ACCUMULATE`` (default "fp32")."""
+    ``PYCOLL_DETERMINISTIC`` (default off), ``PYCOLL_ACCUMULATE`` (default "fp32") and
+    ``PYCOLL_COMPRESS`` (default none: the buffers' own bytes)."""
     det = env_bool("PYCOLL_DETERMINISTIC", False) if deterministic is None else deterministic
     acc = check_accumulate(accumulate, "accumulate") or env_choice(
         "PYCOLL_ACCUMULATE", "fp32", ACCUMULATE)
-    return {"deterministic": bool(det), "accumulate": acc}
+    squeeze = check_compress(compress, "compress")
+    if squeeze is None:
+        squeeze = env_choice("PYCOLL_COMPRESS", OFF, (OFF,) + FORMATS)
+    if squeeze == OFF:
+        squeeze = None
+    return {"deterministic": bool(det), "accumulate": acc, "compress": squeeze}
 
 
 class Planner:
@@ -36,7 +50,7 @@ class Planner:
 
     def __init__(self, rank: int, size: int, selector: Selector,
                  capabilities: Sequence[Capabilities], *, deterministic: bool = False,
-                 accumulate: str = "fp32") -> None:
+                 accumulate: str = "fp32", compress: str | None = None) -> None:
         self.rank = rank
         self.size = size
         self.selector = selector
@@ -44,6 +58,7 @@ class Planner:
         #: the communicator's defaults for reducing calls (docs/numerics.md)
         self.deterministic = deterministic
         self.accumulate = accumulate
+        self.compress = compress
         self._choice_cache: dict[tuple[str, int, bool], str] = {}
         #: the device buffers of the call being planned (``take_device_call`` hands them to
         #: the execution); stays empty while calls pass host buffers only
@@ -219,11 +234,59 @@ class Planner:
             return "dtype"
         return None
 
+    # -- compression (docs/numerics.md, "Compressed collectives") -----------------------------
+    def wants_compress(self, compress: str | None) -> bool:
+        """Whether a call may be compressed (asked, or the communicator's default): its
+        device buffers are then staged, since the codecs run on the host."""
+        return compress != OFF and (compress or self.compress) is not None
+
+    def compression(self, collective: str, compress: str | None, dtype: str,
+                    rop: ReduceOp | None, *, accumulate: str | None = None,
+                    integrity: bool | None = None) -> Compression | None:
+        """The wire format of a call: ``compress`` as asked (refused, before any byte moves,
+        where it cannot apply: integer dtypes, ops other than sum/avg/premul_sum), else the
+        communicator's default where it applies (other calls move their own bytes: they are
+        exact, compression never changes them unasked), else None."""
+        where = f"rank {self.rank}: {collective}"
+        fmt = check_compress(compress, where)
+        if fmt == OFF:
+            return None
+        if fmt is None:
+            fmt = self.compress
+            if (fmt is None or dtype not in COMPRESSIBLE_DTYPES
+                    or (rop is not None and rop.name not in COMPRESSIBLE_OPS)
+                    or accumulate == "dtype" or integrity):
+                return None
+            return Compression.of(fmt, rop, dtype, self.size)
+        if dtype not in COMPRESSIBLE_DTYPES:
+            raise InvalidDtype(
+                f"{where}: compress={fmt!r} applies to float16, bfloat16, float32 and float64 "
+                f"buffers, not {dtype}: integer results are exact and stay so; call it "
+                "without compress=")
+        if rop is not None and rop.name not in COMPRESSIBLE_OPS:
+            raise InvalidArgument(
+                f"{where}: compress={fmt!r} applies to sum, avg and premul_sum, not "
+                f"op={rop.name!r}, whose result would come from quantised inputs; call it "
+                "without compress=")
+        if accumulate == "dtype":
+            raise InvalidArgument(f"{where}: compress={fmt!r} accumulates in float32 (float64 "
+                                  "for float64); accumulate='dtype' contradicts it")
+        if integrity:
+            raise InvalidArgument(f"{where}: integrity=True checks results against the exact "
+                                  f"sum, which compress={fmt!r} does not return; pass one of "
+                                  "them")
+        return Compression.of(fmt, rop, dtype, self.size)
+
     # -- algorithms --------------------------------------------------------------------------
     def select(self, collective: str, nbytes: int, algo: str | None = None,
-               ordered: bool = False) -> str:
+               ordered: bool = False, compressed: Compression | None = None,
+               itemsize: int = 1) -> str:
         """The algorithm for ``collective`` on ``nbytes`` (cached: every call asks);
-        ``ordered``: one that folds in rank order."""
+        ``ordered``: one that folds in rank order; ``compressed``: one that moves that
+        wire format (of a buffer of ``itemsize``-byte elements)."""
+        if compressed is not None:
+            return self.selector.choose(collective, nbytes, self.size, algo,
+                                        wire_ratio=compressed.codec.ratio(itemsize))
         if algo is None:
             key = (collective, nbytes, ordered)
             found = self._choice_cache.get(key)

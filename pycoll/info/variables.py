@@ -96,6 +96,7 @@ VARIABLES: list[Variable] = [
         "job behaviour",
         ("PYCOLL_DETERMINISTIC", "0", "1: reducing calls fold in rank order"),
         ("PYCOLL_ACCUMULATE", "fp32", "float16/bfloat16 sums accumulate in fp32 or dtype"),
+        ("PYCOLL_COMPRESS", "none", "wire format of float collectives: bf16, fp16, fp8, int8"),
         ("PYCOLL_INTEGRITY", "off", "end-to-end integrity checks: off, on, sample:N"),
         ("PYCOLL_ALGO", "", "force algorithms: allreduce=ring,broadcast=pipeline"),
         ("PYCOLL_SEGMENT_BYTES", "", "pipelining segment bytes (default: the transport's)"),

@@ -22,7 +22,7 @@ from ..tags import signature
 #: numbers, no signature in their tags and no DETAIL fingerprint
 P2P = frozenset({"send", "recv", "batch_p2p"})
 #: what DETAIL compares across ranks, in the order messages name them
-FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op", "fold")
+FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op", "fold", "compress")
 
 
 class CallInfo:
@@ -35,15 +35,18 @@ class CallInfo:
     (``"ring"``, ``"fastpath"``...), or None for point-to-point calls. ``fold`` says how a
     reduction folds when its order is fixed (docs/numerics.md): ``"dtype"`` or ``"fp32"``
     (rank order, accumulated in that type), None for its algorithm's own order; ranks must
-    agree on it too, since the bits depend on it.
+    agree on it too, since the bits depend on it. ``compress``: the wire format of a
+    compressed call (``"bf16"``, ``"fp16"``, ``"fp8"``, ``"int8"``), None for the buffer's
+    own bytes; agreed likewise.
     """
 
     __slots__ = ("collective", "nbytes", "dtype", "count", "op", "root", "algorithm", "fold",
-                 "_signature")
+                 "compress", "_signature")
 
     def __init__(self, collective: str, nbytes: int, dtype: str | None = None,
                  count: Any = None, op: Any = None, root: int | None = None,
-                 algorithm: str | None = None, fold: str | None = None) -> None:
+                 algorithm: str | None = None, fold: str | None = None,
+                 compress: str | None = None) -> None:
         self.collective = collective
         self.nbytes = nbytes
         self.dtype = dtype
@@ -52,6 +55,7 @@ class CallInfo:
         self.root = root
         self.algorithm = algorithm
         self.fold = fold
+        self.compress = compress
         self._signature: int | None = None
 
     @property
@@ -74,8 +78,10 @@ class CallInfo:
     def agreed(self) -> tuple:
         """(dtype, count, op, root), and the fold when the order is fixed: what every rank
         of a collective must agree on."""
-        base = (self.dtype, self.count, self.op, self.root)
-        return base if self.fold is None else base + (self.fold,)
+        base: tuple = (self.dtype, self.count, self.op, self.root)
+        if self.fold is not None:
+            base += (self.fold,)
+        return base if self.compress is None else base + ("compress", self.compress)
 
     def signature(self) -> int:
         """The 32 bits of the tag that say what this rank believes the call is (0 for
@@ -100,6 +106,8 @@ class CallInfo:
             out["algorithm"] = self.algorithm
         if self.fold is not None:
             out["fold"] = self.fold
+        if self.compress is not None:
+            out["compress"] = self.compress
         return out
 
     def fingerprint(self) -> dict[str, Any]:
@@ -118,6 +126,8 @@ class CallInfo:
             fp["root"] = int(self.root)
         if self.fold is not None:
             fp["fold"] = self.fold
+        if self.compress is not None:
+            fp["compress"] = self.compress
         return fp
 
     def arguments(self) -> str:

@@ -24,6 +24,11 @@ import pycoll
 from pycoll.algorithms import ALGORITHMS
 from pycoll.testing import run_ranks
 
+#: the algorithms a call without compress= may force (the compressed ones need compress=;
+#: tests/algorithms/test_compression.py runs them)
+PLAIN = {coll: [name for name, a in table.items() if not a.compressed]
+         for coll, table in ALGORITHMS.items()}
+
 INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 FLOAT_DTYPES = ["float16", "float32", "float64"]
 OPS_FOR = {
@@ -217,7 +222,7 @@ def _check(n: int, cases: list[Case], env: dict[str, str] | None = None,
 
 # -- case lists ---------------------------------------------------------------------------------
 def _algos(coll: str) -> list[str]:
-    return list(ALGORITHMS[coll]) + ["auto"]
+    return PLAIN[coll] + ["auto"]
 
 
 def _dtype_op_cases(n: int) -> list[Case]:
@@ -320,7 +325,7 @@ def _torch_cases(comm: Any) -> list[list[float]]:
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for coll in REDUCING:
-            for algo in ALGORITHMS[coll]:
+            for algo in PLAIN[coll]:
                 count = 1031 * comm.size
                 t = (torch.arange(count) % 7 + comm.rank).to(dtype)
                 if coll == "allreduce":
@@ -343,7 +348,7 @@ def test_torch_and_bfloat16():
     k = 0
     for _dtype in ("float32", "bfloat16"):
         for coll in REDUCING:
-            for _algo in ALGORITHMS[coll]:
+            for _algo in PLAIN[coll]:
                 for r in range(n):
                     if coll == "reduce" and r != 0:
                         continue

@@ -106,8 +106,18 @@ def test_forced_choices_go_through_the_same_table(collective):
     ordered call refuses a forced one that does not fold in rank order, and ignores the
     job-wide override for it."""
     sel = selector("shm-2cores")
-    for name in ALGORITHMS[collective]:
+    for name, record in ALGORITHMS[collective].items():
+        if record.compressed:       # compress= calls only, and never by PYCOLL_ALGO
+            assert sel.choose(collective, 1 << 20, 4, name, wire_ratio=0.25) == name
+            with pytest.raises(InvalidArgument, match="pass compress="):
+                sel.choose(collective, 1 << 20, 4, name)
+            with pytest.raises(InvalidArgument, match="only compress="):
+                Selector(ALGORITHMS, [SHM], overrides={collective: name})
+            continue
         assert sel.choose(collective, 1 << 20, 4, name) == name
+        if any(a.compressed for a in ALGORITHMS[collective].values()):
+            with pytest.raises(InvalidArgument, match="with compress= runs"):
+                sel.choose(collective, 1 << 20, 4, name, wire_ratio=0.25)
         forced = Selector(ALGORITHMS, [SHM], overrides={collective: name})
         assert forced.choose(collective, 1 << 20, 4) == name
         folds = ORDERED_ALGORITHMS & set(ALGORITHMS[collective])

@@ -1,0 +1,388 @@
+"""``compress=``: the wire formats, the stated bound (docs/numerics.md, "Compressed
+collectives") on real multi-process runs, bitwise-equal results on every rank, refusals.
+
+The codecs are checked alone first (fp8 against torch's own e4m3fn conversion where torch is
+installed; every format against the one-quantisation bound). Then 2, 3 and 4 ranks over shm
+and tcp run allreduce, reduce_scatter, allgather and broadcast on random, heavy-tailed,
+all-equal, subnormal and inf/nan inputs in every format; each rank returns its results and
+the test process checks: every rank's bits equal (per collective), the allreduce equal to
+``compression.reference`` (so ``deterministic=True`` holds by construction, and is checked
+too), every finite element within ``compression.error_bound`` of the exact sum (float64), and
+the non-finite rules (NaN stays NaN; inf stays inf in bf16/fp16, becomes NaN in fp8/int8).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll.buffers import compression as cz
+from pycoll.testing import run_ranks
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+pytestmark = pytest.mark.timeout(300)
+
+FORMATS = cz.FORMATS
+COUNT = 1000           # not a multiple of the block: uneven chunks and a short last block
+
+
+# -- the codecs alone ------------------------------------------------------------------------
+def _heavy(rng: np.random.Generator, n: int, dtype=np.float32) -> np.ndarray:
+    return (rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8, n)).astype(dtype)
+
+
+@pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e4m3fn"),
+                    reason="torch with float8_e4m3fn needed as the reference")
+def test_fp8_codes_match_torch():
+    rng = np.random.default_rng(1)
+    y = np.clip(_heavy(rng, 100_000), -448, 448)
+    grid = cz._E4M3[np.isfinite(cz._E4M3)]
+    y = np.concatenate([y, grid, (grid[1:] + grid[:-1]) / 2])     # exact ties included
+    codes = np.empty(y.size, dtype=np.uint8)
+    cz._encode_e4m3(y, codes)
+    theirs = torch.from_numpy(y).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(codes, theirs)
+
+
+def test_fp8_saturates_and_marks_nan():
+    codes = np.empty(5, dtype=np.uint8)
+    cz._encode_e4m3(np.array([500.0, -1e30, np.nan, np.inf, 448.0], dtype=np.float32), codes)
+    assert list(codes) == [0x7E, 0xFE, 0x7F, 0x7F, 0x7E]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_quantisation_within_its_bound(fmt, dtype):
+    rng = np.random.default_rng(2)
+    cases = [_heavy(rng, 5000, dtype), np.full(700, 0.1, dtype), np.zeros(300, dtype),
+             (rng.standard_normal(600) * 1e-40).astype(dtype),          # float32 subnormals
+             np.concatenate([np.full(10, 1e-42), [3e-39]]).astype(dtype)]
+    for x in cases:
+        got = cz.reference_encode_decode(x, fmt)
+        bound = cz.error_bound([x], fmt, np.dtype(dtype).name, collective="broadcast")
+        assert np.all(np.abs(got - x) <= bound), fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_non_finite_values(fmt):
+    x = np.array([1.0, np.nan, np.inf, -np.inf, 0.0, -2.5] + [0.5] * 300, dtype=np.float32)
+    got = cz.reference_encode_decode(x, fmt)
+    assert np.isnan(got[1])
+    if fmt in ("bf16", "fp16"):
+        assert got[2] == np.inf and got[3] == -np.inf
+    else:
+        assert np.isnan(got[2]) and np.isnan(got[3])
+    finite = np.isfinite(x)            # the block's scale is its largest finite magnitude
+    bound = cz.error_bound([x], fmt, collective="broadcast")
+    assert np.all(np.abs(got[finite] - x[finite]) <= bound[finite])
+
+
+def test_float64_beyond_float32_range_is_nan_not_wrong():
+    x = np.array([1e300, 1.0] + [0.0] * 300)
+    for fmt in ("fp16", "fp8", "int8"):
+        assert np.isnan(cz.reference_encode_decode(x, fmt)[:2]).all()
+
+
+def test_wire_sizes():
+    assert cz.codec("fp8").wire_nbytes(1000) == 4 * 4 + 1000
+    assert cz.codec("bf16").wire_nbytes(1000) == 2000
+    assert cz.codec("int8").ratio(4) == pytest.approx((1 + 4 / 256) / 4)
+
+
+# -- multi-process: the bound, equal bits, the reference -------------------------------------
+def _inputs(rank: int, kind: str, dtype) -> np.ndarray:
+    rng = np.random.default_rng(1000 + rank)
+    if kind == "random":
+        x = rng.standard_normal(COUNT)
+    elif kind == "heavy":
+        x = rng.standard_cauchy(COUNT) * 10.0 ** rng.uniform(-6, 6, COUNT)
+    elif kind == "equal":
+        x = np.full(COUNT, 0.1)
+    elif kind == "subnormal":
+        x = rng.standard_normal(COUNT) * 1e-40
+    else:                                       # "nonfinite": a few NaN and inf
+        x = rng.standard_normal(COUNT)
+        x[[3, 500]] = np.nan
+        x[[7 + rank]] = np.inf                  # rank-specific positions: no inf - inf
+        x[[900]] = -np.inf if rank == 0 else 1.0
+    return x.astype(dtype)
+
+
+KINDS = ("random", "heavy", "equal", "subnormal", "nonfinite")
+
+
+def _run_all(comm, dtype_name):
+    dtype = np.dtype(dtype_name)
+    out = {}
+    for fmt in FORMATS:
+        for kind in KINDS:
+            x = _inputs(comm.rank, kind, dtype)
+            y = x.copy()
+            comm.allreduce(y, compress=fmt)
+            d = x.copy()
+            comm.allreduce(d, compress=fmt, deterministic=True)
+            c = COUNT // comm.size
+            rs = np.empty(c, dtype)
+            comm.reduce_scatter(rs, x[:c * comm.size], compress=fmt)
+            ag = np.empty(COUNT * comm.size, dtype)
+            comm.allgather(ag, x, compress=fmt)
+            b = x.copy()
+            comm.broadcast(b, comm.size - 1, compress=fmt)
+            av = x.copy()
+            comm.allreduce(av, "avg", compress=fmt)
+            out[fmt, kind] = (x, y, d, rs, ag, b, av)
+    return out
+
+
+def _check_bound(got, exact, bound, inputs_finite, what):
+    ok = inputs_finite & np.isfinite(exact)
+    with np.errstate(invalid="ignore"):        # (inf - inf where the inputs were not finite)
+        err = np.abs(got.astype(np.float64) - exact)
+    bad = ok & ~(err <= bound)
+    assert not bad.any(), (f"{what}: {bad.sum()} elements beyond the bound, worst "
+                           f"{(err[bad] / bound[bad]).max():.3g} x the bound")
+
+
+def _check_nonfinite(got, inputs, fmt, what):
+    stack = np.array(inputs, dtype=np.float64)
+    nan_in = np.isnan(stack).any(axis=0)
+    assert np.isnan(got[nan_in]).all(), what
+    inf_in = np.isinf(stack).any(axis=0) & ~nan_in
+    if fmt in ("bf16", "fp16"):
+        s = stack.sum(axis=0)
+        assert np.array_equal(got[inf_in & np.isinf(s)], s[inf_in & np.isinf(s)]), what
+    else:
+        assert np.isnan(got[inf_in]).all(), what
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_bound_and_equal_bits(transport, size):
+    dtype = "float32"
+    res = run_ranks(_run_all, size, dtype, env={"PYCOLL_TRANSPORTS": transport},
+                    timeout=240, collective_timeout=120)
+    for (fmt, kind), _ in res[0].items():
+        what = f"{fmt} {kind} n={size} {transport}"
+        xs = [r[fmt, kind][0] for r in res]
+        finite = np.isfinite(np.array(xs)).all(axis=0)
+        exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
+        ys = [r[fmt, kind][1] for r in res]
+        for i in (1, 2, 4, 5, 6):             # every rank the same bits
+            first = res[0][fmt, kind][i]
+            for r in res[1:]:
+                assert np.array_equal(first.view(np.uint32), r[fmt, kind][i].view(np.uint32)), \
+                    (what, i)
+        ref = cz.reference(xs, fmt)
+        assert np.array_equal(ys[0].view(np.uint32), ref.view(np.uint32)), what
+        assert np.array_equal(res[0][fmt, kind][2].view(np.uint32), ref.view(np.uint32)), what
+        _check_bound(ys[0], exact, cz.error_bound(xs, fmt), finite, what + " allreduce")
+        av = res[0][fmt, kind][6]
+        _check_bound(av, exact / size, cz.error_bound(xs, fmt, avg=True), finite,
+                     what + " avg")
+        c = COUNT // size
+        for q, r in enumerate(res):           # reduce_scatter: each block on its own grid
+            pieces = [x[q * c:(q + 1) * c] for x in xs]
+            _check_bound(r[fmt, kind][3], exact[q * c:(q + 1) * c],
+                         cz.error_bound(pieces, fmt, collective="reduce_scatter"),
+                         finite[q * c:(q + 1) * c], what + f" reduce_scatter block {q}")
+        ag = res[0][fmt, kind][4]
+        for q, x in enumerate(xs):
+            _check_bound(ag[q * COUNT:(q + 1) * COUNT], x.astype(np.float64),
+                         cz.error_bound([x], fmt, collective="allgather"), np.isfinite(x),
+                         what + f" allgather block {q}")
+        root = xs[-1]
+        _check_bound(res[0][fmt, kind][5], root.astype(np.float64),
+                     cz.error_bound([root], fmt, collective="broadcast"), np.isfinite(root),
+                     what + " broadcast")
+        if kind == "nonfinite":
+            _check_nonfinite(ys[0], xs, fmt, what)
+
+
+def _halves(comm, dtype_name):
+    out = {}
+    for fmt in FORMATS:
+        x = _inputs(comm.rank, "heavy", np.float64).astype(np.float32)
+        x = np.clip(x, -2e4, 2e4)            # three of them still sum within float16
+        if dtype_name == "bfloat16":
+            t = torch.from_numpy(x).to(torch.bfloat16)
+            comm.allreduce(t, compress=fmt)
+            got = t.view(torch.int16).numpy().view(np.uint16).copy()
+            own = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy()
+            out[fmt] = (own.view(np.uint16).copy(), got)
+        else:
+            y = x.astype(dtype_name)
+            own = y.copy()
+            comm.allreduce(y, compress=fmt)
+            out[fmt] = (own, y)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_other_float_dtypes(dtype):
+    if dtype == "bfloat16" and torch is None:
+        pytest.skip("bfloat16 travels as torch tensors")
+    res = run_ranks(_halves, 3, dtype, env={"PYCOLL_TRANSPORTS": "tcp"}, timeout=120)
+    for fmt in FORMATS:
+        own = [r[fmt][0] for r in res]
+        got = [r[fmt][1] for r in res]
+        assert all(np.array_equal(got[0], g) for g in got[1:]), fmt
+        ref = cz.reference(own, fmt, dtype=dtype)
+        assert np.array_equal(got[0], ref), fmt
+        if dtype == "bfloat16":
+            values = [(o.astype(np.uint32) << 16).view(np.float32) for o in own]
+            result = (got[0].astype(np.uint32) << 16).view(np.float32)
+        else:
+            values, result = own, got[0]
+        exact = np.sum(np.array(values, dtype=np.float64), axis=0)
+        _check_bound(result, exact, cz.error_bound(values, fmt, dtype), np.ones(COUNT, bool),
+                     f"{fmt} {dtype}")
+
+
+# -- refusals, agreement, defaults -------------------------------------------------------------
+def _refusals(comm):
+    seen = []
+    for call in (lambda: comm.allreduce(np.arange(8, dtype=np.int32), compress="fp8"),
+                 lambda: comm.allreduce(np.ones(8, np.float32), "max", compress="int8"),
+                 lambda: comm.allreduce(np.ones(8, np.float32), compress="fp4"),
+                 lambda: comm.allreduce(np.ones(8, np.float32), algo="ring", compress="bf16"),
+                 lambda: comm.allgather(np.empty(8 * comm.size, np.int64),
+                                        np.ones(8, np.int64), compress="bf16"),
+                 lambda: comm.broadcast(np.ones(8, np.uint8), compress="int8"),
+                 lambda: comm.reduce_scatter(np.empty(4, np.float32),
+                                             np.ones(4 * comm.size, np.float32), "prod",
+                                             compress="fp16")):
+        try:
+            call()
+            seen.append(None)
+        except pycoll.PycollError as e:
+            seen.append((type(e).__name__, str(e)))
+    comm.barrier()                    # still in step: nothing was numbered or moved
+    x = np.ones(8, np.float32)
+    comm.allreduce(x)
+    return seen, x.tolist(), comm.seq
+
+
+def test_refusals_on_every_rank_before_any_byte_moves():
+    res = run_ranks(_refusals, 3, env={"PYCOLL_TRANSPORTS": "tcp"})
+    for rank, (seen, x, seq) in enumerate(res):
+        names = [s[0] if s else None for s in seen]
+        assert names == ["InvalidDtype", "InvalidArgument", "InvalidArgument",
+                         "InvalidArgument", "InvalidDtype", "InvalidDtype",
+                         "InvalidArgument"], (rank, seen)
+        # (algo= errors come from the selector, which names no rank, as for deterministic=)
+        assert all(f"rank {rank}:" in s[1] for i, s in enumerate(seen) if i != 3), seen
+        assert "integer results are exact" in seen[0][1]
+        assert "'max'" in seen[1][1] and "'fp4'" in seen[2][1] and "'compressed'" in seen[3][1]
+        assert x == [3.0] * 8 and seq == res[0][2]
+
+
+def _one_rank_compresses(comm):
+    x = np.ones(4096, np.float32)
+    comm.allreduce(x, compress="fp8" if comm.rank == 1 else None)
+
+
+def test_ranks_that_disagree_on_the_format_all_raise():
+    outcomes = run_ranks(_one_rank_compresses, 3, expect_failure=True,
+                         env={"PYCOLL_TRANSPORTS": "tcp"}, collective_timeout=20)
+    # every rank raises: the mismatch where it is seen, the others stop at the abort record
+    # it posts (docs/troubleshooting.md)
+    kinds = [o[0] for o in outcomes]
+    assert "CollectiveMismatch" in kinds and set(kinds) <= {"CollectiveMismatch", "Aborted"}, \
+        outcomes
+
+
+def _defaults(comm):
+    x = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    comm.allreduce(x)
+    ints = np.arange(600, dtype=np.int32)
+    comm.allreduce(ints)                       # the default leaves exact calls alone
+    y = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    comm.allreduce(y, "max")
+    z = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    comm.allreduce(z, compress="none")         # this call exact despite the default
+    return comm.compress, x, ints, y, z
+
+
+def test_the_communicators_default():
+    res = run_ranks(_defaults, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_COMPRESS": "int8"})
+    xs = [np.full(600, 0.3, np.float32) * (r + 1) for r in range(2)]
+    for fmt, x, ints, y, z in res:
+        assert fmt == "int8"
+        assert np.array_equal(x, cz.reference(xs, "int8"))
+        assert np.array_equal(ints, 2 * np.arange(600))
+        assert np.array_equal(y, xs[1])
+        assert np.array_equal(z, xs[0] + xs[1])
+
+
+def _persistent(comm):
+    x = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    plan = comm.allreduce_init(x)
+    plan.run()
+    return plan.path, x
+
+
+def test_a_persistent_allreduce_takes_the_default_too():
+    res = run_ranks(_persistent, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_COMPRESS": "fp8"})
+    xs = [np.full(600, 0.3, np.float32) * (r + 1) for r in range(2)]
+    for path, x in res:
+        assert path == "compressed"
+        assert np.array_equal(x, cz.reference(xs, "fp8"))
+
+
+# -- the cost model ----------------------------------------------------------------------------
+def test_the_cost_model_prices_wire_bytes_and_the_codec():
+    """Compressed records are priced on the bytes that travel plus the codec's passes: on a
+    1 Gbit/s link a large compressed allreduce is expected to pay, on one host's memory
+    (shm) it is not, and small calls never pay (the codec and the owners' round cost more
+    than the bytes saved). Selection never picks a compressed record for a plain call."""
+    from pycoll.algorithms import ALGORITHMS
+    from pycoll.algorithms.selection import Selector
+    from pycoll.transports.base import Capabilities
+    slow = Selector(ALGORITHMS, [Capabilities("tcp", latency_us=50.0, bandwidth_gbps=0.125,
+                                              same_host_only=False)], overrides={})
+    fast = Selector(ALGORITHMS, [Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0,
+                                              same_host_only=True)], overrides={})
+    big, small = 64 << 20, 4096
+    fp8, bf16 = cz.codec("fp8").ratio(4), cz.codec("bf16").ratio(4)
+    for coll in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        assert slow.compression_pays(coll, big, 4, fp8), coll
+        assert not fast.compression_pays(coll, big, 4, fp8), coll
+        assert not slow.compression_pays(coll, small, 4, fp8), coll
+        assert slow.choose(coll, big, 4) != "compressed"
+        assert slow.choose(coll, big, 4, wire_ratio=fp8) == "compressed"
+    cost = slow.registry["allreduce"]["compressed"].cost
+    net = slow.network()
+    from dataclasses import replace
+    t8 = cost(big, 4, replace(net, wire_ratio=fp8))
+    t16 = cost(big, 4, replace(net, wire_ratio=bf16))
+    t32 = cost(big, 4, net)
+    assert t8 < t16 < t32          # fewer wire bytes, less time, on a slow link
+
+
+def _small(comm):
+    out = {}
+    for count in (1, 5, 300, 257):          # fewer blocks than ranks: owners with nothing
+        for fmt in FORMATS:
+            x = np.arange(count, dtype=np.float32) * (comm.rank + 1) + 0.5
+            comm.allreduce(x, compress=fmt)
+            ag = np.empty(count * comm.size, np.float32)
+            comm.allgather(ag, np.full(count, comm.rank + 0.25, np.float32), compress=fmt)
+            b = np.full(count, 1.5 if comm.rank == 0 else 0.0, np.float32)
+            comm.broadcast(b, 0, compress=fmt)
+            out[count, fmt] = (x, ag, b)
+    return out
+
+
+def test_buffers_smaller_than_one_block_per_rank():
+    res = run_ranks(_small, 3, env={"PYCOLL_TRANSPORTS": "tcp"}, timeout=120)
+    for (count, fmt), (x, ag, b) in res[0].items():
+        xs = [np.arange(count, dtype=np.float32) * (r + 1) + 0.5 for r in range(3)]
+        assert np.array_equal(x, cz.reference(xs, fmt)), (count, fmt)
+        assert all(np.array_equal(x, r[count, fmt][0]) for r in res[1:])
+        want = np.repeat(np.arange(3) + 0.25, count)
+        assert np.all(np.abs(ag - want) <= 0.25 * 2 ** -6), (count, fmt)   # int8: 1.25/254
+        assert np.all(np.abs(b - 1.5) <= 1.5 / 254), (count, fmt)
