@@ -143,11 +143,11 @@ def get_world_size() -> int:
 def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
               timeout: float | None = None, async_op: bool = False,
               deterministic: bool | None = None, accumulate: str | None = None,
-              integrity: bool | None = None) -> Work | None:
-    """Allreduce ``tensor`` in place on the default communicator."""
+              integrity: bool | None = None, out: Any = None) -> Work | None:
+    """Allreduce ``tensor`` on the default communicator (in place unless ``out`` is given)."""
     return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op,
                              deterministic=deterministic, accumulate=accumulate,
-                             integrity=integrity)
+                             integrity=integrity, out=out)
 
 
 def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,

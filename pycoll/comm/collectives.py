@@ -70,6 +70,19 @@ class Collectives:
         every = self._integrity_every
         return every > 0 and (self._exec.seq + 1) % every == 0
 
+    def _out_of_place(self, tensor: Any, out: Any, collective: str, direct: bool = True,
+                      reads: bool = True) -> tuple[Any, Any]:
+        """``(source, target)`` of a call given ``out=``: the input's buffer (staged for
+        reading only) and ``out``, which the call then runs on in place once the body has
+        copied the input into it; ``(None, tensor)`` for the in-place call (``out`` None or
+        the tensor's own memory). ``reads=False``: the input is checked but not read (a
+        broadcast's non-root)."""
+        if out is None or not self._plan.out_of_place(tensor, out, collective):
+            return None, tensor
+        if not reads:
+            return None, out
+        return self._plan.buffer(tensor, collective, writable=False, direct=direct), out
+
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
         ("fastpath..." for the one-host fast path; allreduce: of a native dtype)."""
@@ -83,9 +96,12 @@ class Collectives:
     def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
                   deterministic: bool | None = None,
-                  accumulate: str | None = None, integrity: bool | None = None
-                  ) -> Work | None:
+                  accumulate: str | None = None, integrity: bool | None = None,
+                  out: Any = None) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
+
+        ``out``: the result goes there instead and ``tensor`` is left unchanged (same shape,
+        dtype and memory; ``out=tensor`` is the in-place call).
 
         ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
         whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
@@ -93,6 +109,9 @@ class Collectives:
         communicator's (docs/numerics.md). ``integrity``: check the result end to end
         (True), or not (False); None: as ``PYCOLL_INTEGRITY`` says (docs/integrity.md)."""
         fast = self._fast
+        if out is not None:             # out of place: never the one-lookup lane below
+            return self._allreduce(tensor, op, algo, timeout, async_op, deterministic,
+                                   accumulate, integrity, out=out)
         if (fast is not None and algo is None and deterministic is None and accumulate is None
                 and integrity is None and (not self._integrity_every
                                            or (self._exec.seq + 1) % self._integrity_every)):
@@ -122,8 +141,8 @@ class Collectives:
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
                    async_op: bool, deterministic: bool | None = None,
-                   accumulate: str | None = None, integrity: bool | None = None
-                   ) -> Work | None:
+                   accumulate: str | None = None, integrity: bool | None = None,
+                   *, out: Any = None) -> Work | None:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
@@ -132,7 +151,9 @@ class Collectives:
         fast = self._fast
         plan = self._plan
         plan.begin()
-        buf = plan.buffer(tensor, "allreduce", direct=not plan.is_deterministic(deterministic))
+        direct = not plan.is_deterministic(deterministic)
+        src, tensor = self._out_of_place(tensor, out, "allreduce", direct)
+        buf = plan.buffer(tensor, "allreduce", direct=direct, reads=src is None)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
@@ -142,6 +163,8 @@ class Collectives:
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
             if deterministic is None and accumulate is None:   # the communicator's defaults
                 fast.remember(("allreduce", op), buf.array, call)
+            if src is not None:
+                self._ops.copy(buf.array, src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = plan.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
         algorithm = ALGORITHMS["allreduce"][name].run
@@ -154,6 +177,8 @@ class Collectives:
                                buf.nbytes, buf.dtype, rop, name)
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             spec.prepare(arr)
             if check is not None:
                 check.before(arr)
@@ -205,9 +230,15 @@ class Collectives:
 
     def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
-                  integrity: bool | None = None) -> Work | None:
-        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank."""
+                  integrity: bool | None = None, out: Any = None) -> Work | None:
+        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank.
+
+        ``out``: the data lands in ``out`` on every rank that passes one (the root's too: a
+        copy of its ``tensor``), whose ``tensor`` is left unchanged; a rank other than the
+        root that passes ``out`` does not read its ``tensor``, which may be None."""
         fast = self._fast
+        if out is not None:             # out of place: never the one-lookup lane below
+            return self._broadcast(tensor, root, algo, timeout, async_op, integrity, out=out)
         if (fast is not None and algo is None and type(root) is int and integrity is None
                 and (not self._integrity_every
                      or (self._exec.seq + 1) % self._integrity_every)):
@@ -225,23 +256,35 @@ class Collectives:
         return self._broadcast(tensor, root, algo, timeout, async_op, integrity)
 
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
-                   async_op: bool, integrity: bool | None = None) -> Work | None:
+                   async_op: bool, integrity: bool | None = None, *, out: Any = None
+                   ) -> Work | None:
         """broadcast, classified (apart: see ``_allreduce``)."""
         fast = self._fast
         self._plan.begin()
-        buf = self._plan.buffer(tensor, "broadcast")
         root = self._plan.check_rank(root, "root", "broadcast")
+        src = None
+        if out is not None and tensor is None and self.rank != root:
+            tensor = out                # a non-root's tensor is not read: it may be None
+        else:
+            src, tensor = self._out_of_place(tensor, out, "broadcast",
+                                             reads=self.rank == root)
+        buf = self._plan.buffer(tensor, "broadcast", reads=src is None)
         check = self._move_check("broadcast", integrity, buf.mem_type)
         if (fast is not None and algo is None and not self._plan.device_buffers
                 and check is None and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), buf.array, call)
+            if src is not None:
+                self._ops.copy(buf.array, src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("broadcast", buf.nbytes, algo)
         fn = ALGORITHMS["broadcast"][name].run
         arr = buf.array
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             if check is not None and self.rank == root:
                 check.sent_to_all(arr)
             if self.size > 1 and arr.size:
@@ -272,16 +315,21 @@ class Collectives:
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False,
                deterministic: bool | None = None, accumulate: str | None = None,
-               integrity: bool | None = None) -> Work | None:
+               integrity: bool | None = None, out: Any = None) -> Work | None:
         """Reduce ``tensor`` into ``tensor`` on ``root``.
 
         As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
         partial results. ``deterministic``, ``accumulate``, ``integrity``: as for
         ``allreduce`` (only the root's result is checked, against every rank's input).
+        ``out``: the result goes into the root's ``out`` and ``tensor`` is left unchanged on
+        every rank that passes one; another rank's ``out`` is its workspace instead of
+        ``tensor`` (a rank may pass None: its ``tensor`` is then the workspace).
         """
         plan = self._plan
         plan.begin()
-        buf = plan.buffer(tensor, "reduce", direct=not plan.is_deterministic(deterministic))
+        direct = not plan.is_deterministic(deterministic)
+        src, tensor = self._out_of_place(tensor, out, "reduce", direct)
+        buf = plan.buffer(tensor, "reduce", direct=direct, reads=src is None)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         root = plan.check_rank(root, "root", "reduce")
@@ -294,6 +342,8 @@ class Collectives:
                                 root=root)
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             spec.prepare(arr)
             if check is not None:
                 check.before(arr)
