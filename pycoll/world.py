@@ -204,6 +204,19 @@ def recv(tensor: Any, src: int | None = None, tag: int = 0, **options: Any) -> W
     return world().recv(tensor, src, tag, **options)
 
 
+def reduce_scatter_v(output: Any, input: Any, counts: Any, op: OpLike = "sum",
+                     **options: Any) -> Work | None:
+    return world().reduce_scatter_v(output, input, counts, op, **options)
+
+
+def gatherv(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().gatherv(output, input, counts, root, **options)
+
+
+def scatterv(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().scatterv(output, input, counts, root, **options)
+
+
 def allreduce_coalesced(tensors: Any, op: OpLike = "sum", **options: Any) -> Work | None:
     return world().allreduce_coalesced(tensors, op, **options)
 

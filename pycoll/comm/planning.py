@@ -163,25 +163,26 @@ class Planner:
         return True
 
     def split_bounds(self, obj: Any, buf: Buffer, splits: Sequence[int] | None,
-                     what: str) -> list[tuple[int, int]]:
-        """Element bounds of each rank's block of an alltoall buffer (rows of dimension 0)."""
+                     what: str, collective: str = "alltoall") -> list[tuple[int, int]]:
+        """Element bounds of each rank's block of a buffer cut into rows of dimension 0
+        (alltoall's splits, the counts of reduce_scatter_v, gatherv and scatterv)."""
         shape = tuple(getattr(obj, "shape", (buf.count,))) or (1,)
         rows = shape[0]
         row = buf.count // rows if rows else 0
         if splits is None:
             if rows % self.size:
                 raise InvalidArgument(
-                    f"rank {self.rank}: alltoall: first dimension {rows} is not divisible by the "
-                    f"world size {self.size}; pass {what} to split it unevenly")
+                    f"rank {self.rank}: {collective}: first dimension {rows} is not divisible "
+                    f"by the world size {self.size}; pass {what} to split it unevenly")
             splits = [rows // self.size] * self.size
         try:
             splits = [self._int(s, what) for s in splits]
         except TypeError:
-            raise InvalidArgument(f"rank {self.rank}: alltoall: {what} must be a sequence of "
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {what} must be a sequence of "
                                   f"{self.size} ints, not {splits!r}") from None
         if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
             raise InvalidArgument(
-                f"rank {self.rank}: alltoall: {what}={splits} must be {self.size} non-negative "
+                f"rank {self.rank}: {collective}: {what}={splits} must be {self.size} non-negative "
                 f"row counts adding up to the first dimension ({rows})")
         bounds, start = [], 0
         for s in splits:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pycoll
 from pycoll.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,3 +106,149 @@ def test_bad_out_refused_on_every_rank_before_anything_moves(transport):
             assert msg.startswith(("InvalidArgument", "InvalidDtype")), (rank, name, msg)
             assert "AFTER" not in msg and f"rank {rank}" in msg, (rank, name, msg)
         assert "shape" in out["shape"] and "overlaps" in out["overlap"], out
+
+
+# -- uneven counts --------------------------------------------------------------------------
+def _counts(p):
+    """Uneven, with zeros: rank 0 gets none, the last rank the most."""
+    return [0 if r == 0 else 2 * r + 1 for r in range(p)]
+
+
+def _uneven(comm):
+    p, me = comm.size, comm.rank
+    counts = _counts(p)
+    starts = np.cumsum([0] + counts).tolist()
+    total = starts[-1]
+    got = {}
+    # reduce_scatter_v: 1-D, and 2-D rows of 3; every option of reduce_scatter
+    for name, kw in (("sum", {}), ("deterministic", {"deterministic": True}),
+                     ("max ring", {"op": "max", "algo": "ring"}), ("async", {"async_op": True})):
+        op = kw.pop("op", "sum")
+        inp = _inputs(me, total)
+        out = np.full(counts[me], -1, F32)
+        w = comm.reduce_scatter_v(out, inp, counts, op, **kw)
+        if w is not None:
+            assert w.result(30) is out
+        full = (sum(_inputs(r, total) for r in range(p)) if op == "sum"
+                else _inputs(p - 1, total))
+        got[f"reduce_scatter_v {name}"] = (np.array_equal(out, full[starts[me]:starts[me + 1]])
+                                           and np.array_equal(inp, _inputs(me, total)))
+    inp = np.arange(total * 3, dtype=np.int64).reshape(total, 3) * (me + 1)
+    out = np.zeros((counts[me], 3), np.int64)
+    comm.reduce_scatter_v(out, inp, counts)
+    want = np.arange(total * 3).reshape(total, 3) * sum(range(1, p + 1))
+    got["reduce_scatter_v rows"] = np.array_equal(out, want[starts[me]:starts[me + 1]])
+    zero = np.zeros(0, F32)
+    comm.reduce_scatter_v(zero, np.zeros(0, F32), [0] * p)       # nothing anywhere
+    # gatherv / scatterv at every root, 1-D and 2-D
+    for root in range(p):
+        mine = np.arange(counts[me], dtype=F32) + 100 * me
+        out = np.full(total, -1, F32) if me == root else None
+        comm.gatherv(out, mine, counts, root)
+        if me == root:
+            want = np.concatenate([np.arange(c, dtype=F32) + 100 * r
+                                   for r, c in enumerate(counts)])
+            got[f"gatherv root {root}"] = np.array_equal(out, want)
+        big = np.arange(total * 2, dtype=np.int32).reshape(total, 2) if me == root else None
+        part = np.full((counts[me], 2), -1, np.int32)
+        comm.scatterv(part, big, counts, root)
+        got[f"scatterv root {root}"] = np.array_equal(
+            part, np.arange(total * 2).reshape(total, 2)[starts[me]:starts[me + 1]])
+    out = np.full(total, -1, F32) if me == 0 else None
+    w = comm.gatherv(out, np.full(counts[me], me, F32), counts, 0, async_op=True,
+                     integrity=True)
+    w.wait(30)
+    got["gatherv async checked"] = me != 0 or np.array_equal(
+        out, np.repeat(np.arange(p, dtype=F32), counts))
+    return got
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("size", [2, 4])
+def test_uneven_variants_against_numpy(size, transport):
+    for rank, got in enumerate(run_ranks(_uneven, size, env={"PYCOLL_TRANSPORTS": transport})):
+        assert all(got.values()), (rank, {k: v for k, v in got.items() if not v})
+
+
+def _bad_counts(comm):
+    """Every rank passes the same bad arguments: refused before a sequence number."""
+    p, me = comm.size, comm.rank
+    counts = _counts(p)
+    total = sum(counts)
+    mine = np.zeros(counts[me], F32)
+    big = np.zeros(total, F32)
+    cases = {
+        "rsv counts do not add up": lambda: comm.reduce_scatter_v(
+            mine, np.zeros(total + 1, F32), counts),
+        "rsv counts too short": lambda: comm.reduce_scatter_v(mine, big, counts[:-1]),
+        "rsv negative count": lambda: comm.reduce_scatter_v(
+            mine, big, [-1, counts[1] + 1] + counts[2:]),
+        "rsv output not its count": lambda: comm.reduce_scatter_v(
+            np.zeros(counts[me] + 1, F32), big, counts),
+        "rsv dtype": lambda: comm.reduce_scatter_v(mine.astype(np.float64), big, counts),
+        "gatherv input not its count": lambda: comm.gatherv(
+            big, np.zeros(counts[me] + 1, F32), counts, 0),
+        # a root's own buffer: every rank names itself root, so that every rank refuses
+        "gatherv output too small": lambda: comm.gatherv(np.zeros(total - 1, F32), mine,
+                                                         counts, me),
+        "gatherv counts not ints": lambda: comm.gatherv(big, mine, [0.5] * p, 0),
+        "gatherv root": lambda: comm.gatherv(big, mine, counts, p),
+        "scatterv output not its count": lambda: comm.scatterv(
+            np.zeros(counts[me] + 2, F32), big, counts, 0),
+        "scatterv input dtype": lambda: comm.scatterv(mine, np.zeros(total, np.int32),
+                                                      counts, me),
+    }
+    out = {}
+    for name, call in cases.items():
+        seq = comm.seq
+        try:
+            call()
+            out[name] = "NO ERROR"
+        except (ValueError, TypeError) as e:
+            out[name] = f"{type(e).__name__}: {e}" + (" AFTER seq" if comm.seq != seq else "")
+    a = np.ones(3, F32)
+    comm.allreduce(a)
+    out["after"] = a.tolist()
+    return out
+
+
+def test_bad_counts_refused_before_anything_moves():
+    for rank, out in enumerate(run_ranks(_bad_counts, 3)):
+        assert out.pop("after") == [3.0] * 3
+        for name, msg in out.items():
+            assert msg.startswith(("InvalidArgument", "InvalidDtype")), (rank, name, msg)
+            assert "AFTER" not in msg and f"rank {rank}" in msg, (rank, name, msg)
+
+
+DISAGREE = {
+    # each rank's own buffers fit its own counts; the counts differ between ranks
+    "reduce_scatter_v": lambda c, counts: c.reduce_scatter_v(
+        np.full(counts[c.rank], -1, F32), np.ones(sum(counts), F32), counts),
+    "gatherv": lambda c, counts: c.gatherv(
+        np.full(sum(counts), -1, F32), np.ones(counts[c.rank], F32), counts, 0),
+    "scatterv": lambda c, counts: c.scatterv(
+        np.full(counts[c.rank], -1, F32), np.ones(sum(counts), F32), counts, 0),
+}
+
+
+def _disagreeing_counts(comm, name):
+    p = comm.size
+    counts = _counts(p)
+    if comm.rank == 1:          # moves one row between two other ranks' blocks
+        counts[0] += 1
+        counts[2] -= 1
+    try:
+        DISAGREE[name](comm, counts)
+        return "no error", ""
+    except pycoll.PycollError as e:
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("name", list(DISAGREE))
+def test_disagreeing_counts_raise_collective_mismatch(name, transport):
+    results = run_ranks(_disagreeing_counts, 3, name, collective_timeout=10, timeout=60,
+                        env={"PYCOLL_TRANSPORTS": transport})
+    kinds = [k for k, _ in results]
+    assert "CollectiveMismatch" in kinds, results
+    assert set(kinds) <= {"CollectiveMismatch", "Aborted"}, results
