@@ -8,7 +8,7 @@
 from ._version import __version__ as __version__
 from .buffers.reduction import OP_NAMES, ReduceOp
 from .comm.communicator import Communicator
-from .comm.persistent import AllreducePlan
+from .comm.persistent import AllreducePlan, Plan
 from .errors import (
                      Aborted,
                      CollectiveMismatch,
@@ -27,15 +27,20 @@ from .runtime.work import Work
 from .world import (
                      allgather,
                      allgather_coalesced,
+                     allgather_init,
                      allgatherv,
                      allreduce,
                      allreduce_coalesced,
                      allreduce_init,
                      alltoall,
+                     alltoall_init,
                      barrier,
+                     barrier_init,
                      broadcast,
+                     broadcast_init,
                      finalize,
                      gather,
+                     gather_init,
                      gatherv,
                      get_rank,
                      get_world_size,
@@ -45,9 +50,12 @@ from .world import (
                      new_group,
                      recv,
                      reduce,
+                     reduce_init,
                      reduce_scatter,
+                     reduce_scatter_init,
                      reduce_scatter_v,
                      scatter,
+                     scatter_init,
                      scatterv,
                      send,
                      shrink,
@@ -60,8 +68,10 @@ __all__ = [
     "reduce_scatter", "alltoall",
     "gather", "scatter", "reduce_scatter_v", "gatherv", "scatterv", "send", "recv",
     "allreduce_coalesced", "allgather_coalesced",
-    "allgatherv", "new_group", "shrink", "grow",
-    "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",
+    "allgatherv", "new_group", "shrink", "grow", "broadcast_init", "reduce_init",
+    "allgather_init", "reduce_scatter_init", "alltoall_init", "gather_init", "scatter_init",
+    "barrier_init",
+    "Communicator", "Work", "Plan", "AllreducePlan", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
     "DataCorruption", "Revoked", "Excluded",

@@ -229,6 +229,40 @@ def allgatherv(input: Any, **options: Any) -> Any:
     return world().allgatherv(input, **options)
 
 
+# Persistent plans of the other collectives (``Communicator.broadcast_init``...).
+def broadcast_init(tensor: Any, root: int = 0, **options: Any) -> Any:
+    return world().broadcast_init(tensor, root, **options)
+
+
+def reduce_init(tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any) -> Any:
+    return world().reduce_init(tensor, root, op, **options)
+
+
+def allgather_init(output: Any, input: Any, **options: Any) -> Any:
+    return world().allgather_init(output, input, **options)
+
+
+def reduce_scatter_init(output: Any, input: Any, op: OpLike = "sum", **options: Any) -> Any:
+    return world().reduce_scatter_init(output, input, op, **options)
+
+
+def alltoall_init(output: Any, input: Any, out_splits: Any = None, in_splits: Any = None,
+                  **options: Any) -> Any:
+    return world().alltoall_init(output, input, out_splits, in_splits, **options)
+
+
+def gather_init(output: Any, input: Any, root: int = 0, **options: Any) -> Any:
+    return world().gather_init(output, input, root, **options)
+
+
+def scatter_init(output: Any, input: Any, root: int = 0, **options: Any) -> Any:
+    return world().scatter_init(output, input, root, **options)
+
+
+def barrier_init(**options: Any) -> Any:
+    return world().barrier_init(**options)
+
+
 def new_group(ranks: Any) -> Communicator | None:
     """A communicator of ``ranks`` (world ranks); every world rank must call it, in order.
 

@@ -1,29 +1,46 @@
-"""Persistent collectives: validate and choose once, run many times (MPI-4's
-``MPI_Allreduce_init``, mpi4py's ``Allreduce_init``).
+"""Persistent collectives: validate and choose once, run many times (MPI-4's ``*_init``:
+``MPI_Allreduce_init``, ``MPI_Bcast_init``...; mpi4py's ``Allreduce_init``).
 
-A training loop or a benchmark calls the same collective on the same buffer again and again;
-a plan does the argument checks, the classification of the buffer and the choice of the
-path once, at ``comm.allreduce_init(tensor, op)``, so that each run costs only the
-communication: on the fast path, one compiled call. The plan is bound to the tensor's
-memory: write new values into it between runs, but do not reallocate it (``resize_``,
-``set_``), as with MPI's persistent requests. Each run checks that the tensor still holds that
-memory (``_binding``) and raises before any byte moves if not: the plan would otherwise
-reduce into memory the tensor no longer shows (a silently stale result) or that was freed.
+A training loop or a benchmark calls the same collective on the same buffers again and
+again. ``comm.allreduce_init(tensor, op)``, ``comm.broadcast_init(tensor, root)`` and the
+other ``*_init`` make a ``Plan``: the call is planned once, at the ``*_init``, as a real call
+would be (every argument checked, the algorithm chosen: ``Collectives._planned`` runs the
+collective's own planning and stops where the call would be numbered), so a plan that would
+be refused is refused there, on every rank, with nothing sent. Each run is then an ordinary
+collective call, with the same arguments. For allreduce the plan binds the fast path's
+compiled call once, so that a run costs only the communication; the others go through their
+method (its checks cost microseconds, a share of a small call only).
+
+A plan is bound to its buffers' memory: write new values into them between runs, but do not
+reallocate them (``resize_``, ``set_``), as with MPI's persistent requests. Each run checks
+that every buffer still holds that memory (``_binding``) and raises before any byte moves if
+not: the plan would otherwise move data into memory the tensor no longer shows (a silently
+stale result) or that was freed.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from ..buffers.memory import HOST
-from ..buffers.reduction import OpLike, check_op_dtype, parse_op
 from ..buffers.tensors import is_torch_tensor
 from ..errors import InvalidArgument
-from ..fastpath.runner import FastPath
+from ..runtime.calls import CallInfo
 from ..runtime.work import Work
-from .planning import Planner
+
+#: the collectives that have a plan (``comm.<name>_init``)
+PLANNED = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+           "gather", "scatter", "barrier")
+
+
+class Planned(Exception):  # noqa: N818 - not an error: how a planning-only call ends
+    """Raised by ``Collectives._submit`` in place of running a call that was only being
+    planned (``Collectives._planned``); carries its description."""
+
+    def __init__(self, info: CallInfo) -> None:
+        super().__init__(info.collective)
+        self.info = info
 
 
 def _binding(tensor: Any) -> tuple[int, ...] | None:
@@ -38,88 +55,88 @@ def _binding(tensor: Any) -> tuple[int, ...] | None:
     return None
 
 
-class AllreducePlan:
-    """``comm.allreduce(tensor, op)`` prepared once; ``run()`` (or calling the plan) runs it,
-    ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run its plan
-    where it would call ``allreduce``: a run is an ordinary collective call.
+def _buffers(args: tuple, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """The buffers among a call's arguments (lists of them too: allgather's output list)."""
+    for value in (*args, kwargs.get("out")):
+        if isinstance(value, (list, tuple)):
+            yield from value
+        elif value is not None:
+            yield value
 
-    Made by ``Communicator.allreduce_init`` from the communicator's planner, its fast path
-    (None where it has none) and its ``allreduce`` (what a run that is not a fast call calls).
+
+class Plan:
+    """``comm.<collective>(*args, **options)`` prepared once; ``run()`` (or calling the plan)
+    runs it, ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run
+    its plan where it would make that call: a run is an ordinary collective call.
+
+    Made by ``Collectives._persistent``: ``call`` is the communicator's method, ``info`` the
+    description its planning made, ``path`` what runs; ``fast_run(async_op)``, where given,
+    runs the fast path's call bound once (allreduce).
     """
 
-    def __init__(self, planner: Planner, fast: FastPath | None,
-                 allreduce: Callable[..., Work | None], name: str, tensor: Any,
-                 op: OpLike = "sum", *, algo: str | None = None,
-                 timeout: float | None = None, deterministic: bool | None = None,
-                 accumulate: str | None = None) -> None:
-        buf = planner.buffer(tensor, "allreduce", stage=False)
-        rop = parse_op(op)
-        check_op_dtype(rop, buf.dtype)
-        fold = planner.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
-        if algo is not None:            # an unknown name (or one that cannot fold) fails here
-            planner.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
-        self._planner = planner
-        self._fast = fast
-        self._allreduce = allreduce
+    def __init__(self, collective: str, call: Callable[..., Work | None], args: tuple,
+                 options: dict[str, Any], info: CallInfo, path: str, rank: int, name: str,
+                 fast_run: Callable[[bool], Work | None] | None = None) -> None:
+        self.collective = collective
+        self.args = args
+        self.options = options
+        self.info = info
+        #: "fastpath", "fastpath-chunked", "fastpath-cma" (reading the peers' buffers), or
+        #: the generic path's algorithm
+        self.path = path
+        self.nbytes = info.nbytes
+        self._call = call
+        #: the fast path's call bound once (allreduce), that a run makes instead of the
+        #: method's; None where none was bound
+        self.fast_run = fast_run
+        self._rank = rank
         self._name = name
-        self.tensor = tensor
-        self.op = rop
-        self.algo = algo
-        self.timeout = timeout
-        self.deterministic = deterministic
-        self.accumulate = accumulate
-        self.fold = fold
-        self.nbytes = buf.nbytes
-        self._array = buf.array
-        self._binding = _binding(tensor)
-        self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop,
-                                     fold=fold)
-                           if fast is not None and algo is None and buf.mem_type == HOST
-                           and fast.takes(buf.nbytes, buf.dtype, rop, fold)
-                           else None)
+        self._bound = [(t, _binding(t)) for t in _buffers(args, options)]
 
     @property
-    def path(self) -> str:
-        """"fastpath" (one slot), "fastpath-chunked", "fastpath-cma" (reading the peers'
-        buffers), or the generic path's algorithm."""
-        if self._fast_call is not None:
-            return self._fast_call.kind
-        return self._planner.select("allreduce", self.nbytes, self.algo,
-                                    ordered=self.fold is not None)
+    def tensor(self) -> Any:
+        """The first buffer argument (allreduce's, broadcast's tensor)."""
+        return self.args[0] if self.args else None
+
+    @property
+    def op(self) -> Any:
+        return self.info.op
 
     def _check_binding(self) -> None:
-        if self._binding is not None and _binding(self.tensor) != self._binding:
-            raise InvalidArgument(
-                f"rank {self._planner.rank}: allreduce plan on {self._name}: the tensor no "
-                "longer holds the memory the plan was made for (its storage was replaced or "
-                "reallocated: resize_, set_, ndarray.resize); nothing was sent. A plan is "
-                "bound to its buffer: make a new one with allreduce_init(tensor) on every rank")
+        for t, bound in self._bound:
+            if bound is not None and _binding(t) != bound:
+                raise InvalidArgument(
+                    f"rank {self._rank}: {self.collective} plan on {self._name}: a buffer "
+                    "no longer holds the memory the plan was made for (its storage was "
+                    "replaced or reallocated: resize_, set_, ndarray.resize); nothing was "
+                    f"sent. A plan is bound to its buffers: make a new one with "
+                    f"{self.collective}_init on every rank")
 
     def run(self) -> None:
-        """Run the allreduce once, synchronously (the result is in the tensor)."""
+        """Run the call once, synchronously."""
         self._check_binding()
-        call, fast = self._fast_call, self._fast
-        if call is not None and fast is not None:
-            fast.run(call, self._array, self.timeout, False, self.tensor)
+        if self.fast_run is not None:
+            self.fast_run(False)
         else:
-            self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
-                            deterministic=self.deterministic, accumulate=self.accumulate)
+            self._call(*self.args, **self.options)
 
     __call__ = run
 
     def start(self) -> Work:
         """Run it asynchronously; ``wait()`` on the returned work."""
         self._check_binding()
-        call, fast = self._fast_call, self._fast
-        if call is not None and fast is not None:
-            work = fast.run(call, self._array, self.timeout, True, self.tensor)
+        if self.fast_run is not None:
+            work = self.fast_run(True)
         else:
-            work = self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
-                                   async_op=True, deterministic=self.deterministic,
-                                   accumulate=self.accumulate)
+            work = self._call(*self.args, async_op=True, **self.options)
         assert work is not None
         return work
 
     def __repr__(self) -> str:
-        return (f"<pycoll.AllreducePlan {self.nbytes} bytes op={self.op} path={self.path} "
+        op = f" op={self.info.op}" if self.info.op is not None else ""
+        return (f"<pycoll.Plan {self.collective} {self.nbytes} bytes{op} path={self.path} "
                 f"on {self._name}>")
+
+
+#: the name persistent allreduces had before every collective got a plan
+AllreducePlan = Plan

@@ -252,3 +252,135 @@ def test_disagreeing_counts_raise_collective_mismatch(name, transport):
     kinds = [k for k, _ in results]
     assert "CollectiveMismatch" in kinds, results
     assert set(kinds) <= {"CollectiveMismatch", "Aborted"}, results
+
+
+# -- persistent plans of every collective ---------------------------------------------------
+def _plans_of_every_collective(comm):
+    p, me = comm.size, comm.rank
+    n = 6
+    t = np.zeros(n, F32)
+    out = np.zeros(n, F32)
+    big = np.zeros(n * p, F32)
+    part = np.zeros(n, F32)
+    a2a_in, a2a_out = np.zeros(n * p, F32), np.zeros(n * p, F32)
+    g_out = np.zeros(n * p, F32)
+    plans = {
+        "allreduce": comm.allreduce_init(t, "max"),
+        "allreduce out": comm.allreduce_init(part, out=out),
+        "broadcast": comm.broadcast_init(t, p - 1),
+        "reduce": comm.reduce_init(t, 0, "sum", out=out),
+        "allgather": comm.allgather_init(big, part),
+        "reduce_scatter": comm.reduce_scatter_init(part, big),
+        "alltoall": comm.alltoall_init(a2a_out, a2a_in),
+        "gather": comm.gather_init(g_out, part, 1),
+        "scatter": comm.scatter_init(part, big, 1),
+        "barrier": pycoll.barrier_init(),
+    }
+    assert comm.seq == 0, "a plan is not a call"
+    ok = {name: True for name in plans}
+    for step in range(3):
+        def fill(x, r=me, step=step):
+            x[:] = np.arange(x.size, dtype=F32) + 100 * r + step
+            return x.copy()
+
+        def expect(name, got, want, ok=ok):
+            ok[name] = ok[name] and np.array_equal(got, want)
+
+        mine = [fill(np.zeros(n, F32), r) for r in range(p)]
+        fill(t)
+        plans["allreduce"].run()
+        expect("allreduce", t, mine[p - 1])
+        fill(part)
+        plans["allreduce out"]()                 # __call__
+        expect("allreduce out", out, sum(mine))
+        expect("allreduce out", part, mine[me])
+        fill(t)
+        plans["broadcast"].start().wait(30)
+        expect("broadcast", t, mine[p - 1])
+        fill(t)
+        plans["reduce"].run()
+        if me == 0:
+            expect("reduce", out, sum(mine))
+        expect("reduce", t, mine[me])
+        fill(part)
+        plans["allgather"].run()
+        expect("allgather", big, np.concatenate(mine))
+        big[:] = np.concatenate([mine[me]] * p)
+        plans["reduce_scatter"].run()
+        expect("reduce_scatter", part, sum(mine))
+        a2a_in[:] = np.arange(n * p, dtype=F32) + 1000 * me + step
+        plans["alltoall"].start().wait(30)
+        expect("alltoall", a2a_out, np.concatenate(
+            [(np.arange(n * p, dtype=F32) + 1000 * r + step)[me * n:(me + 1) * n]
+             for r in range(p)]))
+        fill(part)
+        plans["gather"].run()
+        if me == 1:
+            expect("gather", g_out, np.concatenate(mine))
+        big[:] = np.arange(n * p, dtype=F32) + step
+        plans["scatter"].run()
+        expect("scatter", part, (np.arange(n * p, dtype=F32) + step)[me * n:(me + 1) * n])
+        plans["barrier"].run()
+    paths = {name: plan.path for name, plan in plans.items()}
+    return ok, paths, comm.seq
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("size", [2, 3])
+def test_plans_of_every_collective(size, transport):
+    for rank, (ok, paths, seq) in enumerate(run_ranks(
+            _plans_of_every_collective, size, env={"PYCOLL_TRANSPORTS": transport})):
+        assert all(ok.values()), (rank, ok)
+        assert seq == 3 * 10, seq             # one call per run, nothing else
+        assert all(isinstance(v, str) and v for v in paths.values()), paths
+        if transport == "shm":
+            assert paths["allreduce"] == "fastpath" and paths["barrier"] == "fastpath", paths
+
+
+def _plan_refusals(comm):
+    """A plan that a call would refuse is refused at *_init, on every rank, nothing sent;
+    a buffer replaced after *_init is refused at the run."""
+    p = comm.size
+    bad = {
+        "broadcast root": lambda: comm.broadcast_init(np.zeros(4, F32), p),
+        "allgather size": lambda: comm.allgather_init(np.zeros(4 * p + 1, F32),
+                                                       np.zeros(4, F32)),
+        "reduce_scatter op": lambda: comm.reduce_scatter_init(np.zeros(4, F32),
+                                                               np.zeros(4 * p, F32), "band"),
+        "alltoall splits": lambda: comm.alltoall_init(np.zeros(p, F32), np.zeros(p, F32),
+                                                       [2] * p, [1] * p),
+        "gather algo": lambda: comm.gather_init(np.zeros(4 * p, F32), np.zeros(4, F32),
+                                                algo="magic"),
+        "scatter async": lambda: comm.scatter_init(np.zeros(4, F32), np.zeros(4 * p, F32),
+                                                   async_op=True),
+        "reduce out": lambda: comm.reduce_init(np.zeros(4, F32), out=np.zeros(5, F32)),
+    }
+    got = {}
+    for name, call in bad.items():
+        try:
+            call()
+            got[name] = "NO ERROR"
+        except (ValueError, TypeError) as e:
+            got[name] = f"{type(e).__name__}: {e}"
+    seq = comm.seq
+    part = np.zeros(4, F32)
+    big = np.zeros(4 * p, F32)
+    plan = comm.allgather_init(big, part)
+    plan.run()
+    big.resize(8 * p, refcheck=False)            # reallocated: the plan must refuse
+    try:
+        plan.run()
+        got["replaced"] = "NO ERROR"
+    except pycoll.InvalidArgument as e:
+        got["replaced"] = f"InvalidArgument: {e}"
+    got["seq"] = comm.seq - seq
+    return got
+
+
+def test_plan_refusals_on_every_rank():
+    for rank, got in enumerate(run_ranks(_plan_refusals, 3)):
+        assert got.pop("seq") == 1, got             # only the one good run was numbered
+        for name, msg in got.items():
+            assert msg.startswith(("InvalidArgument", "InvalidDtype")), (rank, name, msg)
+            assert f"rank {rank}" in msg, (rank, name, msg)
+        assert "allgather plan" in got["replaced"] and "no longer holds" in got["replaced"]
