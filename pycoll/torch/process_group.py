@@ -391,6 +391,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         ho = st.out(out)
         his = [st.inp(i) for i in ins]
         det = deterministic()
+        counts = [i.numel() for i in ins]
+        if len(set(counts)) > 1:        # uneven input lists (NCCL's reduce_scatter_v)
+            flat = torch.cat([h.reshape(-1) for h in his])
+            return self._issue("reduce_scatter", [
+                lambda a: self.comm.reduce_scatter_v(ho, flat, counts, op, timeout=timeout,
+                                                     async_op=a, deterministic=det)],
+                [out], st, opts.asyncOp, inputs=ins)
         return self._issue("reduce_scatter", [
             lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a,
                                                deterministic=det)],
