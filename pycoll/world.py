@@ -263,6 +263,19 @@ def barrier_init(**options: Any) -> Any:
     return world().barrier_init(**options)
 
 
+def reduce_scatter_v_init(output: Any, input: Any, counts: Any, op: OpLike = "sum",
+                          **options: Any) -> Any:
+    return world().reduce_scatter_v_init(output, input, counts, op, **options)
+
+
+def gatherv_init(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Any:
+    return world().gatherv_init(output, input, counts, root, **options)
+
+
+def scatterv_init(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Any:
+    return world().scatterv_init(output, input, counts, root, **options)
+
+
 def new_group(ranks: Any) -> Communicator | None:
     """A communicator of ``ranks`` (world ranks); every world rank must call it, in order.
 

@@ -300,6 +300,21 @@ class Collectives:
         """A persistent ``barrier``."""
         return self._persistent("barrier", **options)
 
+    def reduce_scatter_v_init(self, output: Any, input: Any, counts: Sequence[int],
+                              op: OpLike = "sum", **options: Any) -> Plan:
+        """A persistent ``reduce_scatter_v``."""
+        return self._persistent("reduce_scatter_v", output, input, counts, op, **options)
+
+    def gatherv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                     **options: Any) -> Plan:
+        """A persistent ``gatherv``."""
+        return self._persistent("gatherv", output, input, counts, root, **options)
+
+    def scatterv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                      **options: Any) -> Plan:
+        """A persistent ``scatterv``."""
+        return self._persistent("scatterv", output, input, counts, root, **options)
+
     def barrier(self, *, algo: str | None = None, timeout: float | None = None,
                 async_op: bool = False) -> Work | None:
         """Return once every rank has entered the barrier."""

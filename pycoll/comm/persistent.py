@@ -29,10 +29,6 @@ from ..errors import InvalidArgument
 from ..runtime.calls import CallInfo
 from ..runtime.work import Work
 
-#: the collectives that have a plan (``comm.<name>_init``)
-PLANNED = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
-           "gather", "scatter", "barrier")
-
 
 class Planned(Exception):  # noqa: N818 - not an error: how a planning-only call ends
     """Raised by ``Collectives._submit`` in place of running a call that was only being

@@ -264,6 +264,10 @@ def _plans_of_every_collective(comm):
     part = np.zeros(n, F32)
     a2a_in, a2a_out = np.zeros(n * p, F32), np.zeros(n * p, F32)
     g_out = np.zeros(n * p, F32)
+    counts = _counts(p)
+    v_in, v_out, v_all = np.zeros(sum(counts), F32), np.zeros(counts[me], F32), np.zeros(
+        sum(counts), F32)
+    starts = np.cumsum([0] + counts)
     plans = {
         "allreduce": comm.allreduce_init(t, "max"),
         "allreduce out": comm.allreduce_init(part, out=out),
@@ -275,6 +279,9 @@ def _plans_of_every_collective(comm):
         "gather": comm.gather_init(g_out, part, 1),
         "scatter": comm.scatter_init(part, big, 1),
         "barrier": pycoll.barrier_init(),
+        "reduce_scatter_v": comm.reduce_scatter_v_init(v_out, v_in, counts),
+        "gatherv": comm.gatherv_init(v_all, v_out, counts, 0),
+        "scatterv": comm.scatterv_init(v_out, v_in, counts, p - 1),
     }
     assert comm.seq == 0, "a plan is not a call"
     ok = {name: True for name in plans}
@@ -321,6 +328,17 @@ def _plans_of_every_collective(comm):
         plans["scatter"].run()
         expect("scatter", part, (np.arange(n * p, dtype=F32) + step)[me * n:(me + 1) * n])
         plans["barrier"].run()
+        v_in[:] = np.arange(v_in.size, dtype=F32) * (me + 1) + step
+        plans["reduce_scatter_v"].run()
+        full = sum(np.arange(v_in.size, dtype=F32) * (r + 1) + step for r in range(p))
+        expect("reduce_scatter_v", v_out, full[starts[me]:starts[me + 1]])
+        v_out[:] = me + step
+        plans["gatherv"].start().wait(30)
+        if me == 0:
+            expect("gatherv", v_all, np.repeat(np.arange(p, dtype=F32) + step, counts))
+        v_in[:] = np.arange(v_in.size, dtype=F32) + step
+        plans["scatterv"].run()
+        expect("scatterv", v_out, v_in[starts[me]:starts[me + 1]])
     paths = {name: plan.path for name, plan in plans.items()}
     return ok, paths, comm.seq
 
@@ -331,7 +349,7 @@ def test_plans_of_every_collective(size, transport):
     for rank, (ok, paths, seq) in enumerate(run_ranks(
             _plans_of_every_collective, size, env={"PYCOLL_TRANSPORTS": transport})):
         assert all(ok.values()), (rank, ok)
-        assert seq == 3 * 10, seq             # one call per run, nothing else
+        assert seq == 3 * 13, seq             # one call per run, nothing else
         assert all(isinstance(v, str) and v for v in paths.values()), paths
         if transport == "shm":
             assert paths["allreduce"] == "fastpath" and paths["barrier"] == "fastpath", paths
