@@ -22,7 +22,7 @@ from ..buffers.memops import HostOps
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op
 from ..buffers.tensors import torch_host_view
-from ..errors import InvalidArgument, InvalidDtype
+from ..errors import InvalidArgument
 from ..fastpath.compiled import FastMethod
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
@@ -30,7 +30,7 @@ from ..runtime.execution import Body, Execution
 from ..runtime.work import Outcome, Work
 from ..tags import P2P_TAG_LIMIT, p2p_tag
 from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse, sum_check
-from .persistent import Plan, Planned
+from .persistent import Planned
 from .planning import Planner
 
 
@@ -49,7 +49,8 @@ class Collectives:
     _ops: HostOps
     #: ``PYCOLL_INTEGRITY``: check every N-th collective (0: only calls given integrity=True)
     _integrity_every: int
-    #: a call is being planned only (``_planned``): ``_submit`` raises ``Planned``
+    #: a call is being planned only (``PersistentCollectives._planned``): ``_submit``
+    #: raises ``Planned`` instead of running it
     _planning = False
 
     def _submit(self, info: CallInfo, body: Body, timeout: float | None, async_op: bool,
@@ -197,123 +198,6 @@ class Collectives:
         return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
                                      algorithm=name, fold=fold), body, timeout, async_op, tensor,
                             check)
-
-    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                       timeout: float | None = None, deterministic: bool | None = None,
-                       accumulate: str | None = None, **options: Any) -> Plan:
-        """A persistent allreduce of ``tensor`` (``pycoll.comm.persistent``): checked and planned
-        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
-        itself (no communication until a run). Where the fast path takes the call, its
-        compiled call is bound once and each run is that call alone."""
-        options.update(algo=algo, timeout=timeout, deterministic=deterministic,
-                       accumulate=accumulate)
-        plan = self._persistent("allreduce", tensor, op, **options)
-        fast, info = self._fast, plan.info
-        if (fast is not None and algo is None and plan.path.startswith("fastpath")
-                and options.get("out") is None and not options.get("integrity")):
-            buf = self._plan.buffer(tensor, "allreduce", stage=False)
-            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, info.op,
-                             fold=info.fold)
-            arr = buf.array
-
-            def fast_run(async_op: bool) -> Work | None:
-                return fast.run(call, arr, timeout, async_op, tensor)
-
-            plan.fast_run = fast_run
-        return plan
-
-    def _persistent(self, collective: str, *args: Any, **options: Any) -> Plan:
-        """The ``Plan`` of ``comm.<collective>(*args, **options)`` (``persistent``)."""
-        if "async_op" in options:
-            raise InvalidArgument(f"rank {self.rank}: {collective}_init: async_op is not an "
-                                  "option of a plan: plan.start() runs it asynchronously")
-        call = getattr(self, collective)
-        try:
-            info, device = self._planned(call, args, options)
-        except (InvalidArgument, InvalidDtype) as e:
-            if str(e).startswith(f"rank {self.rank}"):
-                raise
-            raise type(e)(f"rank {self.rank}: {collective}_init: {e}") from None
-        path = info.algorithm or ""
-        fast = self._fast
-        if (fast is not None and not device and options.get("algo") is None
-                and not options.get("integrity") and options.get("out") is None):
-            if collective == "allreduce":
-                fold = info.fold
-                if info.dtype is not None and fast.takes(info.nbytes, info.dtype, info.op,
-                                                         fold):
-                    path = fast.kind_of(collective, info.nbytes) or path
-            elif collective in ("broadcast", "barrier"):
-                path = fast.kind_of(collective, info.nbytes) or path
-        return Plan(collective, call, args, options, info, path, self.rank, self.name)
-
-    def _planned(self, method: Any, args: tuple, options: dict[str, Any]
-                 ) -> tuple[CallInfo, bool]:
-        """Plan ``method(*args, **options)`` as a call would be (every check, the choice of
-        algorithm) and stop where it would be numbered: its ``CallInfo``, and whether it
-        passed device buffers. The fast path is set aside meanwhile, so that the call is
-        planned by the method's generic half, which checks everything (the fast lanes run
-        calls of kinds they already know)."""
-        fast = self._fast
-        self._fast, self._planning = None, True
-        try:
-            method(*args, **options)
-        except Planned as planned:
-            return planned.info, bool(self._plan.device_buffers)
-        finally:
-            self._fast, self._planning = fast, False
-            self._plan.begin()          # what was staged for the planned call, given back
-        raise AssertionError(f"{method.__name__} returned without reaching _submit")
-
-    def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:
-        """A persistent ``broadcast`` (``allreduce_init``'s plans, for every collective)."""
-        return self._persistent("broadcast", tensor, root, **options)
-
-    def reduce_init(self, tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any
-                    ) -> Plan:
-        """A persistent ``reduce``."""
-        return self._persistent("reduce", tensor, root, op, **options)
-
-    def allgather_init(self, output: Any, input: Any, **options: Any) -> Plan:
-        """A persistent ``allgather``."""
-        return self._persistent("allgather", output, input, **options)
-
-    def reduce_scatter_init(self, output: Any, input: Any, op: OpLike = "sum",
-                            **options: Any) -> Plan:
-        """A persistent ``reduce_scatter``."""
-        return self._persistent("reduce_scatter", output, input, op, **options)
-
-    def alltoall_init(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
-                      in_splits: Sequence[int] | None = None, **options: Any) -> Plan:
-        """A persistent ``alltoall``."""
-        return self._persistent("alltoall", output, input, out_splits, in_splits, **options)
-
-    def gather_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
-        """A persistent ``gather``."""
-        return self._persistent("gather", output, input, root, **options)
-
-    def scatter_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
-        """A persistent ``scatter``."""
-        return self._persistent("scatter", output, input, root, **options)
-
-    def barrier_init(self, **options: Any) -> Plan:
-        """A persistent ``barrier``."""
-        return self._persistent("barrier", **options)
-
-    def reduce_scatter_v_init(self, output: Any, input: Any, counts: Sequence[int],
-                              op: OpLike = "sum", **options: Any) -> Plan:
-        """A persistent ``reduce_scatter_v``."""
-        return self._persistent("reduce_scatter_v", output, input, counts, op, **options)
-
-    def gatherv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
-                     **options: Any) -> Plan:
-        """A persistent ``gatherv``."""
-        return self._persistent("gatherv", output, input, counts, root, **options)
-
-    def scatterv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
-                      **options: Any) -> Plan:
-        """A persistent ``scatterv``."""
-        return self._persistent("scatterv", output, input, counts, root, **options)
 
     def barrier(self, *, algo: str | None = None, timeout: float | None = None,
                 async_op: bool = False) -> Work | None:

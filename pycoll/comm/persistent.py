@@ -4,12 +4,12 @@
 A training loop or a benchmark calls the same collective on the same buffers again and
 again. ``comm.allreduce_init(tensor, op)``, ``comm.broadcast_init(tensor, root)`` and the
 other ``*_init`` make a ``Plan``: the call is planned once, at the ``*_init``, as a real call
-would be (every argument checked, the algorithm chosen: ``Collectives._planned`` runs the
-collective's own planning and stops where the call would be numbered), so a plan that would
-be refused is refused there, on every rank, with nothing sent. Each run is then an ordinary
-collective call, with the same arguments. For allreduce the plan binds the fast path's
-compiled call once, so that a run costs only the communication; the others go through their
-method (its checks cost microseconds, a share of a small call only).
+would be (every argument checked, the algorithm chosen: ``PersistentCollectives._planned``
+runs the collective's own planning and stops where the call would be numbered), so a plan
+that would be refused is refused there, on every rank, with nothing sent. Each run is then an
+ordinary collective call, with the same arguments. For allreduce the plan binds the fast
+path's compiled call once, so that a run costs only the communication; the others go through
+their method, whose checks run again (a share of a small call's cost only).
 
 A plan is bound to its buffers' memory: write new values into them between runs, but do not
 reallocate them (``resize_``, ``set_``), as with MPI's persistent requests. Each run checks
@@ -19,15 +19,18 @@ stale result) or that was freed.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..buffers.reduction import OpLike
 from ..buffers.tensors import is_torch_tensor
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidDtype
+from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
 from ..runtime.work import Work
+from .planning import Planner
 
 
 class Planned(Exception):  # noqa: N818 - not an error: how a planning-only call ends
@@ -65,9 +68,9 @@ class Plan:
     runs it, ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run
     its plan where it would make that call: a run is an ordinary collective call.
 
-    Made by ``Collectives._persistent``: ``call`` is the communicator's method, ``info`` the
-    description its planning made, ``path`` what runs; ``fast_run(async_op)``, where given,
-    runs the fast path's call bound once (allreduce).
+    Made by ``PersistentCollectives._persistent``: ``call`` is the communicator's method,
+    ``info`` the description its planning made, ``path`` what runs; ``fast_run(async_op)``,
+    where given, runs the fast path's call bound once (allreduce).
     """
 
     def __init__(self, collective: str, call: Callable[..., Work | None], args: tuple,
@@ -136,3 +139,132 @@ class Plan:
 
 #: the name persistent allreduces had before every collective got a plan
 AllreducePlan = Plan
+
+
+class PersistentCollectives:
+    """The ``*_init`` of every collective: like ``Collectives``, a stateless part of
+    ``Communicator``, written against the parts listed here."""
+
+    rank: int
+    name: str
+    _plan: Planner
+    _fast: FastPath | None
+    #: ``Collectives._planning``: while set, ``_submit`` raises ``Planned``
+    _planning: bool
+
+    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                       timeout: float | None = None, deterministic: bool | None = None,
+                       accumulate: str | None = None, **options: Any) -> Plan:
+        """A persistent allreduce of ``tensor`` (see the module docstring): checked and planned
+        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
+        itself (no communication until a run). Where the fast path takes the call, its
+        compiled call is bound once and each run is that call alone."""
+        options.update(algo=algo, timeout=timeout, deterministic=deterministic,
+                       accumulate=accumulate)
+        plan = self._persistent("allreduce", tensor, op, **options)
+        fast, info = self._fast, plan.info
+        if (fast is not None and algo is None and plan.path.startswith("fastpath")
+                and options.get("out") is None and not options.get("integrity")):
+            buf = self._plan.buffer(tensor, "allreduce", stage=False)
+            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, info.op,
+                             fold=info.fold)
+            arr = buf.array
+
+            def fast_run(async_op: bool) -> Work | None:
+                return fast.run(call, arr, timeout, async_op, tensor)
+
+            plan.fast_run = fast_run
+        return plan
+
+    def _persistent(self, collective: str, *args: Any, **options: Any) -> Plan:
+        """The ``Plan`` of ``comm.<collective>(*args, **options)``."""
+        if "async_op" in options:
+            raise InvalidArgument(f"rank {self.rank}: {collective}_init: async_op is not an "
+                                  "option of a plan: plan.start() runs it asynchronously")
+        call = getattr(self, collective)
+        try:
+            info, device = self._planned(call, args, options)
+        except (InvalidArgument, InvalidDtype) as e:
+            if str(e).startswith(f"rank {self.rank}"):
+                raise
+            raise type(e)(f"rank {self.rank}: {collective}_init: {e}") from None
+        path = info.algorithm or ""
+        fast = self._fast
+        if (fast is not None and not device and options.get("algo") is None
+                and not options.get("integrity") and options.get("out") is None):
+            if collective == "allreduce":
+                fold = info.fold
+                if info.dtype is not None and fast.takes(info.nbytes, info.dtype, info.op,
+                                                         fold):
+                    path = fast.kind_of(collective, info.nbytes) or path
+            elif collective in ("broadcast", "barrier"):
+                path = fast.kind_of(collective, info.nbytes) or path
+        return Plan(collective, call, args, options, info, path, self.rank, self.name)
+
+    def _planned(self, method: Any, args: tuple, options: dict[str, Any]
+                 ) -> tuple[CallInfo, bool]:
+        """Plan ``method(*args, **options)`` as a call would be (every check, the choice of
+        algorithm) and stop where it would be numbered: its ``CallInfo``, and whether it
+        passed device buffers. The fast path is set aside meanwhile, so that the call is
+        planned by the method's generic half, which checks everything (the fast lanes run
+        calls of kinds they already know)."""
+        fast = self._fast
+        self._fast, self._planning = None, True
+        try:
+            method(*args, **options)
+        except Planned as planned:
+            return planned.info, bool(self._plan.device_buffers)
+        finally:
+            self._fast, self._planning = fast, False
+            self._plan.begin()          # what was staged for the planned call, given back
+        raise AssertionError(f"{method.__name__} returned without reaching _submit")
+
+    def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``broadcast`` (``allreduce_init``'s plans, for every collective)."""
+        return self._persistent("broadcast", tensor, root, **options)
+
+    def reduce_init(self, tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any
+                    ) -> Plan:
+        """A persistent ``reduce``."""
+        return self._persistent("reduce", tensor, root, op, **options)
+
+    def allgather_init(self, output: Any, input: Any, **options: Any) -> Plan:
+        """A persistent ``allgather``."""
+        return self._persistent("allgather", output, input, **options)
+
+    def reduce_scatter_init(self, output: Any, input: Any, op: OpLike = "sum",
+                            **options: Any) -> Plan:
+        """A persistent ``reduce_scatter``."""
+        return self._persistent("reduce_scatter", output, input, op, **options)
+
+    def alltoall_init(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
+                      in_splits: Sequence[int] | None = None, **options: Any) -> Plan:
+        """A persistent ``alltoall``."""
+        return self._persistent("alltoall", output, input, out_splits, in_splits, **options)
+
+    def gather_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``gather``."""
+        return self._persistent("gather", output, input, root, **options)
+
+    def scatter_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``scatter``."""
+        return self._persistent("scatter", output, input, root, **options)
+
+    def barrier_init(self, **options: Any) -> Plan:
+        """A persistent ``barrier``."""
+        return self._persistent("barrier", **options)
+
+    def reduce_scatter_v_init(self, output: Any, input: Any, counts: Sequence[int],
+                              op: OpLike = "sum", **options: Any) -> Plan:
+        """A persistent ``reduce_scatter_v``."""
+        return self._persistent("reduce_scatter_v", output, input, counts, op, **options)
+
+    def gatherv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                     **options: Any) -> Plan:
+        """A persistent ``gatherv``."""
+        return self._persistent("gatherv", output, input, counts, root, **options)
+
+    def scatterv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                      **options: Any) -> Plan:
+        """A persistent ``scatterv``."""
+        return self._persistent("scatterv", output, input, counts, root, **options)
