@@ -122,7 +122,8 @@ def _uneven(comm):
     got = {}
     # reduce_scatter_v: 1-D, and 2-D rows of 3; every option of reduce_scatter
     for name, kw in (("sum", {}), ("deterministic", {"deterministic": True}),
-                     ("max ring", {"op": "max", "algo": "ring"}), ("async", {"async_op": True})):
+                     ("max ring", {"op": "max", "algo": "ring"}), ("async", {"async_op": True}),
+                     ("checked", {"integrity": True})):
         op = kw.pop("op", "sum")
         inp = _inputs(me, total)
         out = np.full(counts[me], -1, F32)
@@ -151,7 +152,7 @@ def _uneven(comm):
             got[f"gatherv root {root}"] = np.array_equal(out, want)
         big = np.arange(total * 2, dtype=np.int32).reshape(total, 2) if me == root else None
         part = np.full((counts[me], 2), -1, np.int32)
-        comm.scatterv(part, big, counts, root)
+        comm.scatterv(part, big, counts, root, integrity=root == 0)
         got[f"scatterv root {root}"] = np.array_equal(
             part, np.arange(total * 2).reshape(total, 2)[starts[me]:starts[me + 1]])
     out = np.full(total, -1, F32) if me == 0 else None
@@ -402,3 +403,38 @@ def test_plan_refusals_on_every_rank():
             assert msg.startswith(("InvalidArgument", "InvalidDtype")), (rank, name, msg)
             assert f"rank {rank}" in msg, (rank, name, msg)
         assert "allgather plan" in got["replaced"] and "no longer holds" in got["replaced"]
+
+
+def _flipped(comm, case):
+    """One bit flipped in what rank 1 (reduce_scatter_v) or the root 0 (gatherv) receives
+    from the other rank: integrity=True raises DataCorruption on both ranks."""
+    from pycoll.transports import bitflip
+    hook = bitflip.flipper()
+    assert hook is not None
+    counts = [3, 5]
+    rng = np.random.default_rng(comm.rank)
+    if case == "reduce_scatter_v":
+        if comm.rank == 1:      # the ring's one message to rank 1 is its own block
+            hook.arm(peer=0, nth=1, itemsize=4, bits=range(20, 32), seed=3)
+        call = lambda: comm.reduce_scatter_v(  # noqa: E731
+            np.zeros(counts[comm.rank], F32), rng.uniform(0.5, 2, 8).astype(F32), counts,
+            algo="ring", integrity=True)
+    else:
+        if comm.rank == 0:
+            hook.arm(peer=1, nth=1, itemsize=1, bits=range(8), seed=3)
+        call = lambda: comm.gatherv(  # noqa: E731
+            np.zeros(8, F32), rng.uniform(0.5, 2, counts[comm.rank]).astype(F32), counts, 0,
+            integrity=True)
+    try:
+        call()
+        return "ok", len(hook.fired)
+    except pycoll.DataCorruption as e:
+        return "DataCorruption " + e.collective, len(hook.fired)
+
+
+@pytest.mark.parametrize("case", ["reduce_scatter_v", "gatherv"])
+def test_integrity_catches_a_flipped_bit(case):
+    results = run_ranks(_flipped, 2, case, env={"PYCOLL_TRANSPORTS": "tcp",
+                                                "PYCOLL_TEST_FLIP": "1"})
+    assert sum(fired for _, fired in results) == 1, results
+    assert all(kind == f"DataCorruption {case}" for kind, _ in results), results
