@@ -1,6 +1,7 @@
 """The uneven scenario: torch's uneven variants that the pycoll backend maps onto pycoll's
 ``v`` calls (``dist.reduce_scatter`` with input lists of different sizes, zeros among them:
-``Communicator.reduce_scatter_v``), against a reference computed on the rank from every
+``Communicator.reduce_scatter_v``; ``dist.all_gather`` into tensors of different sizes:
+``allgatherv``), against a reference computed on the rank from every
 rank's known inputs (small integers: exact sums in every dtype)."""
 from __future__ import annotations
 
@@ -33,5 +34,19 @@ def scenario_uneven() -> dict:
                            data(dtype, counts[-1], RANK, salt=WORLD - 1))
 
     c.run("reduce_scatter uneven", reduce_scatter_uneven)
+
+    def all_gather_uneven() -> None:
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for async_op in (False, True):
+                outs = [torch.full((counts[r], 2), 99, dtype=dtype) for r in range(WORLD)]
+                mine = data(dtype, counts[RANK] * 2, RANK).reshape(-1, 2)
+                work = dist.all_gather(outs, mine, async_op=async_op)
+                if async_op:
+                    work.wait()
+                for r in range(WORLD):
+                    c.same(f"all_gather uneven {dtype} async={async_op} from {r}", outs[r],
+                           data(dtype, counts[r] * 2, r).reshape(-1, 2))
+
+    c.run("all_gather uneven", all_gather_uneven)
     dist.destroy_process_group()
     return {"failures": c.failures, "checked": c.checked}
