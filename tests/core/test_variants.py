@@ -438,3 +438,12 @@ def test_integrity_catches_a_flipped_bit(case):
                                                 "PYCOLL_TEST_FLIP": "1"})
     assert sum(fired for _, fired in results) == 1, results
     assert all(kind == f"DataCorruption {case}" for kind, _ in results), results
+
+
+def test_disagreeing_counts_named_under_detail(tmp_path):
+    results = run_ranks(_disagreeing_counts, 3, "reduce_scatter_v", collective_timeout=10,
+                        timeout=60, env={"PYCOLL_DEBUG": "DETAIL",
+                                         "PYCOLL_TRACE_DIR": str(tmp_path)})
+    for kind, message in results:
+        assert kind == "CollectiveMismatch", results
+        assert "differ in: count ([0, 3, 5] vs [1, 3, 4])" in message, message
