@@ -222,27 +222,31 @@ def test_bad_counts_refused_before_anything_moves():
 
 
 DISAGREE = {
-    # each rank's own buffers fit its own counts; the counts differ between ranks
-    "reduce_scatter_v": lambda c, counts: c.reduce_scatter_v(
-        np.full(counts[c.rank], -1, F32), np.ones(sum(counts), F32), counts),
-    "gatherv": lambda c, counts: c.gatherv(
-        np.full(sum(counts), -1, F32), np.ones(counts[c.rank], F32), counts, 0),
-    "scatterv": lambda c, counts: c.scatterv(
-        np.full(counts[c.rank], -1, F32), np.ones(sum(counts), F32), counts, 0),
+    # each rank's own buffers fit its own counts; the counts differ between ranks. Returns
+    # the buffer the call writes on this rank
+    "reduce_scatter_v": lambda c, counts, out: c.reduce_scatter_v(
+        out[:counts[c.rank]], np.ones(sum(counts), F32), counts),
+    "gatherv": lambda c, counts, out: c.gatherv(
+        out[:sum(counts)], np.ones(counts[c.rank], F32), counts, 0),
+    "scatterv": lambda c, counts, out: c.scatterv(
+        out[:counts[c.rank]], np.ones(sum(counts), F32), counts, 0),
 }
 
 
 def _disagreeing_counts(comm, name):
+    """Rank 1 moves one row between two other ranks' blocks: every rank raises, and rank
+    1's output (whose messages nobody matches) is untouched."""
     p = comm.size
     counts = _counts(p)
-    if comm.rank == 1:          # moves one row between two other ranks' blocks
+    if comm.rank == 1:
         counts[0] += 1
         counts[2] -= 1
+    out = np.full(64, -1, F32)
     try:
-        DISAGREE[name](comm, counts)
-        return "no error", ""
+        DISAGREE[name](comm, counts, out)
+        return "no error", "", True
     except pycoll.PycollError as e:
-        return type(e).__name__, str(e)
+        return type(e).__name__, str(e), bool((out == -1).all())
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -250,9 +254,12 @@ def _disagreeing_counts(comm, name):
 def test_disagreeing_counts_raise_collective_mismatch(name, transport):
     results = run_ranks(_disagreeing_counts, 3, name, collective_timeout=10, timeout=60,
                         env={"PYCOLL_TRANSPORTS": transport})
-    kinds = [k for k, _ in results]
+    kinds = [k for k, _, _ in results]
     assert "CollectiveMismatch" in kinds, results
     assert set(kinds) <= {"CollectiveMismatch", "Aborted"}, results
+    assert results[1][2], "the disagreeing rank's output was written"
+    if name == "reduce_scatter_v":         # written only once the reduction completed
+        assert all(untouched for _, _, untouched in results), results
 
 
 # -- persistent plans of every collective ---------------------------------------------------
@@ -444,6 +451,6 @@ def test_disagreeing_counts_named_under_detail(tmp_path):
     results = run_ranks(_disagreeing_counts, 3, "reduce_scatter_v", collective_timeout=10,
                         timeout=60, env={"PYCOLL_DEBUG": "DETAIL",
                                          "PYCOLL_TRACE_DIR": str(tmp_path)})
-    for kind, message in results:
+    for kind, message, _ in results:
         assert kind == "CollectiveMismatch", results
         assert "differ in: count ([0, 3, 5] vs [1, 3, 4])" in message, message
