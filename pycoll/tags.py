@@ -53,7 +53,8 @@ _P2P_LOW = (1 << DTYPE_SHIFT) - 1
 
 COLLECTIVE_NAMES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
                     "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced", "split",
-                    "allgather_coalesced", "allgatherv", "link_probe")
+                    "allgather_coalesced", "allgatherv", "link_probe", "reduce_scatter_v",
+                    "gatherv", "scatterv")
 _CODES = {name: code for code, name in enumerate(COLLECTIVE_NAMES, start=1)}
 _UNKNOWN_CODE = CODE_MASK
 #: dtype codes of point-to-point tags (0: not said; names not listed share code 63)

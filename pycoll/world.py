@@ -146,20 +146,22 @@ def get_world_size() -> int:
 def allreduce(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
               timeout: float | None = None, async_op: bool = False,
               deterministic: bool | None = None, accumulate: str | None = None,
-              integrity: bool | None = None, compress: str | None = None) -> Work | None:
-    """Allreduce ``tensor`` in place on the default communicator."""
+              integrity: bool | None = None, compress: str | None = None,
+              out: Any = None) -> Work | None:
+    """Allreduce ``tensor`` on the default communicator (in place unless ``out`` is given)."""
     return world().allreduce(tensor, op, algo=algo, timeout=timeout, async_op=async_op,
                              deterministic=deterministic, accumulate=accumulate,
-                             integrity=integrity, compress=compress)
+                             integrity=integrity, compress=compress, out=out)
 
 
 def allreduce_init(tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                    timeout: float | None = None, deterministic: bool | None = None,
-                   accumulate: str | None = None) -> Any:
+                   accumulate: str | None = None, **options: Any) -> Any:
     """A persistent allreduce of ``tensor`` on the default communicator
-    (``Communicator.allreduce_init``)."""
+    (``Communicator.allreduce_init``; ``options``: the call's others, ``compress=``...)."""
     return world().allreduce_init(tensor, op, algo=algo, timeout=timeout,
-                                  deterministic=deterministic, accumulate=accumulate)
+                                  deterministic=deterministic, accumulate=accumulate,
+                                  **options)
 
 
 def barrier(*, algo: str | None = None, timeout: float | None = None,
@@ -207,6 +209,19 @@ def recv(tensor: Any, src: int | None = None, tag: int = 0, **options: Any) -> W
     return world().recv(tensor, src, tag, **options)
 
 
+def reduce_scatter_v(output: Any, input: Any, counts: Any, op: OpLike = "sum",
+                     **options: Any) -> Work | None:
+    return world().reduce_scatter_v(output, input, counts, op, **options)
+
+
+def gatherv(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().gatherv(output, input, counts, root, **options)
+
+
+def scatterv(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Work | None:
+    return world().scatterv(output, input, counts, root, **options)
+
+
 def allreduce_coalesced(tensors: Any, op: OpLike = "sum", **options: Any) -> Work | None:
     return world().allreduce_coalesced(tensors, op, **options)
 
@@ -217,6 +232,53 @@ def allgather_coalesced(outputs: Any, inputs: Any, **options: Any) -> Work | Non
 
 def allgatherv(input: Any, **options: Any) -> Any:
     return world().allgatherv(input, **options)
+
+
+# Persistent plans of the other collectives (``Communicator.broadcast_init``...).
+def broadcast_init(tensor: Any, root: int = 0, **options: Any) -> Any:
+    return world().broadcast_init(tensor, root, **options)
+
+
+def reduce_init(tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any) -> Any:
+    return world().reduce_init(tensor, root, op, **options)
+
+
+def allgather_init(output: Any, input: Any, **options: Any) -> Any:
+    return world().allgather_init(output, input, **options)
+
+
+def reduce_scatter_init(output: Any, input: Any, op: OpLike = "sum", **options: Any) -> Any:
+    return world().reduce_scatter_init(output, input, op, **options)
+
+
+def alltoall_init(output: Any, input: Any, out_splits: Any = None, in_splits: Any = None,
+                  **options: Any) -> Any:
+    return world().alltoall_init(output, input, out_splits, in_splits, **options)
+
+
+def gather_init(output: Any, input: Any, root: int = 0, **options: Any) -> Any:
+    return world().gather_init(output, input, root, **options)
+
+
+def scatter_init(output: Any, input: Any, root: int = 0, **options: Any) -> Any:
+    return world().scatter_init(output, input, root, **options)
+
+
+def barrier_init(**options: Any) -> Any:
+    return world().barrier_init(**options)
+
+
+def reduce_scatter_v_init(output: Any, input: Any, counts: Any, op: OpLike = "sum",
+                          **options: Any) -> Any:
+    return world().reduce_scatter_v_init(output, input, counts, op, **options)
+
+
+def gatherv_init(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Any:
+    return world().gatherv_init(output, input, counts, root, **options)
+
+
+def scatterv_init(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Any:
+    return world().scatterv_init(output, input, counts, root, **options)
 
 
 def new_group(ranks: Any) -> Communicator | None:

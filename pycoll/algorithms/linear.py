@@ -11,28 +11,32 @@ from .cost import PER_MESSAGE_US, Algorithm, Network, alpha, bound
 from .primitives import Peers, chunk_bounds
 
 
-def gather_linear(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root: int) -> None:
-    """Rank i's ``inp`` lands in block i of ``out`` at ``root``."""
+def gather_linear(peers: Peers, inp: np.ndarray, out: np.ndarray | None, root: int,
+                  bounds: list[tuple[int, int]] | None = None) -> None:
+    """Rank i's ``inp`` lands in block i of ``out`` at ``root``: ``bounds[i]`` (gatherv's
+    uneven blocks; default ``size`` equal ones)."""
     n, r = peers.size, peers.rank
     if r != root:
         peers.wait([peers.isend(root, inp)])
         return
     assert out is not None
-    bounds = chunk_bounds(out.size, n)
+    bounds = bounds or chunk_bounds(out.size, n)
     reqs = [peers.irecv(i, out[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
     a, b = bounds[root]
     peers.copy(out[a:b], inp)
     peers.wait(reqs)
 
 
-def scatter_linear(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: int) -> None:
-    """Block i of ``inp`` at ``root`` lands in rank i's ``out``."""
+def scatter_linear(peers: Peers, inp: np.ndarray | None, out: np.ndarray, root: int,
+                   bounds: list[tuple[int, int]] | None = None) -> None:
+    """Block i of ``inp`` at ``root`` (``bounds[i]``, as in ``gather_linear``) lands in rank
+    i's ``out``."""
     n, r = peers.size, peers.rank
     if r != root:
         peers.wait([peers.irecv(root, out)])
         return
     assert inp is not None
-    bounds = chunk_bounds(inp.size, n)
+    bounds = bounds or chunk_bounds(inp.size, n)
     reqs = [peers.isend(i, inp[a:b]) for i, (a, b) in enumerate(bounds) if i != root]
     a, b = bounds[root]
     peers.copy(out, inp[a:b])

@@ -31,7 +31,7 @@ from ..runtime.execution import Body, Execution
 from ..runtime.work import Outcome, Work
 from ..tags import P2P_TAG_LIMIT, p2p_tag
 from .integrity import Check, MoveCheck, SumCheck, p2p_sum, p2p_verdict, refuse, sum_check
-from .persistent import AllreducePlan
+from .persistent import Planned
 from .planning import Planner
 
 #: the collectives that take ``compress=``
@@ -53,12 +53,17 @@ class Collectives:
     _ops: HostOps
     #: ``PYCOLL_INTEGRITY``: check every N-th collective (0: only calls given integrity=True)
     _integrity_every: int
+    #: a call is being planned only (``PersistentCollectives._planned``): ``_submit``
+    #: raises ``Planned`` instead of running it
+    _planning = False
 
     def _submit(self, info: CallInfo, body: Body, timeout: float | None, async_op: bool,
                 output: Any = None, check: Check | None = None) -> Work | None:
         """Run the planned call: its device buffers (if any) wrap the body, staging them
         through host memory or ordering it after their streams (``planning``). A checked
         call raises its integrity verdict once it completed (``integrity.Check.verdict``)."""
+        if self._planning:
+            raise Planned(info)
         if self._plan.device_buffers:
             body = self._plan.take_device_call().wrap(body)
         if self._fast is not None:          # (a one-way broadcast may be queued before it)
@@ -73,6 +78,19 @@ class Collectives:
             return bool(integrity)
         every = self._integrity_every
         return every > 0 and (self._exec.seq + 1) % every == 0
+
+    def _out_of_place(self, tensor: Any, out: Any, collective: str, direct: bool = True,
+                      reads: bool = True) -> tuple[Any, Any]:
+        """``(source, target)`` of a call given ``out=``: the input's buffer (staged for
+        reading only) and ``out``, which the call then runs on in place once the body has
+        copied the input into it; ``(None, tensor)`` for the in-place call (``out`` None or
+        the tensor's own memory). ``reads=False``: the input is checked but not read (a
+        broadcast's non-root)."""
+        if out is None or not self._plan.out_of_place(tensor, out, collective):
+            return None, tensor
+        if not reads:
+            return None, out
+        return self._plan.buffer(tensor, collective, writable=False, direct=direct), out
 
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
@@ -91,8 +109,11 @@ class Collectives:
                   timeout: float | None = None, async_op: bool = False,
                   deterministic: bool | None = None,
                   accumulate: str | None = None, integrity: bool | None = None,
-                  compress: str | None = None) -> Work | None:
+                  compress: str | None = None, out: Any = None) -> Work | None:
         """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
+
+        ``out``: the result goes there instead and ``tensor`` is left unchanged (same shape,
+        dtype and memory; ``out=tensor`` is the in-place call).
 
         ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
         whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
@@ -103,6 +124,9 @@ class Collectives:
         communicator's): float sums only, accumulated in float32, every rank's result the
         same bits, within the bound of docs/numerics.md#compressed-collectives."""
         fast = self._fast
+        if out is not None:             # out of place: never the one-lookup lane below
+            return self._allreduce(tensor, op, algo, timeout, async_op, deterministic,
+                                   accumulate, integrity, compress, out=out)
         if (fast is not None and algo is None and deterministic is None and accumulate is None
                 and integrity is None and compress is None and (not self._integrity_every
                                            or (self._exec.seq + 1) % self._integrity_every)):
@@ -133,7 +157,7 @@ class Collectives:
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
                    async_op: bool, deterministic: bool | None = None,
                    accumulate: str | None = None, integrity: bool | None = None,
-                   compress: str | None = None) -> Work | None:
+                   compress: str | None = None, *, out: Any = None) -> Work | None:
         """allreduce, classified: the fast path's first call of a kind, or an algorithm.
 
         Apart from ``allreduce`` because its closure makes cells of the variables it uses,
@@ -142,14 +166,16 @@ class Collectives:
         fast = self._fast
         plan = self._plan
         plan.begin()
-        buf = plan.buffer(tensor, "allreduce", direct=not (plan.is_deterministic(deterministic)
-                                                           or plan.wants_compress(compress)))
+        direct = not (plan.is_deterministic(deterministic) or plan.wants_compress(compress))
+        src, tensor = self._out_of_place(tensor, out, "allreduce", direct)
+        buf = plan.buffer(tensor, "allreduce", direct=direct, reads=src is None)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         comp = plan.compression("allreduce", compress, buf.dtype, rop, accumulate=accumulate,
                                 integrity=integrity)
         if comp is not None:
-            return self._compressed_allreduce(buf, tensor, rop, comp, algo, timeout, async_op)
+            return self._compressed_allreduce(buf, tensor, rop, comp, algo, timeout, async_op,
+                                              src)
         fold = plan.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
         check = self._sum_check("allreduce", integrity, rop, buf.dtype, buf.count, buf.mem_type)
         if (fast is not None and algo is None and not plan.device_buffers and check is None
@@ -157,6 +183,8 @@ class Collectives:
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
             if deterministic is None and accumulate is None:   # the communicator's defaults
                 fast.remember(("allreduce", op), buf.array, call)
+            if src is not None:
+                self._ops.copy(buf.array, src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = plan.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
         algorithm = ALGORITHMS["allreduce"][name].run
@@ -169,6 +197,8 @@ class Collectives:
                                buf.nbytes, buf.dtype, rop, name)
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             spec.prepare(arr)
             if check is not None:
                 check.before(arr)
@@ -185,18 +215,22 @@ class Collectives:
                             check)
 
     def _compressed_allreduce(self, buf: Any, tensor: Any, rop: Any, comp: Compression,
-                              algo: str | None, timeout: float | None, async_op: bool
-                              ) -> Work | None:
+                              algo: str | None, timeout: float | None, async_op: bool,
+                              src: Any = None) -> Work | None:
         """allreduce with ``compress=`` (``algorithms/compressed.py``): the generic path
-        (the fast path's kernels add the buffers' own bytes)."""
+        (the fast path's kernels add the buffers' own bytes). ``src``: the input of an
+        out-of-place call, copied into ``buf`` (``out``) first."""
         name = self._plan.select("allreduce", buf.nbytes, algo, compressed=comp,
                                  itemsize=buf.itemsize)
         algorithm = ALGORITHMS["allreduce"][name].run
         arr = buf.array
         spec = self._ops.reduce_spec(rop, buf.dtype, self.size)
         size = self.size
+        ops = self._ops
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             spec.prepare(arr)
             if size == 1 or arr.size == 0:
                 spec.finish(arr)
@@ -206,16 +240,6 @@ class Collectives:
         return self._submit(CallInfo("allreduce", buf.nbytes, buf.dtype, buf.count, rop,
                                      algorithm=name, compress=comp.codec.name), body, timeout,
                             async_op, tensor)
-
-    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                       timeout: float | None = None, deterministic: bool | None = None,
-                       accumulate: str | None = None) -> AllreducePlan:
-        """A persistent allreduce of ``tensor`` (``pycoll.comm.persistent``): checked and planned
-        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
-        itself (no communication until a run)."""
-        return AllreducePlan(self._plan, self._fast, self.allreduce, self.name, tensor, op,
-                             algo=algo, timeout=timeout, deterministic=deterministic,
-                             accumulate=accumulate)
 
     def barrier(self, *, algo: str | None = None, timeout: float | None = None,
                 async_op: bool = False) -> Work | None:
@@ -243,13 +267,19 @@ class Collectives:
 
     def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
                   timeout: float | None = None, async_op: bool = False,
-                  integrity: bool | None = None, compress: str | None = None
-                  ) -> Work | None:
+                  integrity: bool | None = None, compress: str | None = None,
+                  out: Any = None) -> Work | None:
         """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank.
 
         ``compress``: the wire format of a float buffer (as for ``allreduce``); every rank,
-        the root too, ends with the values the bytes decode to."""
+        the root too, ends with the values the bytes decode to.
+        ``out``: the data lands in ``out`` on every rank that passes one (the root's too: a
+        copy of its ``tensor``), whose ``tensor`` is left unchanged; a rank other than the
+        root that passes ``out`` does not read its ``tensor``, which may be None."""
         fast = self._fast
+        if out is not None:             # out of place: never the one-lookup lane below
+            return self._broadcast(tensor, root, algo, timeout, async_op, integrity, compress,
+                                   out=out)
         if (fast is not None and algo is None and type(root) is int and integrity is None
                 and compress is None
                 and (not self._integrity_every
@@ -269,13 +299,19 @@ class Collectives:
 
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
                    async_op: bool, integrity: bool | None = None,
-                   compress: str | None = None) -> Work | None:
+                   compress: str | None = None, *, out: Any = None) -> Work | None:
         """broadcast, classified (apart: see ``_allreduce``)."""
         fast = self._fast
         self._plan.begin()
-        buf = self._plan.buffer(tensor, "broadcast",
-                                direct=not self._plan.wants_compress(compress))
         root = self._plan.check_rank(root, "root", "broadcast")
+        direct = not self._plan.wants_compress(compress)
+        src = None
+        if out is not None and tensor is None and self.rank != root:
+            tensor = out                # a non-root's tensor is not read: it may be None
+        else:
+            src, tensor = self._out_of_place(tensor, out, "broadcast", direct,
+                                             reads=self.rank == root)
+        buf = self._plan.buffer(tensor, "broadcast", direct=direct, reads=src is None)
         comp = self._plan.compression("broadcast", compress, buf.dtype, None,
                                       integrity=integrity)
         if comp is not None:
@@ -283,8 +319,11 @@ class Collectives:
                                      itemsize=buf.itemsize)
             run = ALGORITHMS["broadcast"][name].run
             data = buf.array
+            ops = self._ops
 
             def squeezed(peers: Peers) -> None:
+                if src is not None:
+                    ops.copy(data, src.array)
                 if self.size > 1 and data.size:
                     run(peers, data, root, comp)
 
@@ -297,12 +336,17 @@ class Collectives:
                 and check is None and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             fast.remember(("broadcast", root), buf.array, call)
+            if src is not None:
+                self._ops.copy(buf.array, src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("broadcast", buf.nbytes, algo)
         fn = ALGORITHMS["broadcast"][name].run
         arr = buf.array
+        ops = self._ops if buf.mem_type == HOST else self._plan.device_ops()
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             if check is not None and self.rank == root:
                 check.sent_to_all(arr)
             if self.size > 1 and arr.size:
@@ -333,16 +377,21 @@ class Collectives:
     def reduce(self, tensor: Any, root: int = 0, op: OpLike = "sum", *, algo: str | None = None,
                timeout: float | None = None, async_op: bool = False,
                deterministic: bool | None = None, accumulate: str | None = None,
-               integrity: bool | None = None) -> Work | None:
+               integrity: bool | None = None, out: Any = None) -> Work | None:
         """Reduce ``tensor`` into ``tensor`` on ``root``.
 
         As in Gloo, the other ranks' buffers serve as workspace: after the call they may hold
         partial results. ``deterministic``, ``accumulate``, ``integrity``: as for
         ``allreduce`` (only the root's result is checked, against every rank's input).
+        ``out``: the result goes into the root's ``out`` and ``tensor`` is left unchanged on
+        every rank that passes one; another rank's ``out`` is its workspace instead of
+        ``tensor`` (a rank may pass None: its ``tensor`` is then the workspace).
         """
         plan = self._plan
         plan.begin()
-        buf = plan.buffer(tensor, "reduce", direct=not plan.is_deterministic(deterministic))
+        direct = not plan.is_deterministic(deterministic)
+        src, tensor = self._out_of_place(tensor, out, "reduce", direct)
+        buf = plan.buffer(tensor, "reduce", direct=direct, reads=src is None)
         rop = parse_op(op)
         check_op_dtype(rop, buf.dtype)
         root = plan.check_rank(root, "root", "reduce")
@@ -355,6 +404,8 @@ class Collectives:
                                 root=root)
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src.array)
             spec.prepare(arr)
             if check is not None:
                 check.before(arr)

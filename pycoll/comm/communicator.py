@@ -51,9 +51,11 @@ from .fused import FusedCollectives
 from .groups import GroupMaker
 from .integrity import sample_every
 from .membership import Lease, Membership, alive_key, gone_keys
+from .persistent import PersistentCollectives
 from .planning import Planner, reduction_defaults
 from .recovery import Elastic, base_name
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
+from .variants import VariantCollectives
 
 DEFAULT_TIMEOUT = 300.0
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
@@ -65,7 +67,7 @@ SETTLE_AT_FINALIZE_SECONDS = 5.0
 Timeout = float | timedelta | None
 
 
-class Communicator(Collectives, FusedCollectives):
+class Communicator(Collectives, FusedCollectives, VariantCollectives, PersistentCollectives):
     """A group of ranks that run collectives together.
 
     Create one with ``pycoll.init()`` (the world), ``Communicator.create`` (any store), or

@@ -1,29 +1,45 @@
-"""Persistent collectives: validate and choose once, run many times (MPI-4's
-``MPI_Allreduce_init``, mpi4py's ``Allreduce_init``).
+"""Persistent collectives: validate and choose once, run many times (MPI-4's ``*_init``:
+``MPI_Allreduce_init``, ``MPI_Bcast_init``...; mpi4py's ``Allreduce_init``).
 
-A training loop or a benchmark calls the same collective on the same buffer again and again;
-a plan does the argument checks, the classification of the buffer and the choice of the
-path once, at ``comm.allreduce_init(tensor, op)``, so that each run costs only the
-communication: on the fast path, one compiled call. The plan is bound to the tensor's
-memory: write new values into it between runs, but do not reallocate it (``resize_``,
-``set_``), as with MPI's persistent requests. Each run checks that the tensor still holds that
-memory (``_binding``) and raises before any byte moves if not: the plan would otherwise
-reduce into memory the tensor no longer shows (a silently stale result) or that was freed.
+A training loop or a benchmark calls the same collective on the same buffers again and
+again. ``comm.allreduce_init(tensor, op)``, ``comm.broadcast_init(tensor, root)`` and the
+other ``*_init`` make a ``Plan``: the call is planned once, at the ``*_init``, as a real call
+would be (every argument checked, the algorithm chosen: ``PersistentCollectives._planned``
+runs the collective's own planning and stops where the call would be numbered), so a plan
+that would be refused is refused there, on every rank, with nothing sent. Each run is then an
+ordinary collective call, with the same arguments. For allreduce the plan binds the fast
+path's compiled call once, so that a run costs only the communication; the others go through
+their method, whose checks run again (a share of a small call's cost only).
+
+A plan is bound to its buffers' memory: write new values into them between runs, but do not
+reallocate them (``resize_``, ``set_``), as with MPI's persistent requests. Each run checks
+that every buffer still holds that memory (``_binding``) and raises before any byte moves if
+not: the plan would otherwise move data into memory the tensor no longer shows (a silently
+stale result) or that was freed.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..buffers.memory import HOST
-from ..buffers.reduction import OpLike, check_op_dtype, parse_op
+from ..buffers.reduction import OpLike
 from ..buffers.tensors import is_torch_tensor
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidDtype
 from ..fastpath.runner import FastPath
+from ..runtime.calls import CallInfo
 from ..runtime.work import Work
 from .planning import Planner
+
+
+class Planned(Exception):  # noqa: N818 - not an error: how a planning-only call ends
+    """Raised by ``Collectives._submit`` in place of running a call that was only being
+    planned (``Collectives._planned``); carries its description."""
+
+    def __init__(self, info: CallInfo) -> None:
+        super().__init__(info.collective)
+        self.info = info
 
 
 def _binding(tensor: Any) -> tuple[int, ...] | None:
@@ -38,94 +54,218 @@ def _binding(tensor: Any) -> tuple[int, ...] | None:
     return None
 
 
-class AllreducePlan:
-    """``comm.allreduce(tensor, op)`` prepared once; ``run()`` (or calling the plan) runs it,
-    ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run its plan
-    where it would call ``allreduce``: a run is an ordinary collective call.
+def _buffers(args: tuple, kwargs: dict[str, Any]) -> Iterator[Any]:
+    """The buffers among a call's arguments (lists of them too: allgather's output list)."""
+    for value in (*args, kwargs.get("out")):
+        if isinstance(value, (list, tuple)):
+            yield from value
+        elif value is not None:
+            yield value
 
-    Made by ``Communicator.allreduce_init`` from the communicator's planner, its fast path
-    (None where it has none) and its ``allreduce`` (what a run that is not a fast call calls).
+
+class Plan:
+    """``comm.<collective>(*args, **options)`` prepared once; ``run()`` (or calling the plan)
+    runs it, ``start()`` runs it asynchronously and returns a ``Work``. Every rank must run
+    its plan where it would make that call: a run is an ordinary collective call.
+
+    Made by ``PersistentCollectives._persistent``: ``call`` is the communicator's method,
+    ``info`` the description its planning made, ``path`` what runs; ``fast_run(async_op)``,
+    where given, runs the fast path's call bound once (allreduce).
     """
 
-    def __init__(self, planner: Planner, fast: FastPath | None,
-                 allreduce: Callable[..., Work | None], name: str, tensor: Any,
-                 op: OpLike = "sum", *, algo: str | None = None,
-                 timeout: float | None = None, deterministic: bool | None = None,
-                 accumulate: str | None = None) -> None:
-        buf = planner.buffer(tensor, "allreduce", stage=False)
-        rop = parse_op(op)
-        check_op_dtype(rop, buf.dtype)
-        fold = planner.fold_mode("allreduce", rop, buf, deterministic, accumulate, algo)
-        if algo is not None:            # an unknown name (or one that cannot fold) fails here
-            planner.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
-        self._planner = planner
-        self._fast = fast
-        self._allreduce = allreduce
+    def __init__(self, collective: str, call: Callable[..., Work | None], args: tuple,
+                 options: dict[str, Any], info: CallInfo, path: str, rank: int, name: str,
+                 fast_run: Callable[[bool], Work | None] | None = None) -> None:
+        self.collective = collective
+        self.args = args
+        self.options = options
+        self.info = info
+        #: "fastpath", "fastpath-chunked", "fastpath-cma" (reading the peers' buffers), or
+        #: the generic path's algorithm
+        self.path = path
+        self.nbytes = info.nbytes
+        self._call = call
+        #: the fast path's call bound once (allreduce), that a run makes instead of the
+        #: method's; None where none was bound
+        self.fast_run = fast_run
+        self._rank = rank
         self._name = name
-        self.tensor = tensor
-        self.op = rop
-        self.algo = algo
-        self.timeout = timeout
-        self.deterministic = deterministic
-        self.accumulate = accumulate
-        self.fold = fold
-        self.nbytes = buf.nbytes
-        self._array = buf.array
-        self._binding = _binding(tensor)
-        # the communicator's compress= default applies to each run (the generic path)
-        self._compressed = planner.compression("allreduce", None, buf.dtype, rop,
-                                               accumulate=accumulate) is not None
-        self._fast_call = (fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop,
-                                     fold=fold)
-                           if fast is not None and algo is None and buf.mem_type == HOST
-                           and not self._compressed
-                           and fast.takes(buf.nbytes, buf.dtype, rop, fold)
-                           else None)
+        self._bound = [(t, _binding(t)) for t in _buffers(args, options)]
 
     @property
-    def path(self) -> str:
-        """"fastpath" (one slot), "fastpath-chunked", "fastpath-cma" (reading the peers'
-        buffers), or the generic path's algorithm."""
-        if self._fast_call is not None:
-            return self._fast_call.kind
-        if self._compressed:
-            return "compressed"
-        return self._planner.select("allreduce", self.nbytes, self.algo,
-                                    ordered=self.fold is not None)
+    def tensor(self) -> Any:
+        """The first buffer argument (allreduce's, broadcast's tensor)."""
+        return self.args[0] if self.args else None
+
+    @property
+    def op(self) -> Any:
+        return self.info.op
 
     def _check_binding(self) -> None:
-        if self._binding is not None and _binding(self.tensor) != self._binding:
-            raise InvalidArgument(
-                f"rank {self._planner.rank}: allreduce plan on {self._name}: the tensor no "
-                "longer holds the memory the plan was made for (its storage was replaced or "
-                "reallocated: resize_, set_, ndarray.resize); nothing was sent. A plan is "
-                "bound to its buffer: make a new one with allreduce_init(tensor) on every rank")
+        for t, bound in self._bound:
+            if bound is not None and _binding(t) != bound:
+                raise InvalidArgument(
+                    f"rank {self._rank}: {self.collective} plan on {self._name}: a buffer "
+                    "no longer holds the memory the plan was made for (its storage was "
+                    "replaced or reallocated: resize_, set_, ndarray.resize); nothing was "
+                    f"sent. A plan is bound to its buffers: make a new one with "
+                    f"{self.collective}_init on every rank")
 
     def run(self) -> None:
-        """Run the allreduce once, synchronously (the result is in the tensor)."""
+        """Run the call once, synchronously."""
         self._check_binding()
-        call, fast = self._fast_call, self._fast
-        if call is not None and fast is not None:
-            fast.run(call, self._array, self.timeout, False, self.tensor)
+        if self.fast_run is not None:
+            self.fast_run(False)
         else:
-            self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
-                            deterministic=self.deterministic, accumulate=self.accumulate)
+            self._call(*self.args, **self.options)
 
     __call__ = run
 
     def start(self) -> Work:
         """Run it asynchronously; ``wait()`` on the returned work."""
         self._check_binding()
-        call, fast = self._fast_call, self._fast
-        if call is not None and fast is not None:
-            work = fast.run(call, self._array, self.timeout, True, self.tensor)
+        if self.fast_run is not None:
+            work = self.fast_run(True)
         else:
-            work = self._allreduce(self.tensor, self.op, algo=self.algo, timeout=self.timeout,
-                                   async_op=True, deterministic=self.deterministic,
-                                   accumulate=self.accumulate)
+            work = self._call(*self.args, async_op=True, **self.options)
         assert work is not None
         return work
 
     def __repr__(self) -> str:
-        return (f"<pycoll.AllreducePlan {self.nbytes} bytes op={self.op} path={self.path} "
+        op = f" op={self.info.op}" if self.info.op is not None else ""
+        return (f"<pycoll.Plan {self.collective} {self.nbytes} bytes{op} path={self.path} "
                 f"on {self._name}>")
+
+
+#: the name persistent allreduces had before every collective got a plan
+AllreducePlan = Plan
+
+
+class PersistentCollectives:
+    """The ``*_init`` of every collective: like ``Collectives``, a stateless part of
+    ``Communicator``, written against the parts listed here."""
+
+    rank: int
+    name: str
+    _plan: Planner
+    _fast: FastPath | None
+    #: ``Collectives._planning``: while set, ``_submit`` raises ``Planned``
+    _planning: bool
+
+    def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
+                       timeout: float | None = None, deterministic: bool | None = None,
+                       accumulate: str | None = None, **options: Any) -> Plan:
+        """A persistent allreduce of ``tensor`` (see the module docstring): checked and planned
+        once, then ``plan.run()`` / ``plan.start()`` as often as needed. Not a collective
+        itself (no communication until a run). Where the fast path takes the call, its
+        compiled call is bound once and each run is that call alone."""
+        options.update(algo=algo, timeout=timeout, deterministic=deterministic,
+                       accumulate=accumulate)
+        plan = self._persistent("allreduce", tensor, op, **options)
+        fast, info = self._fast, plan.info
+        if (fast is not None and algo is None and plan.path.startswith("fastpath")
+                and options.get("out") is None and not options.get("integrity")):
+            buf = self._plan.buffer(tensor, "allreduce", stage=False)
+            call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, info.op,
+                             fold=info.fold)
+            arr = buf.array
+
+            def fast_run(async_op: bool) -> Work | None:
+                return fast.run(call, arr, timeout, async_op, tensor)
+
+            plan.fast_run = fast_run
+        return plan
+
+    def _persistent(self, collective: str, *args: Any, **options: Any) -> Plan:
+        """The ``Plan`` of ``comm.<collective>(*args, **options)``."""
+        if "async_op" in options:
+            raise InvalidArgument(f"rank {self.rank}: {collective}_init: async_op is not an "
+                                  "option of a plan: plan.start() runs it asynchronously")
+        call = getattr(self, collective)
+        try:
+            info, device = self._planned(call, args, options)
+        except (InvalidArgument, InvalidDtype) as e:
+            if str(e).startswith(f"rank {self.rank}"):
+                raise
+            raise type(e)(f"rank {self.rank}: {collective}_init: {e}") from None
+        path = info.algorithm or ""
+        fast = self._fast
+        if (fast is not None and not device and options.get("algo") is None
+                and not options.get("integrity") and options.get("out") is None
+                and info.compress is None):     # (compressed: the generic path only)
+            if collective == "allreduce":
+                fold = info.fold
+                if info.dtype is not None and fast.takes(info.nbytes, info.dtype, info.op,
+                                                         fold):
+                    path = fast.kind_of(collective, info.nbytes) or path
+            elif collective in ("broadcast", "barrier"):
+                path = fast.kind_of(collective, info.nbytes) or path
+        return Plan(collective, call, args, options, info, path, self.rank, self.name)
+
+    def _planned(self, method: Any, args: tuple, options: dict[str, Any]
+                 ) -> tuple[CallInfo, bool]:
+        """Plan ``method(*args, **options)`` as a call would be (every check, the choice of
+        algorithm) and stop where it would be numbered: its ``CallInfo``, and whether it
+        passed device buffers. The fast path is set aside meanwhile, so that the call is
+        planned by the method's generic half, which checks everything (the fast lanes run
+        calls of kinds they already know)."""
+        fast = self._fast
+        self._fast, self._planning = None, True
+        try:
+            method(*args, **options)
+        except Planned as planned:
+            return planned.info, bool(self._plan.device_buffers)
+        finally:
+            self._fast, self._planning = fast, False
+            self._plan.begin()          # what was staged for the planned call, given back
+        raise AssertionError(f"{method.__name__} returned without reaching _submit")
+
+    def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``broadcast`` (``allreduce_init``'s plans, for every collective)."""
+        return self._persistent("broadcast", tensor, root, **options)
+
+    def reduce_init(self, tensor: Any, root: int = 0, op: OpLike = "sum", **options: Any
+                    ) -> Plan:
+        """A persistent ``reduce``."""
+        return self._persistent("reduce", tensor, root, op, **options)
+
+    def allgather_init(self, output: Any, input: Any, **options: Any) -> Plan:
+        """A persistent ``allgather``."""
+        return self._persistent("allgather", output, input, **options)
+
+    def reduce_scatter_init(self, output: Any, input: Any, op: OpLike = "sum",
+                            **options: Any) -> Plan:
+        """A persistent ``reduce_scatter``."""
+        return self._persistent("reduce_scatter", output, input, op, **options)
+
+    def alltoall_init(self, output: Any, input: Any, out_splits: Sequence[int] | None = None,
+                      in_splits: Sequence[int] | None = None, **options: Any) -> Plan:
+        """A persistent ``alltoall``."""
+        return self._persistent("alltoall", output, input, out_splits, in_splits, **options)
+
+    def gather_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``gather``."""
+        return self._persistent("gather", output, input, root, **options)
+
+    def scatter_init(self, output: Any, input: Any, root: int = 0, **options: Any) -> Plan:
+        """A persistent ``scatter``."""
+        return self._persistent("scatter", output, input, root, **options)
+
+    def barrier_init(self, **options: Any) -> Plan:
+        """A persistent ``barrier``."""
+        return self._persistent("barrier", **options)
+
+    def reduce_scatter_v_init(self, output: Any, input: Any, counts: Sequence[int],
+                              op: OpLike = "sum", **options: Any) -> Plan:
+        """A persistent ``reduce_scatter_v``."""
+        return self._persistent("reduce_scatter_v", output, input, counts, op, **options)
+
+    def gatherv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                     **options: Any) -> Plan:
+        """A persistent ``gatherv``."""
+        return self._persistent("gatherv", output, input, counts, root, **options)
+
+    def scatterv_init(self, output: Any, input: Any, counts: Sequence[int], root: int = 0,
+                      **options: Any) -> Plan:
+        """A persistent ``scatterv``."""
+        return self._persistent("scatterv", output, input, counts, root, **options)

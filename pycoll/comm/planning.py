@@ -142,26 +142,62 @@ class Planner:
                 f"world size x {like.count} = {like.count * self.size}")
         return [buf]
 
+    def out_of_place(self, tensor: Any, out: Any, collective: str) -> bool:
+        """Whether ``out=`` (not None) is another buffer than ``tensor`` (False: the same
+        memory, which is the in-place call).
+
+        Checked before anything is staged or numbered, on every rank that passes ``out``: it
+        must be writable and have ``tensor``'s shape, dtype and memory kind, and must not
+        overlap it partly (the copy of the input into it would overwrite input not yet
+        read)."""
+        where = f"rank {self.rank}: {collective}"
+        src = as_buffer(tensor, name=f"{where}: tensor", writable=False)
+        dst = as_buffer(out, name=f"{where}: out", writable=True)
+        if dst.dtype != src.dtype:
+            raise InvalidDtype(f"{where}: out has dtype {dst.dtype} but tensor has "
+                               f"{src.dtype}; pass an out of the tensor's dtype (nothing "
+                               "was sent)")
+        shapes = _shape(tensor, src), _shape(out, dst)
+        if shapes[0] != shapes[1]:
+            raise InvalidArgument(f"{where}: out has shape {shapes[1]} but tensor has "
+                                  f"{shapes[0]}; pass an out of the tensor's shape (nothing "
+                                  "was sent)")
+        if (dst.mem_type, dst.device) != (src.mem_type, src.device):
+            raise InvalidArgument(f"{where}: out is in {dst.where} memory but tensor in "
+                                  f"{src.where}; pass an out in the tensor's memory, or copy "
+                                  "the result over afterwards (nothing was sent)")
+        a, b = _extent(src), _extent(dst)
+        if a is None or b is None:          # an object whose address is not known
+            return out is not tensor
+        if a == b:
+            return False
+        if a[0] < b[0] + b[1] and b[0] < a[0] + a[1]:
+            raise InvalidArgument(f"{where}: out overlaps tensor without being the same "
+                                  "memory; pass a separate out, or omit out= (or pass the "
+                                  "tensor itself) for the in-place call (nothing was sent)")
+        return True
+
     def split_bounds(self, obj: Any, buf: Buffer, splits: Sequence[int] | None,
-                     what: str) -> list[tuple[int, int]]:
-        """Element bounds of each rank's block of an alltoall buffer (rows of dimension 0)."""
+                     what: str, collective: str = "alltoall") -> list[tuple[int, int]]:
+        """Element bounds of each rank's block of a buffer cut into rows of dimension 0
+        (alltoall's splits, the counts of reduce_scatter_v, gatherv and scatterv)."""
         shape = tuple(getattr(obj, "shape", (buf.count,))) or (1,)
         rows = shape[0]
         row = buf.count // rows if rows else 0
         if splits is None:
             if rows % self.size:
                 raise InvalidArgument(
-                    f"rank {self.rank}: alltoall: first dimension {rows} is not divisible by the "
-                    f"world size {self.size}; pass {what} to split it unevenly")
+                    f"rank {self.rank}: {collective}: first dimension {rows} is not divisible "
+                    f"by the world size {self.size}; pass {what} to split it unevenly")
             splits = [rows // self.size] * self.size
         try:
             splits = [self._int(s, what) for s in splits]
         except TypeError:
-            raise InvalidArgument(f"rank {self.rank}: alltoall: {what} must be a sequence of "
+            raise InvalidArgument(f"rank {self.rank}: {collective}: {what} must be a sequence of "
                                   f"{self.size} ints, not {splits!r}") from None
         if len(splits) != self.size or any(s < 0 for s in splits) or sum(splits) != rows:
             raise InvalidArgument(
-                f"rank {self.rank}: alltoall: {what}={splits} must be {self.size} non-negative "
+                f"rank {self.rank}: {collective}: {what}={splits} must be {self.size} non-negative "
                 f"row counts adding up to the first dimension ({rows})")
         bounds, start = [], 0
         for s in splits:
@@ -296,3 +332,25 @@ class Planner:
                     self._choice_cache[key] = found
             return found
         return self.selector.choose(collective, nbytes, self.size, algo, ordered=ordered)
+
+
+def _shape(obj: Any, buf: Buffer) -> tuple[int, ...]:
+    """The shape the caller sees (the element count for objects without one)."""
+    shape = getattr(obj, "shape", None)
+    try:
+        return tuple(int(d) for d in shape) if shape is not None else (buf.count,)
+    except TypeError:
+        return (buf.count,)
+
+
+def _extent(buf: Buffer) -> tuple[int, int] | None:
+    """(address, bytes) of a classified buffer's memory; None where it cannot be told."""
+    arr = buf.array
+    if buf.mem_type == HOST:
+        return arr.__array_interface__["data"][0], buf.nbytes
+    if hasattr(arr, "data_ptr"):
+        return int(arr.data_ptr()), buf.nbytes
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0]), buf.nbytes
+    return None

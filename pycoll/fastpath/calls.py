@@ -51,7 +51,7 @@ def wait_policy(polls: tuple[int, int]) -> int:
 
 
 # The kinds of fast call, by kernel (what ``FastPath.kind_of`` answers; the flight recorder,
-# ``Communicator.selected_algorithm`` and ``AllreducePlan.path`` show them)
+# ``Communicator.selected_algorithm`` and ``Plan.path`` show them)
 SMALL, CHUNKED, BROADCAST = "fastpath", "fastpath-chunked", "fastpath-broadcast"
 SINGLE_COPY = "fastpath-broadcast-cma"
 DIRECT = "fastpath-cma"

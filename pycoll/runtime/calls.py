@@ -23,6 +23,9 @@ from ..tags import signature
 P2P = frozenset({"send", "recv", "batch_p2p"})
 #: what DETAIL compares across ranks, in the order messages name them
 FINGERPRINT_FIELDS = ("collective", "dtype", "count", "root", "op", "fold", "compress")
+#: the calls whose ranks move different numbers of bytes (alltoall's splits; the uneven
+#: rooted calls, whose agreed counts are in ``count``)
+_BYTES_DIFFER = frozenset({"alltoall", "gatherv", "scatterv"})
 
 
 class CallInfo:
@@ -111,10 +114,10 @@ class CallInfo:
         return out
 
     def fingerprint(self) -> dict[str, Any]:
-        """What DETAIL compares across ranks (bytes too, but for alltoall, whose blocks may
+        """What DETAIL compares across ranks (bytes too, but for the calls whose blocks may
         differ per rank)."""
         fp: dict[str, Any] = {"collective": self.collective}
-        if self.collective != "alltoall":
+        if self.collective not in _BYTES_DIFFER:
             fp["nbytes"] = self.nbytes
             if self.count is not None:
                 fp["count"] = self.count

@@ -340,9 +340,35 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         st = ContiguousStandIns()
         hi = st.inp(inp)
         hos = [st.out(o) for o in outs]
+        if len({o.numel() for o in outs}) > 1:      # uneven output lists (NCCL's allgather_v)
+            return self._allgather_uneven(hos, hi, outs, inp, timeout, st, opts.asyncOp)
         return self._issue("allgather", [
             lambda a: self.comm.allgather(hos, hi, timeout=timeout, async_op=a)],
             [outs], st, opts.asyncOp, inputs=[inp])
+
+    def _allgather_uneven(self, hos: list, hi: Any, outs: list, inp: Any,
+                          timeout: Any, st: ContiguousStandIns, async_op: bool) -> PycollWork:
+        """``all_gather`` into tensors of different sizes: ``allgatherv`` (each rank's
+        length travels with its data), each rank's block then copied into its tensor; a block
+        whose size is not its tensor's (ranks that disagree about the sizes) raises on the
+        rank that sees it."""
+        got: list = []
+
+        def call(a: bool) -> Any:
+            got.append(self.comm.allgatherv(hi, timeout=timeout, async_op=a))
+            return got[-1]
+
+        def post() -> None:
+            parts = got[0] if isinstance(got[0], list) else got[0].result()
+            for r, (h, part) in enumerate(zip(hos, parts)):
+                if part.nbytes != h.numel() * h.element_size():
+                    raise InvalidArgument(
+                        f"rank {self._rank}: all_gather: rank {r} sent {part.nbytes} bytes "
+                        f"for an output tensor of {h.numel() * h.element_size()}: the ranks "
+                        "disagree about the output sizes")
+                h.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(part.view("uint8")))
+
+        return self._issue("allgather", [call], [outs], st, async_op, post, inputs=[inp])
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> PycollWork:
@@ -391,6 +417,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         ho = st.out(out)
         his = [st.inp(i) for i in ins]
         det = deterministic()
+        counts = [i.numel() for i in ins]
+        if len(set(counts)) > 1:        # uneven input lists (NCCL's reduce_scatter_v)
+            flat = torch.cat([h.reshape(-1) for h in his])
+            return self._issue("reduce_scatter", [
+                lambda a: self.comm.reduce_scatter_v(ho, flat, counts, op, timeout=timeout,
+                                                     async_op=a, deterministic=det)],
+                [out], st, opts.asyncOp, inputs=ins)
         return self._issue("reduce_scatter", [
             lambda a: self.comm.reduce_scatter(ho, his, op, timeout=timeout, async_op=a,
                                                deterministic=det)],

@@ -333,6 +333,73 @@ def test_a_persistent_allreduce_takes_the_default_too():
         assert np.array_equal(x, cz.reference(xs, "fp8"))
 
 
+def _with_out(comm):
+    """``out=`` with ``compress=``: the input copied into ``out``, the compressed call on it
+    (the same bits as the in-place call); the input left unchanged."""
+    x = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    x0 = x.copy()
+    o = np.zeros_like(x)
+    comm.allreduce(x, out=o, compress="fp8")
+    inplace = x.copy()
+    comm.allreduce(inplace, compress="fp8")
+    b = np.linspace(-3, 3, 600, dtype=np.float32) * (comm.rank + 1)
+    b0 = b.copy()
+    bo = np.zeros_like(b)
+    # the non-root passes no tensor (it is not read): the data lands in its out
+    comm.broadcast(b if comm.rank == 1 else None, 1, out=bo, compress="int8")
+    bin_ = b.copy()
+    comm.broadcast(bin_, 1, compress="int8")
+    return (np.array_equal(x, x0), o, inplace, np.array_equal(b, b0), bo, bin_)
+
+
+def test_out_with_compress_is_the_in_place_call_on_out():
+    res = run_ranks(_with_out, 2, env={"PYCOLL_TRANSPORTS": "shm"})
+    xs = [np.full(600, 0.3, np.float32) * (r + 1) for r in range(2)]
+    for x_kept, o, inplace, b_kept, bo, bin_ in res:
+        assert x_kept and b_kept
+        assert np.array_equal(o, inplace)
+        assert np.array_equal(o, cz.reference(xs, "fp8"))
+        assert np.array_equal(bo, bin_)
+    assert np.array_equal(res[0][4], res[1][4])           # every rank the same bits
+
+
+def _plans(comm):
+    """Plans of every compressible collective take ``compress=`` and run compressed."""
+    n, size = 600, comm.size
+    x = np.full(n, 0.3, np.float32) * (comm.rank + 1)
+    o = np.zeros_like(x)
+    p_ar = comm.allreduce_init(x, out=o, compress="bf16")
+    p_ar.run()
+    ref_ar = x.copy()
+    comm.allreduce(ref_ar, compress="bf16")
+    inp = np.linspace(-1, 1, n * size, dtype=np.float32) * (comm.rank + 1)
+    rs = np.zeros(n, np.float32)
+    p_rs = comm.reduce_scatter_init(rs, inp, compress="int8")
+    p_rs.run()
+    ref_rs = np.zeros(n, np.float32)
+    comm.reduce_scatter(ref_rs, inp, compress="int8")
+    ag = np.zeros(n * size, np.float32)
+    p_ag = comm.allgather_init(ag, x, compress="fp8")
+    p_ag.start().wait()
+    ref_ag = np.zeros(n * size, np.float32)
+    comm.allgather(ref_ag, x, compress="fp8")
+    b = np.linspace(-2, 2, n, dtype=np.float32) * (comm.rank + 1)
+    p_b = comm.broadcast_init(b, 0, compress="fp16")
+    p_b.run()
+    ref_b = np.linspace(-2, 2, n, dtype=np.float32) * (comm.rank + 1)
+    comm.broadcast(ref_b, 0, compress="fp16")
+    paths = [p.path for p in (p_ar, p_rs, p_ag, p_b)]
+    return (paths, np.array_equal(o, ref_ar), np.array_equal(rs, ref_rs),
+            np.array_equal(ag, ref_ag), np.array_equal(b, ref_b))
+
+
+def test_plans_of_every_compressible_collective_take_compress():
+    res = run_ranks(_plans, 2, env={"PYCOLL_TRANSPORTS": "shm"})
+    for paths, *same in res:
+        assert paths == ["compressed"] * 4
+        assert all(same)
+
+
 # -- the cost model ----------------------------------------------------------------------------
 def test_the_cost_model_prices_wire_bytes_and_the_codec():
     """Compressed records are priced on the bytes that travel plus the codec's passes: on a

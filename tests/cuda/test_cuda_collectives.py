@@ -183,3 +183,59 @@ def test_stream_semantics(transport):
                                                start_method="spawn"):
         assert first == last == 2 * total
         assert again == total * 2       # the second allreduce summed the first's result
+
+
+def _variants_on_device(comm):
+    """out= (the device copy, direct and staged), reduce_scatter_v, gatherv and scatterv
+    on CuPy arrays, against numpy; out in host memory for a device tensor is refused."""
+    cp = runtime.cupy()
+    p, me, n = comm.size, comm.rank, 37
+    failures = []
+    inputs = [np.arange(n, dtype=np.float32) + 10 * r for r in range(p)]
+    t, o = cp.asarray(inputs[me]), cp.zeros(n, dtype=cp.float32)
+    comm.allreduce(t, out=o)
+    if not (np.array_equal(cp.asnumpy(o), sum(inputs))
+            and np.array_equal(cp.asnumpy(t), inputs[me])):
+        failures.append("allreduce out")
+    o = cp.zeros(n, dtype=cp.float32)
+    comm.reduce(t, p - 1, out=o)
+    if me == p - 1 and not np.array_equal(cp.asnumpy(o), sum(inputs)):
+        failures.append("reduce out")
+    o = cp.zeros(n, dtype=cp.float32)
+    comm.broadcast(t, 0, out=o)
+    if not (np.array_equal(cp.asnumpy(o), inputs[0])
+            and np.array_equal(cp.asnumpy(t), inputs[me])):
+        failures.append("broadcast out")
+    try:
+        comm.allreduce(t, out=np.zeros(n, np.float32))
+        failures.append("host out for a device tensor accepted")
+    except ValueError as e:
+        if "memory" not in str(e):
+            failures.append(f"host out: {e}")
+    counts = [0] + [r + 2 for r in range(1, p)]
+    total = sum(counts)
+    starts = np.cumsum([0] + counts)
+    full = [np.arange(total, dtype=np.float32) * (r + 1) for r in range(p)]
+    out = cp.asarray(np.full(counts[me], -1, np.float32))
+    comm.reduce_scatter_v(out, cp.asarray(full[me]), counts)
+    if not np.array_equal(cp.asnumpy(out), sum(full)[starts[me]:starts[me + 1]]):
+        failures.append("reduce_scatter_v")
+    g = cp.asarray(np.full(total, -1, np.float32)) if me == 0 else None
+    comm.gatherv(g, cp.asarray(full[me][starts[me]:starts[me + 1]]), counts, 0)
+    if me == 0 and not np.array_equal(cp.asnumpy(g), np.concatenate(
+            [full[r][starts[r]:starts[r + 1]] for r in range(p)])):
+        failures.append("gatherv")
+    part = cp.asarray(np.full(counts[me], -1, np.float32))
+    comm.scatterv(part, cp.asarray(full[0]) if me == 0 else None, counts, 0)
+    if not np.array_equal(cp.asnumpy(part), full[0][starts[me]:starts[me + 1]]):
+        failures.append("scatterv")
+    return failures
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transport", ["cuda_ipc", "tcp"])
+def test_out_of_place_and_uneven_variants_on_device(transport):
+    for rank, failures in enumerate(run_ranks(_variants_on_device, 3, timeout=240,
+                                              env={"PYCOLL_TRANSPORTS": transport},
+                                              start_method="spawn")):
+        assert not failures, (rank, failures)

@@ -204,6 +204,16 @@ def test_gaps_to_gloo_closed(world_size):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+def test_uneven_variants_map_onto_pycolls(world_size):
+    """dist.reduce_scatter with input lists of different sizes (one empty) runs as pycoll's
+    reduce_scatter_v (the exact sums and maxima), dist.all_gather into tensors of different
+    sizes as allgatherv; sync and async."""
+    results = run_scenario("uneven", world_size, timeout=90)
+    _ok(results)
+    assert all(res["checked"] >= 24 + 6 * world_size for res in results), describe(results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_profiler_events_like_gloo(world_size):
     """torch.profiler and the autograd profiler show pycoll:<op> events with the same input
     shapes as Gloo's gloo:<op>, for synchronous and asynchronous calls."""

@@ -33,6 +33,7 @@ SCENARIOS = {
     "own_channels": "mesh_checks",       # a pycoll group under a Gloo default group
     "shrink_group": "elastic_checks",    # dist.shrink_group after a rank's death
     "shrink_subgroup": "elastic_checks",  # dist.shrink_group of a group, excluding a live rank
+    "uneven": "uneven_checks",           # torch's uneven variants on pycoll's v calls
 }
 
 
