@@ -22,7 +22,7 @@ from ..buffers.compression import Compression
 from ..buffers.memops import HostOps
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op
-from ..buffers.tensors import torch_host_view
+from ..buffers.tensors import Buffer, torch_host_view
 from ..errors import InvalidArgument
 from ..fastpath.compiled import FastMethod
 from ..fastpath.runner import FastPath
@@ -486,37 +486,65 @@ class Collectives:
         rop = parse_op(op)
         check_op_dtype(rop, out.dtype)
         ins = plan.output_list(input, out, "reduce_scatter", writable=False, name="input")
-        comp = plan.compression("reduce_scatter", compress, out.dtype, rop,
-                                accumulate=accumulate, integrity=integrity)
+        count = out.count
+        if len(ins) == 1:
+            sources = [(ins[0], r * count, (r + 1) * count) for r in range(self.size)]
+        else:
+            sources = [(b, 0, count) for b in ins]
+        return self._reduce_scatter("reduce_scatter", output, out, sources, count * self.size,
+                                    out.count, rop, algo, timeout, async_op, deterministic,
+                                    accumulate, integrity, compress)
+
+    def _reduce_scatter(self, what: str, output: Any, out: Buffer,
+                        sources: list[tuple[Buffer, int, int]], elements: int, count: Any,
+                        rop: Any, algo: str | None, timeout: float | None, async_op: bool,
+                        deterministic: bool | None, accumulate: str | None,
+                        integrity: bool | None, compress: str | None) -> Work | None:
+        """The one body of ``reduce_scatter`` and ``reduce_scatter_v`` (checked by them):
+        rank r's block is elements ``a:b`` of ``sources[r] = (buffer, a, b)``. Every block
+        is padded with zeros to the largest one (nothing to pad for ``reduce_scatter``) and
+        reduced by a reduce_scatter algorithm; rank r keeps its block's first ``b - a``
+        elements. ``elements``: the input's elements per rank (the call's bytes);
+        ``count``: what every rank must agree on (the element count, or the v-call's
+        counts)."""
+        plan = self._plan
+        size, rank = self.size, self.rank
+        sizes = [b - a for _, a, b in sources]
+        block = max(sizes)
+        padded = any(n != block for n in sizes)
+        comp = plan.compression(what, compress, out.dtype, rop, accumulate=accumulate,
+                                integrity=integrity)
         fold = (None if comp is not None else
-                plan.fold_mode("reduce_scatter", rop, out, deterministic, accumulate, algo))
-        name = plan.select("reduce_scatter", out.nbytes * self.size, algo,
+                plan.fold_mode(what, rop, out, deterministic, accumulate, algo))
+        name = plan.select("reduce_scatter", block * size * out.itemsize, algo,
                            ordered=fold is not None, compressed=comp, itemsize=out.itemsize)
         fn = ALGORITHMS["reduce_scatter"][name].run
         extra = () if comp is None else (comp,)
-        spec = self._ops.reduce_spec(rop, out.dtype, self.size, wide=fold == "fp32")
-        count = out.count
+        spec = self._ops.reduce_spec(rop, out.dtype, size, wide=fold == "fp32")
         check = None if comp is not None else self._sum_check(
-            "reduce_scatter", integrity, rop, out.dtype, count * self.size, out.mem_type,
-            *(b.mem_type for b in ins), blocks=True)
+            what, integrity, rop, out.dtype, block * size, out.mem_type,
+            *(b.mem_type for b, _, _ in sources), blocks=True)
+        mine = slice(rank * block, rank * block + sizes[rank])
+        dtype = out.array.dtype
 
         def body(peers: Peers) -> None:
-            work = (ins[0].array.copy() if len(ins) == 1
-                    else np.concatenate([b.array for b in ins]))
+            work = (np.zeros if padded else np.empty)(block * size, dtype=dtype)
+            for r, (b, lo, hi) in enumerate(sources):
+                work[r * block:r * block + hi - lo] = b.array[lo:hi]
             spec.prepare(work)
             if check is not None:
                 check.before(work)
-            if self.size == 1 or count == 0:
+            if size == 1 or block == 0:
                 spec.finish(work)
             else:
                 fn(peers, work, spec, *extra)
-            out.array[...] = work[self.rank * count:(self.rank + 1) * count]
+            out.array[...] = work[mine]
             if check is not None:
-                check.after(out.array)
+                check.after(work[rank * block:(rank + 1) * block])
                 check.finish(peers)
 
-        return self._submit(CallInfo("reduce_scatter", out.nbytes * self.size, out.dtype,
-                                     out.count, rop, algorithm=name, fold=fold,
+        return self._submit(CallInfo(what, elements * out.itemsize, out.dtype, count, rop,
+                                     algorithm=name, fold=fold,
                                      compress=comp.codec.name if comp is not None else None),
                             body, timeout, async_op, output, check)
 

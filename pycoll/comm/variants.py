@@ -46,6 +46,8 @@ class VariantCollectives:
     _ops: HostOps
     #: ``Collectives._submit``: run a planned call (and raise its integrity verdict)
     _submit: Callable[[CallInfo, Body, float | None, bool, Any, Check | None], Work | None]
+    #: ``Collectives._reduce_scatter``: the body of reduce_scatter and reduce_scatter_v
+    _reduce_scatter: Callable[..., Work | None]
     #: ``Collectives._move_check`` / ``_sum_check``: the integrity check of a call, if any
     _move_check: Callable[..., MoveCheck | None]
     _sum_check: Callable[..., SumCheck | None]
@@ -80,14 +82,16 @@ class VariantCollectives:
                          op: OpLike = "sum", *, algo: str | None = None,
                          timeout: float | None = None, async_op: bool = False,
                          deterministic: bool | None = None, accumulate: str | None = None,
-                         integrity: bool | None = None) -> Work | None:
+                         integrity: bool | None = None, compress: str | None = None
+                         ) -> Work | None:
         """Reduce ``input`` across ranks and leave rank r's block of the result, ``counts[r]``
         rows of it (zeros allowed), in rank r's ``output`` (MPI_Reduce_scatter).
 
         ``input`` holds ``sum(counts)`` rows on every rank and is left unchanged. Each block
-        is padded to the largest one and reduced by the reduce_scatter algorithms, so every
-        option of ``reduce_scatter`` (``algo``, ``deterministic``, ``accumulate``,
-        ``integrity``) holds; the padding costs ``size * max(counts)`` rows on the wire
+        is padded to the largest one and reduced by the reduce_scatter algorithms (one
+        implementation: ``Collectives._reduce_scatter``), so every option of
+        ``reduce_scatter`` (``algo``, ``deterministic``, ``accumulate``, ``integrity``,
+        ``compress``) holds; the padding costs ``size * max(counts)`` rows on the wire
         instead of ``sum(counts)``.
         """
         plan = self._plan
@@ -100,41 +104,14 @@ class VariantCollectives:
         check_op_dtype(rop, out.dtype)
         counts = self._counts(what, counts)
         bounds = plan.split_bounds(input, inp, counts, "counts", what)
-        sizes = [b - a for a, b in bounds]
-        if out.count != sizes[self.rank]:
+        mine = bounds[self.rank][1] - bounds[self.rank][0]
+        if out.count != mine:
             raise InvalidArgument(
                 f"rank {self.rank}: {what}: output has {out.count} elements but counts"
-                f"[{self.rank}] gives this rank {sizes[self.rank]} (nothing was sent)")
-        rank, size = self.rank, self.size
-        block = max(sizes)
-        fold = plan.fold_mode(what, rop, out, deterministic, accumulate, algo)
-        name = plan.select("reduce_scatter", block * size * out.itemsize, algo,
-                           ordered=fold is not None)
-        fn = ALGORITHMS["reduce_scatter"][name].run
-        spec = self._ops.reduce_spec(rop, out.dtype, size, wide=fold == "fp32")
-        check = self._sum_check(what, integrity, rop, out.dtype, block * size,
-                                out.mem_type, inp.mem_type, blocks=True)
-        mine = slice(rank * block, rank * block + sizes[rank])
-
-        def body(peers: Peers) -> None:
-            work = np.zeros(block * size, dtype=inp.array.dtype)     # the padding: zeros
-            for r, (a, b) in enumerate(bounds):
-                work[r * block:r * block + b - a] = inp.array[a:b]
-            spec.prepare(work)
-            if check is not None:
-                check.before(work)
-            if size == 1 or block == 0:
-                spec.finish(work)
-            else:
-                fn(peers, work, spec)
-            out.array[...] = work[mine]
-            if check is not None:
-                check.after(work[rank * block:(rank + 1) * block])
-                check.finish(peers)
-
-        return self._submit(CallInfo(what, inp.nbytes, out.dtype, counts, rop,
-                                     algorithm=name, fold=fold),
-                            body, timeout, async_op, output, check)
+                f"[{self.rank}] gives this rank {mine} (nothing was sent)")
+        return self._reduce_scatter(what, output, out, [(inp, a, b) for a, b in bounds],
+                                    inp.count, counts, rop, algo, timeout, async_op,
+                                    deterministic, accumulate, integrity, compress)
 
     def gatherv(self, output: Any, input: Any, counts: Sequence[int], root: int = 0, *,
                 timeout: float | None = None, async_op: bool = False,

@@ -400,6 +400,33 @@ def test_plans_of_every_compressible_collective_take_compress():
         assert all(same)
 
 
+def _uneven(comm):
+    """reduce_scatter_v takes ``compress=`` (reduce_scatter's one implementation): the bits
+    of a reduce_scatter of the blocks padded with zeros to the largest, rank r keeping its
+    first counts[r] elements; its plan too."""
+    counts = (500, 100)
+    inp = np.linspace(-1, 1, sum(counts), dtype=np.float32) * (comm.rank + 1)
+    out = np.zeros(counts[comm.rank], np.float32)
+    comm.reduce_scatter_v(out, inp, counts, compress="int8")
+    planned = np.zeros_like(out)
+    plan = comm.reduce_scatter_v_init(planned, inp, counts, compress="int8")
+    plan.run()
+    padded = np.zeros(2 * max(counts), np.float32)
+    padded[:500], padded[500:600] = inp[:500], inp[500:]
+    ref = np.zeros(max(counts), np.float32)
+    comm.reduce_scatter(ref, padded, compress="int8")
+    exact = np.zeros_like(out)
+    comm.reduce_scatter_v(exact, inp, counts)
+    return (np.array_equal(out, ref[:counts[comm.rank]]), np.array_equal(planned, out),
+            plan.info.compress, float(np.max(np.abs(out - exact))))
+
+
+def test_reduce_scatter_v_takes_compress():
+    for same, planned, fmt, err in run_ranks(_uneven, 2, env={"PYCOLL_TRANSPORTS": "shm"}):
+        assert same and planned and fmt == "int8"
+        assert 0 < err < 0.05                  # compressed indeed, and close
+
+
 # -- the cost model ----------------------------------------------------------------------------
 def test_the_cost_model_prices_wire_bytes_and_the_codec():
     """Compressed records are priced on the bytes that travel plus the codec's passes: on a
