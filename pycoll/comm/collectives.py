@@ -53,8 +53,8 @@ class Collectives:
     _ops: HostOps
     #: ``PYCOLL_INTEGRITY``: check every N-th collective (0: only calls given integrity=True)
     _integrity_every: int
-    #: a call is being planned only (``PersistentCollectives._planned``): ``_submit``
-    #: raises ``Planned`` instead of running it
+    #: set only on a copy that plans a call (``PersistentCollectives._planning_copy``):
+    #: ``_submit`` raises ``Planned`` instead of running it
     _planning = False
 
     def _submit(self, info: CallInfo, body: Body, timeout: float | None, async_op: bool,

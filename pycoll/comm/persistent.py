@@ -183,7 +183,7 @@ class PersistentCollectives:
                                   "option of a plan: plan.start() runs it asynchronously")
         call = getattr(self, collective)
         try:
-            info, device = self._planned(call, args, options)
+            info, device = self._planned(collective, args, options)
         except (InvalidArgument, InvalidDtype) as e:
             if str(e).startswith(f"rank {self.rank}"):
                 raise
@@ -202,23 +202,33 @@ class PersistentCollectives:
                 path = fast.kind_of(collective, info.nbytes) or path
         return Plan(collective, call, args, options, info, path, self.rank, self.name)
 
-    def _planned(self, method: Any, args: tuple, options: dict[str, Any]
+    def _planned(self, collective: str, args: tuple, options: dict[str, Any]
                  ) -> tuple[CallInfo, bool]:
-        """Plan ``method(*args, **options)`` as a call would be (every check, the choice of
-        algorithm) and stop where it would be numbered: its ``CallInfo``, and whether it
-        passed device buffers. The fast path is set aside meanwhile, so that the call is
-        planned by the method's generic half, which checks everything (the fast lanes run
-        calls of kinds they already know)."""
-        fast = self._fast
-        self._fast, self._planning = None, True
+        """Plan ``comm.<collective>(*args, **options)`` as a call would be (every check, the
+        choice of algorithm) and stop where it would be numbered: its ``CallInfo``, and
+        whether it passed device buffers. The method runs on a planning copy of this
+        communicator (``_planning_copy``), never on the communicator itself, so that a call
+        another thread makes on it meanwhile runs as usual."""
         try:
-            method(*args, **options)
+            getattr(self._planning_copy(), collective)(*args, **options)
         except Planned as planned:
             return planned.info, bool(self._plan.device_buffers)
         finally:
-            self._fast, self._planning = fast, False
             self._plan.begin()          # what was staged for the planned call, given back
-        raise AssertionError(f"{method.__name__} returned without reaching _submit")
+        raise AssertionError(f"{collective} returned without reaching _submit")
+
+    def _planning_copy(self) -> Any:
+        """A shallow copy of this communicator that plans one call: the same parts (planner,
+        execution, transports), with its own two flags: ``_fast`` None, so that the call is
+        planned by the method's generic half, which checks everything (the fast lanes run
+        calls of kinds they already know), and ``_planning`` set, so that ``_submit`` raises
+        ``Planned`` instead of running it. The flags travel with the copy the method runs
+        on: nothing on the shared communicator changes."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy._fast = None
+        copy._planning = True
+        return copy
 
     def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:
         """A persistent ``broadcast`` (``allreduce_init``'s plans, for every collective)."""

@@ -363,6 +363,44 @@ def test_plans_of_every_collective(size, transport):
             assert paths["allreduce"] == "fastpath" and paths["barrier"] == "fastpath", paths
 
 
+def _planning_beside_a_call(comm):
+    """A plan made while another thread calls a collective on the same communicator: the
+    planning must not change the communicator that thread uses. The plan's counts are read
+    while it is planned; reading them runs an allreduce on a second thread (each rank the
+    same, so it completes) and waits for it, in the middle of the planning."""
+    import threading
+
+    p, me = comm.size, comm.rank
+    got = []
+
+    def call():
+        x = np.full(100, me + 1, F32)
+        try:
+            comm.allreduce(x)
+            got.append(bool(np.all(x == p * (p + 1) / 2)))
+        except BaseException as e:          # (Planned under the old flag on the communicator)
+            got.append(repr(e))
+
+    class Counts:
+        def __iter__(self):
+            t = threading.Thread(target=call)
+            t.start()
+            t.join(60)
+            return iter([1] * p)
+
+    v_in, v_out = np.arange(p, dtype=F32), np.zeros(1, F32)
+    plan = comm.reduce_scatter_v_init(v_out, v_in, Counts())
+    plan.run()                          # (the counts read again, the allreduce run again)
+    return got, float(v_out[0]), comm.seq
+
+
+def test_planning_leaves_the_communicator_to_other_threads():
+    for rank, (ok, v, seq) in enumerate(run_ranks(_planning_beside_a_call, 2,
+                                                  env={"PYCOLL_TRANSPORTS": "shm"})):
+        assert ok == [True, True], (rank, ok)
+        assert v == 2 * rank and seq == 3, (rank, v, seq)
+
+
 def _plan_refusals(comm):
     """A plan that a call would refuse is refused at *_init, on every rank, nothing sent;
     a buffer replaced after *_init is refused at the run."""
