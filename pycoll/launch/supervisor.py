@@ -160,7 +160,7 @@ def _prefixed(data: bytes, prefix: bytes, after_cr: bool = False) -> bytes:
     ``\r``: the terminal redraws the line, prefix included); the last one, if it has no
     end, gets a newline. ``after_cr``: the previous data ended with ``\r``, so a ``\n`` first
     is the rest of a ``\r\n`` two reads split, and comes out alone, without a prefix."""
-    out = []
+    out: list[bytes] = []
     for line in _LINE.findall(data):
         if line == b"\n" and after_cr and not out:
             out.append(line)
