@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from rendezvous import Store, StoreError
 
@@ -40,11 +41,12 @@ from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..runtime.status import snapshot
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
-from . import lobby
+from . import lobby, status
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
@@ -148,6 +150,8 @@ class Communicator(Collectives, FusedCollectives):
         self.previous_ranks: list[int | None] | None = None
         self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
+        #: this rank's status port (root communicators over a store, ``comm/status.py``)
+        self._status: status.Responder | None = None
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and one transport
@@ -232,6 +236,7 @@ class Communicator(Collectives, FusedCollectives):
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
                        master_addr=master_addr, lease=lease, watch=watch, **numerics)
             comm._measure_links(scoped, limit, watch)
+            comm._status = status.start(store, name, rank, size, token, comm.status)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
@@ -416,6 +421,7 @@ class Communicator(Collectives, FusedCollectives):
                 self._conn.close()
             self._owns_conn = False
         self._exec.failures.close()
+        self._close_status()
         if self._lease is not None:
             self._lease.close()
 
@@ -452,6 +458,22 @@ class Communicator(Collectives, FusedCollectives):
         without one (an in-process ``LocalStore``, a torch store behind an adapter)."""
         host, port = getattr(self._store, "host", None), getattr(self._store, "port", None)
         return (host, int(port)) if host is not None and port is not None else None
+
+    def status(self) -> dict[str, Any]:
+        """What this rank is doing now, as ``python -m pycoll.status`` shows it: host, pid,
+        transports, and the state of this communicator and of its groups (each a
+        ``runtime.status.snapshot``; docs/observability.md). Safe to call from any thread:
+        it only reads what the call path keeps anyway."""
+        comms = [snapshot(self._exec)]
+        comms += [snapshot(child._exec) for child in list(self._groups.children)]
+        return {"rank": self.rank, "size": self.size, "host": self._hosts[self.rank],
+                "pid": os.getpid(), "transport": self.transport_summary(),
+                "communicators": comms}
+
+    def _close_status(self) -> None:
+        responder, self._status = self._status, None
+        if responder is not None:
+            responder.close()
 
     def transport_summary(self) -> str:
         """E.g. "shm" or "shm(3 peers), tcp(4 peers)"; "none" for a world of one."""
@@ -644,6 +666,7 @@ class Communicator(Collectives, FusedCollectives):
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
         failures.close()
+        self._close_status()
         if self._lease is not None:
             self._lease.close()
         if self._owns_store and store is not None:

@@ -1,0 +1,313 @@
+"""``python -m pycoll.status HOST:PORT``: which rank holds a running job up, right now.
+
+ADDRESS is the job's store (``PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT``); the job secret comes
+from ``PYCOLL_TOKEN`` as for ranks. The tool reads every rank's status address from the store
+(``pycoll/<name>/status/<rank>``, published at init by ``comm/status.py``), asks all ranks at
+once, and prints a row per rank and a verdict line (``--json``: one object; ``--watch``:
+again every few seconds). No rank is paused: each answers from a thread of its own.
+
+Stragglers: every rank's answer carries the start times of its recent collectives (the flight
+recorder's, on that rank's monotonic clock). The tool puts them on its own clock, with each
+rank's offset estimated from the query's round trip (NTP's way: the rank's clock at the answer
+against the middle of the round trip; exactly 0 for a rank on the tool's own kernel, whose
+monotonic clock is the tool's), and for each call every rank took part in, names the rank
+that arrived last and by how much after the second-to-last (the time the others waited for
+it alone). A rank that is last in most calls is a straggler (docs/observability.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .comm.membership import alive_key, gone_keys
+from .comm.status import Refused, boot_id, query, status_key
+
+#: the wait after which ranks in a call waiting for others are called hung
+HUNG_AFTER_S = 1.0
+#: a rank is a straggler when it is last in at least this share of the calls compared
+#: (and in at least twice its fair share, 2/size) ...
+STRAGGLER_FRACTION = 0.5
+#: ... of at least this many calls
+STRAGGLER_MIN_CALLS = 20
+
+
+def _store(host: str, port: int, token: str | None, timeout: float) -> Any:
+    from rendezvous import TCPStore
+    return TCPStore(host, port, token=token, timeout=timeout)
+
+
+def _records(store: Any, name: str, timeout: float) -> tuple[int, list[dict[str, Any] | None],
+                                                              list[bool]]:
+    """(the world size, each rank's status record or None, each rank's lease says gone)."""
+    first = json.loads(store.get(status_key(name, 0), timeout=timeout))
+    size = int(first["size"])
+    keys = [status_key(name, r) for r in range(size)]
+    records: list[dict[str, Any] | None] = [first] + [None] * (size - 1)
+    if store.check(keys):
+        records = [json.loads(v) for v in store.multi_get(keys, timeout=timeout)]
+    else:
+        for r in range(1, size):
+            if store.check([keys[r]]):
+                records[r] = json.loads(store.get(keys[r], timeout=timeout))
+    gone = [False] * size
+    for r in gone_keys(store, [alive_key(name, r) for r in range(size)]):
+        gone[r] = True
+    return size, records, gone
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
+         timeout: float, my_boot: str) -> dict[str, Any]:
+    """One rank's row: its answer, or why there is none (dead, unreachable)."""
+    if record is None:
+        return {"rank": rank, "state": "unreachable", "host": None, "pid": None,
+                "reason": "it never published a status address (not started yet, "
+                          "PYCOLL_STATUS=0, or an older pycoll)"}
+    row: dict[str, Any] = {"rank": rank, "host": record.get("hostname"), "pid": record.get("pid"),
+                           "address": f"{record['host']}:{record['port']}"}
+    local = bool(my_boot) and record.get("boot_id") == my_boot
+    if gone:
+        return {**row, "state": "dead", "reason": "its store lease is gone (the process "
+                                                  "exited, was killed, or lost the store)"}
+    try:
+        answer, sent, came = query(record["host"], int(record["port"]), token, timeout)
+    except Refused:
+        raise
+    except ConnectionRefusedError:
+        return {**row, "state": "dead", "reason": "its status port refuses connections (the "
+                                                  "process exited or finalized)"}
+    except TimeoutError:
+        if local and _pid_gone(int(record["pid"])):
+            return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
+        return {**row, "state": "unreachable",
+                "reason": f"no answer within {timeout:g} s: its main thread may hold the GIL "
+                          "in a long C call (docs/observability.md), or its host is overloaded"}
+    except OSError as e:
+        if local and _pid_gone(int(record["pid"])):
+            return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
+        return {**row, "state": "unreachable", "reason": f"{type(e).__name__}: {e}"}
+    comm = answer["communicators"][0]
+    # the rank's clock minus ours: 0 on one kernel (one monotonic clock), else NTP's estimate
+    offset = 0.0 if local else comm["now"] - (sent + came) / 2
+    row.update(transport=answer.get("transport"), clock_offset_s=offset,
+               clock_error_s=0.0 if local else (came - sent) / 2,
+               communicators=answer["communicators"])
+    row.update({k: v for k, v in comm.items() if k not in ("arrivals", "now", "rank", "size")})
+    row["communicator"] = comm["name"]
+    row["rank"] = rank
+    return row
+
+
+def _verdict(rows: list[dict[str, Any]], hung_after: float) -> dict[str, Any] | None:
+    """The call the job is stuck in and whom it waits for, or None."""
+    inside = [r for r in rows if r["state"] == "in_collective" and not r.get("p2p")
+              and r.get("seq") is not None]
+    if not inside:
+        return None
+    seq = max(r["seq"] for r in inside)
+    stuck = [r for r in inside if r["seq"] == seq]
+    since = max((r.get("waiting_s") or 0.0) for r in stuck)
+    behind = [r for r in rows if not (r["state"] == "in_collective"
+                                      and (r.get("seq") or 0) >= seq)
+              and not (r["state"] == "outside" and r.get("last_completed_seq", 0) >= seq)]
+    if not behind or since < hung_after:
+        return None
+    return {"collective": stuck[0].get("collective"), "seq": seq,
+            "communicator": stuck[0].get("communicator"),
+            "waiting": [r["rank"] for r in stuck],
+            "waiting_for": [r["rank"] for r in behind], "since_s": round(since, 3)}
+
+
+def stragglers(rows: list[dict[str, Any]], size: int, last: int = 1000) -> list[dict[str, Any]]:
+    """Ranks that arrive last in most collectives, from the ranks' recent start times put on
+    this process's clock (module docstring)."""
+    answered = [r for r in rows if r.get("communicators")]
+    if size < 2 or len(answered) < size:
+        return []
+    starts: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    for r in answered:
+        for seq, collective, t in r["communicators"][0].get("arrivals", []):
+            starts.setdefault((seq, collective), []).append((t - r["clock_offset_s"], r["rank"]))
+    full = sorted(k for k, v in starts.items() if len(v) == size)[-last:]
+    error = max(r["clock_error_s"] for r in answered)
+    by_collective: dict[str, list[tuple[int, float]]] = {}
+    for key in full:
+        arrivals = sorted(starts[key])
+        by_collective.setdefault(key[1], []).append(
+            (arrivals[-1][1], arrivals[-1][0] - arrivals[-2][0]))
+    out = []
+    for collective, lasts in sorted(by_collective.items()):
+        if len(lasts) < STRAGGLER_MIN_CALLS:
+            continue
+        counts = Counter(rank for rank, _ in lasts)
+        for rank, n in counts.most_common():
+            fraction = n / len(lasts)
+            if fraction < max(STRAGGLER_FRACTION, 2 / size):
+                break
+            late = statistics.median(d for k, d in lasts if k == rank)
+            if late <= 2 * error:      # within what the clocks can tell apart
+                continue
+            out.append({"rank": rank, "collective": collective, "calls": len(lasts),
+                        "late_fraction": round(fraction, 3),
+                        "median_late_ms": round(late * 1e3, 3)})
+    return out
+
+
+def collect(address: str, *, name: str = "world", token: str | None = None,
+            timeout: float = 2.0, hung_after: float = HUNG_AFTER_S) -> dict[str, Any]:
+    """Every rank's state, the verdict and the stragglers, as ``--json`` prints them."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ADDRESS must be HOST:PORT, not {address!r}")
+    host = host.strip("[]")
+    if token is None:
+        token = os.environ.get("PYCOLL_TOKEN")
+    began = time.monotonic()
+    store = _store(host, int(port), token, max(timeout, 5.0))
+    try:
+        size, records, gone = _records(store, name, max(timeout, 5.0))
+    finally:
+        store.close()
+    mine = boot_id()
+    with ThreadPoolExecutor(max_workers=min(64, size)) as pool:
+        rows = list(pool.map(lambda r: _ask(r, records[r], gone[r], token, timeout, mine),
+                             range(size)))
+    hung = _verdict(rows, hung_after)
+    for row in rows:
+        row["waiting_for"] = (hung["waiting_for"] if hung and row["rank"] in hung["waiting"]
+                              else [])
+    slow = stragglers(rows, size)
+    for row in rows:
+        row.pop("communicators", None)
+    return {"address": address, "communicator": name, "size": size, "ranks": rows,
+            "hung": hung, "stragglers": slow, "took_s": round(time.monotonic() - began, 3)}
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def verdict_line(report: dict[str, Any]) -> str:
+    rows = {r["rank"]: r for r in report["ranks"]}
+    hung = report["hung"]
+    if hung is not None:
+        why = []
+        for rank in hung["waiting_for"]:
+            r = rows[rank]
+            if r["state"] == "outside" and r.get("after"):
+                why.append(f"rank {rank} (outside pycoll for {_age(r.get('outside_s'))} since "
+                           f"{r['after']['collective']} #{r['after']['seq']})")
+            elif r["state"] == "in_collective":
+                why.append(f"rank {rank} (in {r.get('collective')} #{r.get('seq')})")
+            else:
+                why.append(f"rank {rank} ({r['state']}: {r.get('reason') or r.get('error')})")
+        waiting = ",".join(map(str, hung["waiting"]))
+        plural = "s" if len(hung["waiting"]) > 1 else ""
+        return (f"hung: {hung['collective']} #{hung['seq']} on {hung['communicator']}: "
+                f"rank{plural} {waiting} wait{'' if plural else 's'} for {'; '.join(why)}")
+    bad = [r for r in report["ranks"] if r["state"] in ("dead", "unreachable", "failed")]
+    if bad:
+        return "trouble: " + "; ".join(f"rank {r['rank']} {r['state']} "
+                                       f"({r.get('reason') or r.get('error')})" for r in bad)
+    calls = sum(r.get("calls_per_s") or 0.0 for r in report["ranks"]) / max(1, report["size"])
+    return f"running: {report['size']} ranks answered, {calls:.0f} calls/s per rank"
+
+
+def straggler_lines(report: dict[str, Any]) -> list[str]:
+    return [f"straggler: rank {s['rank']} arrives last in {s['late_fraction']:.0%} of the last "
+            f"{s['calls']} {s['collective']}s, by {s['median_late_ms']:.1f} ms median"
+            for s in report["stragglers"]]
+
+
+def render(report: dict[str, Any]) -> str:
+    head = f"{'rank':>4}  {'host':<14} {'pid':>7}  {'state':<13} {'call':<16} {'for':>8}  " \
+           f"{'last':>6} {'calls/s':>8} {'MB/s':>8}  note"
+    lines = [head]
+    for r in report["ranks"]:
+        call = "-"
+        note = ""
+        if r["state"] == "in_collective":
+            call = f"{r.get('collective')} #{r.get('seq')}"
+            waits = _age(r.get("waiting_s"))
+            if r.get("waiting_for"):
+                note = "waits for " + ",".join(map(str, r["waiting_for"]))
+        elif r["state"] == "outside":
+            waits = _age(r.get("outside_s"))
+            if r.get("after"):
+                note = f"outside pycoll since {r['after']['collective']} #{r['after']['seq']}"
+        else:
+            waits = "-"
+            note = r.get("reason") or r.get("error") or ""
+        lines.append(
+            f"{r['rank']:>4}  {str(r.get('host') or '-')[:14]:<14} {str(r.get('pid') or '-'):>7}"
+            f"  {r['state']:<13} {call[:16]:<16} {waits:>8}  "
+            f"{str(r.get('last_completed_seq', '-')):>6} {r.get('calls_per_s', 0.0) or 0.0:>8.0f}"
+            f" {(r.get('bytes_per_s') or 0.0) / 1e6:>8.2f}  {note}")
+    lines.append(verdict_line(report))
+    lines += straggler_lines(report)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m pycoll.status",
+        description="Show every rank of a running pycoll job: in which call, for how long, "
+                    "whom it waits for; who is hung, dead or a straggler. The job secret "
+                    "comes from PYCOLL_TOKEN.")
+    p.add_argument("address", metavar="HOST:PORT", help="the job's store "
+                   "(PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 2) until interrupted")
+    p.add_argument("--name", default="world", help="the root communicator (default world)")
+    p.add_argument("--timeout", type=float, default=2.0,
+                   help="seconds to wait for each rank's answer (default 2)")
+    p.add_argument("--hung-after", type=float, default=HUNG_AFTER_S,
+                   help="seconds a call must wait before the job counts as hung (default 1)")
+    args = p.parse_args(argv)
+    from rendezvous import AuthError, StoreError
+    while True:
+        try:
+            report = collect(args.address, name=args.name, timeout=args.timeout,
+                             hung_after=args.hung_after)
+        except (AuthError, Refused) as e:
+            print(f"pycoll.status: refused: {e} (set PYCOLL_TOKEN to the job's secret)",
+                  file=sys.stderr)
+            return 2
+        except (StoreError, OSError, ValueError, KeyError) as e:
+            print(f"pycoll.status: cannot read the job at {args.address}: {e}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(report), flush=True)
+        else:
+            if args.watch:
+                print("\x1b[H\x1b[2J", end="")
+            print(render(report), flush=True)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
