@@ -127,6 +127,11 @@ class Responder:
         self._thread = threading.Thread(target=self._serve, name="pycoll-status", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread still serves (it never stops on bad input)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Stop answering; the port refuses connections from now on."""
         self._stop = True
