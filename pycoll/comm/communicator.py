@@ -470,6 +470,23 @@ class Communicator(Collectives, FusedCollectives):
                 "pid": os.getpid(), "transport": self.transport_summary(),
                 "communicators": comms}
 
+    def stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        """The job's persistent stragglers, as ``python -m pycoll.status`` names them:
+        ``{"stragglers": [{"rank", "collective", "calls", "late_fraction",
+        "median_late_ms"}], "ranks": [a row per rank]}`` for this communicator's root.
+
+        Not collective: it asks every rank's status port (``comm/status.py``; each answers
+        from a thread of its own, in ``timeout`` seconds at most), so any rank may call it at
+        any time, and it costs a round of queries (docs/observability.md).
+        """
+        if self._store is None or self.size == 1:
+            return {"stragglers": [], "ranks": []}
+        size, rows = status.survey(self._store, self._root_name, self._token, timeout)
+        found = status.stragglers(rows, size)
+        for row in rows:
+            row.pop("communicators", None)
+        return {"stragglers": found, "ranks": rows}
+
     def _close_status(self) -> None:
         responder, self._status = self._status, None
         if responder is not None:

@@ -31,16 +31,20 @@ import os
 import secrets
 import selectors
 import socket
+import statistics
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rendezvous import Store
 from rendezvous import protocol as P
 
 from .. import debug
+from ..envvars import env_bool
+from .membership import alive_key, gone_keys
 
 #: the service name in the HMAC proofs (``rendezvous.protocol.client_mac``)
 SERVICE = b"pycoll-status"
@@ -261,7 +265,7 @@ def start(store: Store, root_name: str, rank: int, size: int, token: str | None,
           describe: Callable[[], dict[str, Any]]) -> Responder | None:
     """Start this rank's responder and publish its address; None when ``PYCOLL_STATUS=0``
     or it cannot (the job runs on without it, and says so in the debug log)."""
-    if os.environ.get("PYCOLL_STATUS", "1").strip() == "0":
+    if not env_bool("PYCOLL_STATUS", True):
         return None
     try:
         responder = Responder(local_address(store), token, describe)
@@ -330,3 +334,129 @@ def query(host: str, port: int, token: str | bytes | None,
             reply[0], P.server_mac(key, blobs[1], cnonce, SERVICE)):
         raise Refused("the responder could not prove it knows the job secret")
     return json.loads(reply[1]), sent, came
+
+
+# -- asking every rank: the status tool's survey, and Communicator.stats --------------------
+#: a rank is a straggler when it is last in at least this share of the calls compared
+#: (and in at least twice its fair share, 2/size) ...
+STRAGGLER_FRACTION = 0.5
+#: ... of at least this many calls
+STRAGGLER_MIN_CALLS = 20
+
+
+def records(store: Any, name: str, timeout: float) -> tuple[int, list[dict[str, Any] | None],
+                                                              list[bool]]:
+    """(the world size, each rank's status record or None, each rank's lease says gone)."""
+    first = json.loads(store.get(status_key(name, 0), timeout=timeout))
+    size = int(first["size"])
+    keys = [status_key(name, r) for r in range(size)]
+    records: list[dict[str, Any] | None] = [first] + [None] * (size - 1)
+    if store.check(keys):
+        records = [json.loads(v) for v in store.multi_get(keys, timeout=timeout)]
+    else:
+        for r in range(1, size):
+            if store.check([keys[r]]):
+                records[r] = json.loads(store.get(keys[r], timeout=timeout))
+    gone = [False] * size
+    for r in gone_keys(store, [alive_key(name, r) for r in range(size)]):
+        gone[r] = True
+    return size, records, gone
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
+         timeout: float, my_boot: str) -> dict[str, Any]:
+    """One rank's row: its answer, or why there is none (dead, unreachable)."""
+    if record is None:
+        return {"rank": rank, "state": "unreachable", "host": None, "pid": None,
+                "reason": "it never published a status address (not started yet, "
+                          "PYCOLL_STATUS=0, or an older pycoll)"}
+    row: dict[str, Any] = {"rank": rank, "host": record.get("hostname"), "pid": record.get("pid"),
+                           "address": f"{record['host']}:{record['port']}"}
+    local = bool(my_boot) and record.get("boot_id") == my_boot
+    if gone:
+        return {**row, "state": "dead", "reason": "its store lease is gone (the process "
+                                                  "exited, was killed, or lost the store)"}
+    try:
+        answer, sent, came = query(record["host"], int(record["port"]), token, timeout)
+    except Refused:
+        raise
+    except ConnectionRefusedError:
+        return {**row, "state": "dead", "reason": "its status port refuses connections (the "
+                                                  "process exited or finalized)"}
+    except TimeoutError:
+        if local and _pid_gone(int(record["pid"])):
+            return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
+        return {**row, "state": "unreachable",
+                "reason": f"no answer within {timeout:g} s: its main thread may hold the GIL "
+                          "in a long C call (docs/observability.md), or its host is overloaded"}
+    except OSError as e:
+        if local and _pid_gone(int(record["pid"])):
+            return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
+        return {**row, "state": "unreachable", "reason": f"{type(e).__name__}: {e}"}
+    comm = answer["communicators"][0]
+    # the rank's clock minus ours: 0 on one kernel (one monotonic clock), else NTP's estimate
+    offset = 0.0 if local else comm["now"] - (sent + came) / 2
+    row.update(transport=answer.get("transport"), clock_offset_s=offset,
+               clock_error_s=0.0 if local else (came - sent) / 2,
+               communicators=answer["communicators"])
+    row.update({k: v for k, v in comm.items() if k not in ("arrivals", "now", "rank", "size")})
+    row["communicator"] = comm["name"]
+    row["rank"] = rank
+    return row
+
+
+def stragglers(rows: list[dict[str, Any]], size: int, last: int = 1000) -> list[dict[str, Any]]:
+    """Ranks that arrive last in most collectives, from the ranks' recent start times put on
+    this process's clock (module docstring)."""
+    answered = [r for r in rows if r.get("communicators")]
+    if size < 2 or len(answered) < size:
+        return []
+    starts: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    for r in answered:
+        for seq, collective, t in r["communicators"][0].get("arrivals", []):
+            starts.setdefault((seq, collective), []).append((t - r["clock_offset_s"], r["rank"]))
+    full = sorted(k for k, v in starts.items() if len(v) == size)[-last:]
+    error = max(r["clock_error_s"] for r in answered)
+    by_collective: dict[str, list[tuple[int, float]]] = {}
+    for key in full:
+        arrivals = sorted(starts[key])
+        by_collective.setdefault(key[1], []).append(
+            (arrivals[-1][1], arrivals[-1][0] - arrivals[-2][0]))
+    out = []
+    for collective, lasts in sorted(by_collective.items()):
+        if len(lasts) < STRAGGLER_MIN_CALLS:
+            continue
+        counts = Counter(rank for rank, _ in lasts)
+        for rank, n in counts.most_common():
+            fraction = n / len(lasts)
+            if fraction < max(STRAGGLER_FRACTION, 2 / size):
+                break
+            late = statistics.median(d for k, d in lasts if k == rank)
+            if late <= 2 * error:      # within what the clocks can tell apart
+                continue
+            out.append({"rank": rank, "collective": collective, "calls": len(lasts),
+                        "late_fraction": round(fraction, 3),
+                        "median_late_ms": round(late * 1e3, 3)})
+    return out
+
+
+def survey(store: Store, name: str, token: str | None, timeout: float
+           ) -> tuple[int, list[dict[str, Any]]]:
+    """(the world size, a row per rank: its answer or why none came), every rank asked at
+    once; rows carry their ``communicators`` (``pycoll.status`` and ``stats`` use them)."""
+    size, recs, gone = records(store, name, max(timeout, 5.0))
+    mine = boot_id()
+    with ThreadPoolExecutor(max_workers=min(64, size)) as pool:
+        rows = list(pool.map(lambda r: ask(r, recs[r], gone[r], token, timeout, mine),
+                             range(size)))
+    return size, rows

@@ -111,6 +111,7 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_FLIGHT_RECORDER", "500", "recent collectives kept per communicator"),
         ("PYCOLL_TRACE_DIR", "", "flight-recorder dumps (default $TMPDIR/pycoll-traces-<uid>)"),
         ("PYCOLL_ABORT_POLL_MS", "100", "how often an idle wait looks for an abort record"),
+        ("PYCOLL_STATUS", "1", "0: no status port (python -m pycoll.status cannot see the rank)"),
     ),
     *_table(
         "testing hooks",

@@ -8,9 +8,11 @@ GIL        this rank runs one long C call that holds the GIL at step 50 (after t
            MARK), until... it returns
 RELEASE    the loop ends once this file exists (or after MAX_STEPS)
 FAILED     where a rank that lost a peer writes so, then waits for RELEASE
+STATS      rank 0 prints comm.stats()'s stragglers once the loop ends
 
 Every result is checked; a wrong one exits 2.
 """
+import json
 import os
 import sys
 import time
@@ -61,5 +63,9 @@ except PycollError as e:
         f.write(str(e))
     wait_release()
     sys.exit(3)
+if os.environ.get("STATS"):       # a program asks for the stragglers itself
+    if rank == 0:
+        print("STATS " + json.dumps(comm.stats()["stragglers"]), flush=True)
+    comm.barrier()
 pycoll.finalize()
 print(f"rank {rank} done")

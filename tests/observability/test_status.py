@@ -131,14 +131,17 @@ def test_a_rank_in_user_code_is_named_while_the_job_runs_on(job: Any) -> None:
 
 
 def test_a_slower_rank_is_named_a_straggler(job: Any) -> None:
-    j = job(SLOW=5, SLOW_FACTOR=1.2, STEP_S=0.03)
+    j = job(SLOW=5, SLOW_FACTOR=1.2, STEP_S=0.03, STATS=1)
     report = j.poll(lambda r: any(s["rank"] == 5 for s in r["stragglers"]))
     named = [s for s in report["stragglers"] if s["rank"] == 5][0]
     assert named["collective"] == "allreduce" and named["late_fraction"] >= 0.5, named
     assert [s["rank"] for s in report["stragglers"]] == [5], report["stragglers"]
     text = j.status()
     assert "straggler: rank 5 arrives last in" in text.stdout, text.stdout
-    _all_done(j.finish())
+    results = j.finish()
+    _all_done(results)
+    line = next(x for x in results[0][1].splitlines() if x.startswith("STATS "))
+    assert [s["rank"] for s in json.loads(line[6:])] == [5], line   # comm.stats() agrees
 
 
 def test_a_killed_rank_shows_dead(job: Any) -> None:
