@@ -156,7 +156,8 @@ class Responder:
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while not self._stop:
-                for key, mask in sel.select(timeout=0.5):
+                # idle: sleep until someone connects (no wake-ups of a rank nobody asks)
+                for key, mask in sel.select(timeout=0.5 if conns else None):
                     if key.fileobj is self.sock:
                         self._accept(sel, conns)
                     elif key.fileobj is self._wake_r:
