@@ -236,7 +236,10 @@ class Communicator(Collectives, FusedCollectives):
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
                        master_addr=master_addr, lease=lease, watch=watch, **numerics)
             comm._measure_links(scoped, limit, watch)
-            comm._status = status.start(store, name, rank, size, token, comm.status)
+            address = comm.store_address
+            if address is not None:    # a store others can reach: a port they can ask
+                comm._status = status.start(store, address, name, rank, size, token,
+                                            comm.status)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()

@@ -1,6 +1,8 @@
 """The status responder: how a running rank answers ``python -m pycoll.status``.
 
-Every rank of a root communicator over a store (size > 1) starts one daemon thread with a
+Every rank of a root communicator (size > 1) over a store with an address (``TCPStore``;
+an in-process ``LocalStore``'s thread ranks have nobody outside to answer) starts one daemon
+thread with a
 listening socket of its own, on the address this host uses to reach the store (so whoever
 reaches the store can usually reach it), and publishes that address under
 ``pycoll/<root>/status/<rank>``. A query is one connection: the responder sends a nonce, the
@@ -71,14 +73,8 @@ def boot_id() -> str:
         return ""
 
 
-def local_address(store: Store) -> str:
-    """The address of this host on the route to the store (loopback for a local store)."""
-    inner: Any = store
-    while hasattr(inner, "underlying_store"):
-        inner = inner.underlying_store
-    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
-    if not host or not port:
-        return "127.0.0.1"
+def local_address(host: str, port: int) -> str:
+    """The address of this host on the route to ``host:port`` (the store)."""
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as s:
@@ -262,14 +258,15 @@ class Responder:
         return P.encode_message(P.Status.OK, 0, [proof, body])
 
 
-def start(store: Store, root_name: str, rank: int, size: int, token: str | None,
-          describe: Callable[[], dict[str, Any]]) -> Responder | None:
-    """Start this rank's responder and publish its address; None when ``PYCOLL_STATUS=0``
-    or it cannot (the job runs on without it, and says so in the debug log)."""
+def start(store: Store, address: tuple[str, int], root_name: str, rank: int, size: int,
+          token: str | None, describe: Callable[[], dict[str, Any]]) -> Responder | None:
+    """Start this rank's responder on the route to the store at ``address`` and publish its
+    address; None when ``PYCOLL_STATUS=0`` or it cannot (the job runs on without it, and
+    says so in the debug log)."""
     if not env_bool("PYCOLL_STATUS", True):
         return None
     try:
-        responder = Responder(local_address(store), token, describe)
+        responder = Responder(local_address(*address), token, describe)
     except OSError as e:
         debug.logger.info("no status responder: %s", e)
         return None

@@ -30,20 +30,20 @@ N = 8
 class Job:
     """``N`` rank processes of status_job.py over a store hosted here."""
 
-    def __init__(self, tmp: Path, **env: Any) -> None:
+    def __init__(self, tmp: Path, n: int = N, **env: Any) -> None:
         self.release = tmp / "release"
         self.failed = tmp / "failed"
         self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
         self.address = f"127.0.0.1:{self.server.port}"
         base = {**os.environ, "PYCOLL_TOKEN": TOKEN, "PYCOLL_MASTER_ADDR": "127.0.0.1",
                 "PYCOLL_MASTER_PORT": str(self.server.port), "PYCOLL_STORE_EXTERNAL": "1",
-                "PYCOLL_WORLD_SIZE": str(N), "RELEASE": str(self.release),
+                "PYCOLL_WORLD_SIZE": str(n), "RELEASE": str(self.release),
                 "FAILED": str(self.failed), **{k: str(v) for k, v in env.items()}}
         self.procs = [subprocess.Popen([sys.executable, JOB], start_new_session=True,
                                        env={**base, "PYCOLL_RANK": str(r)},
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True)
-                      for r in range(N)]
+                      for r in range(n)]
 
     def status(self, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pycoll.status", self.address, *args],
@@ -96,8 +96,8 @@ class Job:
 def job(tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
-    def make(**env: Any) -> Job:
-        jobs.append(Job(tmp_path, **env))
+    def make(n: int = N, **env: Any) -> Job:
+        jobs.append(Job(tmp_path, n, **env))
         return jobs[-1]
     yield make
     for j in jobs:
@@ -185,4 +185,16 @@ def test_a_rank_holding_the_gil_shows_unreachable(job: Any, tmp_path: Path) -> N
         assert report["hung"] is None or report["hung"]["waiting_for"] == [1], report["hung"]
     else:
         pytest.skip("the C call returned before the query (a fast machine): nothing to show")
+    _all_done(j.finish(deadline=300))
+
+
+def test_sixteen_ranks_answer(job: Any) -> None:
+    """16 rank processes: every one answers; what the survey took is printed (the issue's
+    bound, 1 s, is for a machine not shared with other work: not asserted here)."""
+    j = job(16, STEP_S=0.05)
+    report = j.poll(lambda r: all(x["state"] in ("in_collective", "outside")
+                                  for x in r["ranks"]))
+    assert [x["rank"] for x in report["ranks"]] == list(range(16))
+    took = [report["took_s"]] + [j.poll(lambda r: True)["took_s"] for _ in range(4)]
+    print(f"16 ranks: status took {sorted(took)} s")
     _all_done(j.finish(deadline=300))

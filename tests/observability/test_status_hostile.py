@@ -4,8 +4,12 @@ secrets each cost a closed connection; the port keeps answering legitimate queri
 job under attack finishes with correct results."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,3 +161,44 @@ def test_a_job_under_attack_finishes_correctly(tmp_path: Path) -> None:
         _all_done(j.finish())
     finally:
         j.close()
+
+
+def test_sixty_four_ports_answer_at_once() -> None:
+    """64 status ports (threads of this process, each a real socket and thread) behind a
+    real store: the tool asks them all at once; what it took is printed, not asserted."""
+    from rendezvous import StoreServer, TCPStore
+
+    def describe(rank: int) -> Any:
+        return lambda: {"rank": rank, "transport": "shm", "communicators": [{
+            "name": "world", "rank": rank, "size": 64, "seq": 7, "p2p_seq": 0,
+            "now": time.monotonic(), "state": "outside", "outside_s": 0.001,
+            "after": {"collective": "allreduce", "seq": 7}, "last_completed_seq": 7,
+            "last_completed": "allreduce", "calls_per_s": 1.0, "bytes_per_s": 8.0,
+            "arrivals": [[s, "allreduce", 100.0 + s + (0.01 if rank == 9 else 0.0)]
+                         for s in range(1, 41)]}]}
+
+    server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
+    ports = [status.Responder("127.0.0.1", TOKEN, describe(r)) for r in range(64)]
+    try:
+        with TCPStore("127.0.0.1", server.port, token=TOKEN, timeout=30) as store:
+            for r, p in enumerate(ports):
+                store.set(status.status_key("world", r), json.dumps(
+                    {"host": p.host, "port": p.port, "pid": 0, "hostname": "h",
+                     "boot_id": status.boot_id(), "size": 64}))
+        took = []
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-m", "pycoll.status",
+                                  f"127.0.0.1:{server.port}", "--json"], capture_output=True,
+                                 text=True, timeout=120,
+                                 env={**os.environ, "PYCOLL_TOKEN": TOKEN})
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert [r["state"] for r in report["ranks"]] == ["outside"] * 64
+            took.append(report["took_s"])
+        # the arrivals say rank 9 starts every call 10 ms late (one kernel: offsets 0)
+        assert [(s["rank"], s["late_fraction"]) for s in report["stragglers"]] == [(9, 1.0)]
+        print(f"64 ports: status took {sorted(took)} s")
+    finally:
+        for p in ports:
+            p.close()
+        server.close()
