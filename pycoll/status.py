@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from .comm.status import Refused, stragglers, survey
+from .comm.status import Refused, straggler_line, stragglers, survey
 
 #: the wait after which ranks in a call waiting for others are called hung
 HUNG_AFTER_S = 1.0
@@ -113,9 +113,7 @@ def verdict_line(report: dict[str, Any]) -> str:
 
 
 def straggler_lines(report: dict[str, Any]) -> list[str]:
-    return [f"straggler: rank {s['rank']} arrives last in {s['late_fraction']:.0%} of the last "
-            f"{s['calls']} {s['collective']}s, by {s['median_late_ms']:.1f} ms median"
-            for s in report["stragglers"]]
+    return [straggler_line(s) for s in report["stragglers"]]
 
 
 def render(report: dict[str, Any]) -> str:

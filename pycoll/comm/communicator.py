@@ -152,6 +152,7 @@ class Communicator(Collectives, FusedCollectives):
         self._integrity_every = sample_every()
         #: this rank's status port (root communicators over a store, ``comm/status.py``)
         self._status: status.Responder | None = None
+        self._straggler_log: status.StragglerLog | None = None
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and one transport
@@ -240,6 +241,7 @@ class Communicator(Collectives, FusedCollectives):
             if address is not None:    # a store others can reach: a port they can ask
                 comm._status = status.start(store, address, name, rank, size, token,
                                             comm.status)
+                comm._straggler_log = status.start_log(address, name, rank, token)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
@@ -491,6 +493,9 @@ class Communicator(Collectives, FusedCollectives):
         return {"stragglers": found, "ranks": rows}
 
     def _close_status(self) -> None:
+        log, self._straggler_log = self._straggler_log, None
+        if log is not None:
+            log.close()
         responder, self._status = self._status, None
         if responder is not None:
             responder.close()

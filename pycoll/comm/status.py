@@ -45,7 +45,7 @@ from rendezvous import Store
 from rendezvous import protocol as P
 
 from .. import debug
-from ..envvars import env_bool
+from ..envvars import env_bool, env_float
 from .membership import alive_key, gone_keys
 
 #: the service name in the HMAC proofs (``rendezvous.protocol.client_mac``)
@@ -458,3 +458,48 @@ def survey(store: Store, name: str, token: str | None, timeout: float
         rows = list(pool.map(lambda r: ask(r, recs[r], gone[r], token, timeout, mine),
                              range(size)))
     return size, rows
+
+
+def straggler_line(s: dict[str, Any]) -> str:
+    """One entry of ``stragglers`` in words."""
+    return (f"straggler: rank {s['rank']} arrives last in {s['late_fraction']:.0%} of the last "
+            f"{s['calls']} {s['collective']}s, by {s['median_late_ms']:.1f} ms median")
+
+
+class StragglerLog:
+    """``PYCOLL_STRAGGLER_LOG=SECONDS``: rank 0 surveys the job every SECONDS from a thread
+    of its own and logs a warning per persistent straggler (off by default: the survey
+    takes every rank's GIL for a moment)."""
+
+    def __init__(self, address: tuple[str, int], name: str, token: str | None,
+                 every: float) -> None:
+        self.address, self.name, self.token, self.every = address, name, token, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pycoll-straggler-log",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from rendezvous import TCPStore
+        while not self._stop.wait(self.every):
+            try:
+                with TCPStore(*self.address, token=self.token, timeout=5.0) as store:
+                    size, rows = survey(store, self.name, self.token, 2.0)
+                for s in stragglers(rows, size):
+                    debug.logger.warning("%s", straggler_line(s))
+            except Exception as e:  # noqa: BLE001 - a log line must not take the rank down
+                debug.logger.info("straggler log: no survey (%s)", e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+
+
+def start_log(address: tuple[str, int], name: str, rank: int,
+              token: str | None) -> StragglerLog | None:
+    """Rank 0's straggler log, where ``PYCOLL_STRAGGLER_LOG`` asks for one."""
+    every = env_float("PYCOLL_STRAGGLER_LOG", 0.0, minimum=0.0)
+    if rank != 0 or every <= 0 or not env_bool("PYCOLL_STATUS", True):
+        return None
+    return StragglerLog(address, name, token, every)

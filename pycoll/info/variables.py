@@ -112,6 +112,7 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_TRACE_DIR", "", "flight-recorder dumps (default $TMPDIR/pycoll-traces-<uid>)"),
         ("PYCOLL_ABORT_POLL_MS", "100", "how often an idle wait looks for an abort record"),
         ("PYCOLL_STATUS", "1", "0: no status port (python -m pycoll.status cannot see the rank)"),
+        ("PYCOLL_STRAGGLER_LOG", "0", "seconds: rank 0 logs the job's stragglers this often"),
     ),
     *_table(
         "testing hooks",

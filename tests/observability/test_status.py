@@ -39,11 +39,13 @@ class Job:
                 "PYCOLL_MASTER_PORT": str(self.server.port), "PYCOLL_STORE_EXTERNAL": "1",
                 "PYCOLL_WORLD_SIZE": str(n), "RELEASE": str(self.release),
                 "FAILED": str(self.failed), **{k: str(v) for k, v in env.items()}}
-        self.procs = [subprocess.Popen([sys.executable, JOB], start_new_session=True,
-                                       env={**base, "PYCOLL_RANK": str(r)},
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
-                      for r in range(n)]
+        self.out = [(tmp / f"rank{r}.out", tmp / f"rank{r}.err") for r in range(n)]
+        self.procs = []
+        for r in range(n):
+            with open(self.out[r][0], "w") as out, open(self.out[r][1], "w") as err:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, JOB], start_new_session=True,
+                    env={**base, "PYCOLL_RANK": str(r)}, stdout=out, stderr=err))
 
     def status(self, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pycoll.status", self.address, *args],
@@ -68,13 +70,13 @@ class Job:
     def finish(self, deadline: float = 120.0) -> list[tuple[int, str, str]]:
         self.release.touch()
         out = []
-        for p in self.procs:
+        for p, (stdout, stderr) in zip(self.procs, self.out):
             try:
-                stdout, stderr = p.communicate(timeout=deadline)
+                p.wait(timeout=deadline)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-                stdout, stderr = p.communicate()
-            out.append((p.returncode, stdout, stderr))
+                p.wait()
+            out.append((p.returncode, stdout.read_text(), stderr.read_text()))
         return out
 
     def close(self) -> None:
@@ -86,9 +88,6 @@ class Job:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-            for f in (p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
         self.server.close()
 
 
@@ -131,13 +130,19 @@ def test_a_rank_in_user_code_is_named_while_the_job_runs_on(job: Any) -> None:
 
 
 def test_a_slower_rank_is_named_a_straggler(job: Any) -> None:
-    j = job(SLOW=5, SLOW_FACTOR=1.2, STEP_S=0.03, STATS=1)
+    j = job(SLOW=5, SLOW_FACTOR=1.2, STEP_S=0.03, STATS=1, PYCOLL_STRAGGLER_LOG=1)
     report = j.poll(lambda r: any(s["rank"] == 5 for s in r["stragglers"]))
     named = [s for s in report["stragglers"] if s["rank"] == 5][0]
     assert named["collective"] == "allreduce" and named["late_fraction"] >= 0.5, named
     assert [s["rank"] for s in report["stragglers"]] == [5], report["stragglers"]
     text = j.status()
     assert "straggler: rank 5 arrives last in" in text.stdout, text.stdout
+    logged = j.out[0][1]                    # PYCOLL_STRAGGLER_LOG: rank 0's warning
+    end = time.monotonic() + 120
+    while "straggler: rank 5 arrives last in" not in logged.read_text() \
+            and time.monotonic() < end:
+        time.sleep(0.2)
+    assert "straggler: rank 5 arrives last in" in logged.read_text(), logged.read_text()
     results = j.finish()
     _all_done(results)
     line = next(x for x in results[0][1].splitlines() if x.startswith("STATS "))
