@@ -46,6 +46,7 @@ from rendezvous import protocol as P
 
 from .. import debug
 from ..envvars import env_bool, env_float
+from ..transports.shm.cma import process_exited
 from .membership import alive_key, gone_keys
 
 #: the service name in the HMAC proofs (``rendezvous.protocol.client_mac``)
@@ -361,18 +362,8 @@ def records(store: Any, name: str, timeout: float) -> tuple[int, list[dict[str, 
     return size, records, gone
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
 def ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
-         timeout: float, my_boot: str) -> dict[str, Any]:
+        timeout: float, my_boot: str) -> dict[str, Any]:
     """One rank's row: its answer, or why there is none (dead, unreachable)."""
     if record is None:
         return {"rank": rank, "state": "unreachable", "host": None, "pid": None,
@@ -380,7 +371,9 @@ def ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
                           "PYCOLL_STATUS=0, or an older pycoll)"}
     row: dict[str, Any] = {"rank": rank, "host": record.get("hostname"), "pid": record.get("pid"),
                            "address": f"{record['host']}:{record['port']}"}
+    # one kernel: one monotonic clock; one host as well: one process table to look in
     local = bool(my_boot) and record.get("boot_id") == my_boot
+    here = local and record.get("hostname") == socket.gethostname()
     if gone:
         return {**row, "state": "dead", "reason": "its store lease is gone (the process "
                                                   "exited, was killed, or lost the store)"}
@@ -392,13 +385,13 @@ def ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
         return {**row, "state": "dead", "reason": "its status port refuses connections (the "
                                                   "process exited or finalized)"}
     except TimeoutError:
-        if local and _pid_gone(int(record["pid"])):
+        if here and process_exited(int(record["pid"])):
             return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
         return {**row, "state": "unreachable",
                 "reason": f"no answer within {timeout:g} s: its main thread may hold the GIL "
                           "in a long C call (docs/observability.md), or its host is overloaded"}
     except OSError as e:
-        if local and _pid_gone(int(record["pid"])):
+        if here and process_exited(int(record["pid"])):
             return {**row, "state": "dead", "reason": f"process {record['pid']} is gone"}
         return {**row, "state": "unreachable", "reason": f"{type(e).__name__}: {e}"}
     comm = answer["communicators"][0]
@@ -415,7 +408,9 @@ def ask(rank: int, record: dict[str, Any] | None, gone: bool, token: str | None,
 
 def stragglers(rows: list[dict[str, Any]], size: int, last: int = 1000) -> list[dict[str, Any]]:
     """Ranks that arrive last in most collectives, from the ranks' recent start times put on
-    this process's clock (module docstring)."""
+    this process's clock with each row's ``clock_offset_s`` (docs/observability.md,
+    "Stragglers"): per call every rank took part in, the last rank and how much later than
+    the second-to-last it started."""
     answered = [r for r in rows if r.get("communicators")]
     if size < 2 or len(answered) < size:
         return []
