@@ -203,3 +203,47 @@ def test_sixteen_ranks_answer(job: Any) -> None:
     took = [report["took_s"]] + [j.poll(lambda r: True)["took_s"] for _ in range(4)]
     print(f"16 ranks: status took {sorted(took)} s")
     _all_done(j.finish(deadline=300))
+
+
+def test_watch_refreshes(job: Any) -> None:
+    j = job()
+    j.poll(lambda r: all(x["state"] in ("in_collective", "outside") for x in r["ranks"]))
+    watch = subprocess.Popen([sys.executable, "-m", "pycoll.status", j.address, "--json",
+                              "--watch", "0.2"], env={**os.environ, "PYCOLL_TOKEN": TOKEN},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert watch.stdout is not None
+        reports = [json.loads(watch.stdout.readline()) for _ in range(3)]
+        assert all(len(r["ranks"]) == N for r in reports)
+    finally:
+        watch.terminate()
+        watch.wait(30)
+        if watch.stdout is not None:
+            watch.stdout.close()
+    _all_done(j.finish())
+
+
+def _states(comm: Any) -> Any:
+    import numpy as np
+    x = np.ones(4, dtype=np.float32)
+    for _ in range(5):
+        comm.allreduce(x)
+    group = comm.split(color=comm.rank % 2)
+    group.allreduce(x)
+    return comm.status()
+
+
+@pytest.mark.parametrize("recorder", ["500", "0"])
+def test_comm_status_reads_the_execution(recorder: str) -> None:
+    """``Communicator.status()`` (what the port answers), with and without the flight
+    recorder: outside pycoll after 5 allreduces and a split, the group listed too."""
+    from pycoll.testing import run_ranks
+    for s in run_ranks(_states, 2, env={"PYCOLL_FLIGHT_RECORDER": recorder}):
+        world, group = s["communicators"]
+        assert world["state"] == "outside" and world["seq"] >= 5, world
+        assert group["state"] == "outside" and group["seq"] == 1, group
+        if recorder != "0":
+            assert world["last_completed_seq"] == world["seq"], world
+            assert world["after"]["collective"] in ("allreduce", "allgather"), world
+            assert group["last_completed"] == "allreduce", group
+        assert s["pid"] > 0 and s["transport"]
