@@ -25,6 +25,9 @@ from typing import Any
 
 from .comm.status import Refused, straggler_line, stragglers, survey
 
+#: the fields every row of ``--json`` has (None where they do not apply)
+ROW_FIELDS = ("rank", "host", "pid", "state", "collective", "seq", "waiting_s", "waiting_for",
+              "last_completed_seq")
 #: the wait after which ranks in a call waiting for others are called hung
 HUNG_AFTER_S = 1.0
 
@@ -73,6 +76,8 @@ def collect(address: str, *, name: str = "world", token: str | None = None,
     for row in rows:
         row["waiting_for"] = (hung["waiting_for"] if hung and row["rank"] in hung["waiting"]
                               else [])
+        for key in ROW_FIELDS:          # every row has every field the issue promises
+            row.setdefault(key, None)
     slow = stragglers(rows, size)
     for row in rows:
         row.pop("communicators", None)
