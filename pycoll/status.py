@@ -91,6 +91,12 @@ def _age(seconds: float | None) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
+def _first_line(text: str | None, limit: int = 110) -> str:
+    """An error's first line, cut to fit a terminal row (``--json`` has it whole)."""
+    line = (text or "").splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 def verdict_line(report: dict[str, Any]) -> str:
     rows = {r["rank"]: r for r in report["ranks"]}
     hung = report["hung"]
@@ -109,10 +115,15 @@ def verdict_line(report: dict[str, Any]) -> str:
         plural = "s" if len(hung["waiting"]) > 1 else ""
         return (f"hung: {hung['collective']} #{hung['seq']} on {hung['communicator']}: "
                 f"rank{plural} {waiting} wait{'' if plural else 's'} for {'; '.join(why)}")
-    bad = [r for r in report["ranks"] if r["state"] in ("dead", "unreachable", "failed")]
-    if bad:
-        return "trouble: " + "; ".join(f"rank {r['rank']} {r['state']} "
-                                       f"({r.get('reason') or r.get('error')})" for r in bad)
+    gone = [r for r in report["ranks"] if r["state"] in ("dead", "unreachable")]
+    failed = [r for r in report["ranks"] if r["state"] == "failed"]
+    if gone or failed:
+        parts = [f"rank {r['rank']} {r['state']} ({_first_line(r.get('reason'))})" for r in gone]
+        if failed:
+            ranks = ",".join(str(r["rank"]) for r in failed)
+            parts.append(f"rank{'s' if len(failed) > 1 else ''} {ranks} failed "
+                         f"({_first_line(failed[0].get('error'))})")
+        return "trouble: " + "; ".join(parts)
     calls = sum(r.get("calls_per_s") or 0.0 for r in report["ranks"]) / max(1, report["size"])
     return f"running: {report['size']} ranks answered, {calls:.0f} calls/s per rank"
 
@@ -139,11 +150,11 @@ def render(report: dict[str, Any]) -> str:
                 note = f"outside pycoll since {r['after']['collective']} #{r['after']['seq']}"
         else:
             waits = "-"
-            note = r.get("reason") or r.get("error") or ""
+            note = _first_line(r.get("reason") or r.get("error"))
         lines.append(
             f"{r['rank']:>4}  {str(r.get('host') or '-')[:14]:<14} {str(r.get('pid') or '-'):>7}"
             f"  {r['state']:<13} {call[:16]:<16} {waits:>8}  "
-            f"{str(r.get('last_completed_seq', '-')):>6} {r.get('calls_per_s', 0.0) or 0.0:>8.0f}"
+            f"{str(r.get('last_completed_seq') or '-'):>6} {r.get('calls_per_s', 0.0) or 0.0:>8.0f}"
             f" {(r.get('bytes_per_s') or 0.0) / 1e6:>8.2f}  {note}")
     lines.append(verdict_line(report))
     lines += straggler_lines(report)

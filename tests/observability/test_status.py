@@ -160,6 +160,7 @@ def test_a_killed_rank_shows_dead(job: Any) -> None:
     report = j.poll(lambda r: r["ranks"][3]["state"] == "dead")
     others = {x["state"] for i, x in enumerate(report["ranks"]) if i != 3}
     assert others <= {"failed", "in_collective", "outside"}, report["ranks"]
+    assert "rank 3 dead" in j.status().stdout
     results = j.finish()
     assert all(code == 3 for r, (code, _, _) in enumerate(results) if r != 3), results
 
