@@ -132,30 +132,36 @@ def straggler_lines(report: dict[str, Any]) -> list[str]:
     return [straggler_line(s) for s in report["stragglers"]]
 
 
-def render(report: dict[str, Any]) -> str:
-    head = f"{'rank':>4}  {'host':<14} {'pid':>7}  {'state':<13} {'call':<16} {'for':>8}  " \
-           f"{'last':>6} {'calls/s':>8} {'MB/s':>8}  note"
-    lines = [head]
-    for r in report["ranks"]:
-        call = "-"
-        note = ""
-        if r["state"] == "in_collective":
-            call = f"{r.get('collective')} #{r.get('seq')}"
-            waits = _age(r.get("waiting_s"))
-            if r.get("waiting_for"):
-                note = "waits for " + ",".join(map(str, r["waiting_for"]))
-        elif r["state"] == "outside":
-            waits = _age(r.get("outside_s"))
-            if r.get("after"):
-                note = f"outside pycoll since {r['after']['collective']} #{r['after']['seq']}"
-        else:
-            waits = "-"
-            note = _first_line(r.get("reason") or r.get("error"))
-        lines.append(
-            f"{r['rank']:>4}  {str(r.get('host') or '-')[:14]:<14} {str(r.get('pid') or '-'):>7}"
+#: the column header of a row (``row_line``), as ``pycoll.status`` and ``pycoll.top`` print it
+HEADER = (f"{'rank':>4}  {'host':<14} {'pid':>7}  {'state':<13} {'call':<16} {'for':>8}  "
+          f"{'last':>6} {'calls/s':>8} {'MB/s':>8}  note")
+
+
+def row_line(r: dict[str, Any]) -> str:
+    """One rank's row: its state, the call it is in (or the one it came out of), for how long,
+    its rates, and whom it waits for or why it does not answer."""
+    call = "-"
+    note = ""
+    if r["state"] == "in_collective":
+        call = f"{r.get('collective')} #{r.get('seq')}"
+        waits = _age(r.get("waiting_s"))
+        if r.get("waiting_for"):
+            note = "waits for " + ",".join(map(str, r["waiting_for"]))
+    elif r["state"] == "outside":
+        waits = _age(r.get("outside_s"))
+        if r.get("after"):
+            note = f"outside pycoll since {r['after']['collective']} #{r['after']['seq']}"
+    else:
+        waits = "-"
+        note = _first_line(r.get("reason") or r.get("error"))
+    return (f"{r['rank']:>4}  {str(r.get('host') or '-')[:14]:<14} {str(r.get('pid') or '-'):>7}"
             f"  {r['state']:<13} {call[:16]:<16} {waits:>8}  "
             f"{str(r.get('last_completed_seq') or '-'):>6} {r.get('calls_per_s', 0.0) or 0.0:>8.0f}"
             f" {(r.get('bytes_per_s') or 0.0) / 1e6:>8.2f}  {note}")
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [HEADER] + [row_line(r) for r in report["ranks"]]
     lines.append(verdict_line(report))
     lines += straggler_lines(report)
     return "\n".join(lines)

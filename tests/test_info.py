@@ -170,7 +170,7 @@ def test_console_script_targets_import_and_are_callable():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
     assert set(scripts) == {"pycoll-run", "pycoll-bench", "pycoll-info", "pycoll-trace",
-                            "pycoll-status"}
+                            "pycoll-status", "pycoll-top"}
     for target in scripts.values():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func)), target

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pycoll.world", "pycoll"),                             # the default communicator, the API
     ("pycoll.torch", "pycoll.spark", "pycoll.ray", "pycoll.hosted", "pycoll.bench",
      "pycoll.testing", "pycoll.trace", "pycoll.run", "pycoll.info",
-     "pycoll.status"),                                      # integrations and tools
+     "pycoll.status", "pycoll.top"),                        # integrations and tools
 ]
 
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,18 +88,6 @@ class Job:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
         self.server.close()
-
-
-@pytest.fixture
-def job(tmp_path: Path) -> Iterator[Any]:
-    jobs: list[Job] = []
-
-    def make(n: int = N, **env: Any) -> Job:
-        jobs.append(Job(tmp_path, n, **env))
-        return jobs[-1]
-    yield make
-    for j in jobs:
-        j.close()
 
 
 def _all_done(results: list[tuple[int, str, str]]) -> None:
