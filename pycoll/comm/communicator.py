@@ -35,18 +35,19 @@ from ..algorithms.cost import Hierarchy, LinkModel
 from ..algorithms.primitives import Peers
 from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
-from ..envvars import env_int
+from ..envvars import env_bool, env_int
 from ..errors import CollectiveMismatch, InvalidArgument, PycollError
 from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..runtime.metrics import Tally, openmetrics
 from ..runtime.status import snapshot
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
-from . import lobby, status
+from . import lobby, metrics, status
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
@@ -152,6 +153,8 @@ class Communicator(Collectives, FusedCollectives):
         self._integrity_every = sample_every()
         #: this rank's status port (root communicators over a store, ``comm/status.py``)
         self._status: status.Responder | None = None
+        self._metrics: metrics.MetricsServer | None = None
+        self._tallies: dict[int, tuple[Execution, Tally]] = {}
         self._straggler_log: status.StragglerLog | None = None
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
@@ -242,6 +245,7 @@ class Communicator(Collectives, FusedCollectives):
                 comm._status = status.start(store, address, name, rank, size, token,
                                             comm.status)
                 comm._straggler_log = status.start_log(address, name, rank, token)
+            comm._metrics = metrics.start(store, name, rank, comm._metrics_text)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
@@ -492,10 +496,27 @@ class Communicator(Collectives, FusedCollectives):
             row.pop("communicators", None)
         return {"stragglers": found, "ranks": rows}
 
+    def _metrics_text(self) -> str:
+        """The metrics endpoint's page (``comm/metrics.py``): this communicator and its
+        groups, tallied now from their flight recorders; on rank 0, the job's stragglers."""
+        for ex in [self._exec] + [child._exec for child in list(self._groups.children)]:
+            self._tallies.setdefault(id(ex), (ex, Tally()))
+        found = None
+        address = self.store_address
+        if self.rank == 0 and address is not None and env_bool("PYCOLL_STATUS", True):
+            try:
+                found = status.job_stragglers(address, self._root_name, self._token)
+            except Exception as e:  # noqa: BLE001 - the counts still answer
+                debug.logger.info("metrics: no straggler survey (%s)", e)
+        return openmetrics(self.rank, list(self._tallies.values()), found)
+
     def _close_status(self) -> None:
         log, self._straggler_log = self._straggler_log, None
         if log is not None:
             log.close()
+        server, self._metrics = self._metrics, None
+        if server is not None:
+            server.close()
         responder, self._status = self._status, None
         if responder is not None:
             responder.close()

@@ -101,18 +101,24 @@ class _Conn:
         self.peer = peer
         self.nonce = secrets.token_bytes(P.NONCE_SIZE)
         self.inbuf = bytearray()
-        self.out = P.encode_message(0, 0, [MAGIC, self.nonce])
+        self.out = b""
         self.deadline = time.monotonic() + CONNECTION_SECONDS
 
 
 class Responder:
-    """One rank's status port: a daemon thread answering queries with ``describe()``."""
+    """One rank's status port: a daemon thread answering queries with ``describe()``.
+
+    The thread is a selector loop that survives hostile clients (a deadline and a size limit
+    per connection, the oldest dropped when too many are open); ``comm/metrics.py`` serves
+    HTTP from the same loop by overriding ``_greeting`` and ``_request``."""
+
+    thread_name = "pycoll-status"
 
     def __init__(self, host: str, token: str | bytes | None,
-                 describe: Callable[[], dict[str, Any]]) -> None:
+                 describe: Callable[[], dict[str, Any]], port: int = 0) -> None:
         self.key = secret_bytes(token)
         self.describe = describe
-        info = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         self.sock = socket.socket(info[0], socket.SOCK_STREAM)
         try:
             self.sock.bind(info[4])
@@ -125,7 +131,7 @@ class Responder:
         self.port = int(self.sock.getsockname()[1])
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = False
-        self._thread = threading.Thread(target=self._serve, name="pycoll-status", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=self.thread_name, daemon=True)
         self._thread.start()
 
     @property
@@ -188,8 +194,10 @@ class Responder:
             while len(conns) >= MAX_CONNECTIONS:
                 self._drop(sel, conns, next(iter(conns.values())), "too many connections")
             conn = _Conn(sock, str(addr))
+            conn.out = self._greeting(conn)
             conns[sock.fileno()] = conn
-            sel.register(sock, selectors.EVENT_WRITE, conn)
+            sel.register(sock, selectors.EVENT_WRITE if conn.out else selectors.EVENT_READ,
+                         conn)
 
     def _drop(self, sel: selectors.BaseSelector, conns: OrderedDict[int, _Conn], conn: _Conn,
               why: str | None) -> None:
@@ -225,18 +233,33 @@ class Responder:
             self._drop(sel, conns, conn, "closed before its request was complete")
             return
         conn.inbuf += data
-        head = P.FRAME_HEADER.size
-        if len(conn.inbuf) < head:
+        try:
+            answer = self._request(conn)
+        except ValueError as e:
+            self._drop(sel, conns, conn, str(e))
             return
-        (n,) = P.FRAME_HEADER.unpack_from(conn.inbuf)
-        if n > P.MAX_HANDSHAKE_FRAME or len(conn.inbuf) > head + n:
-            self._drop(sel, conns, conn, f"a request frame of {n} bytes (hostile)")
+        if answer is None:
             return
-        if len(conn.inbuf) < head + n:
-            return
-        conn.out = self._answer(conn, bytes(conn.inbuf[head:]))
+        conn.out = answer
         conn.inbuf = None       # type: ignore[assignment]  # nothing more is read
         sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+
+    def _greeting(self, conn: _Conn) -> bytes:
+        """What a new connection is sent first: the handshake's challenge."""
+        return P.encode_message(0, 0, [MAGIC, conn.nonce])
+
+    def _request(self, conn: _Conn) -> bytes | None:
+        """The answer once ``conn.inbuf`` holds a whole request, None while it does not;
+        ValueError for a hostile one (the connection is dropped)."""
+        head = P.FRAME_HEADER.size
+        if len(conn.inbuf) < head:
+            return None
+        (n,) = P.FRAME_HEADER.unpack_from(conn.inbuf)
+        if n > P.MAX_HANDSHAKE_FRAME or len(conn.inbuf) > head + n:
+            raise ValueError(f"a request frame of {n} bytes (hostile)")
+        if len(conn.inbuf) < head + n:
+            return None
+        return self._answer(conn, bytes(conn.inbuf[head:]))
 
     def _answer(self, conn: _Conn, payload: bytes) -> bytes:
         try:
@@ -461,6 +484,16 @@ def straggler_line(s: dict[str, Any]) -> str:
             f"{s['calls']} {s['collective']}s, by {s['median_late_ms']:.1f} ms median")
 
 
+def job_stragglers(address: tuple[str, int], name: str, token: str | None,
+                   timeout: float = 2.0) -> list[dict[str, Any]]:
+    """The job's stragglers, surveyed over a store connection of the caller's own (a thread
+    beside the rank's main one must not share the rank's)."""
+    from rendezvous import TCPStore
+    with TCPStore(*address, token=token, timeout=5.0) as store:
+        size, rows = survey(store, name, token, timeout)
+    return stragglers(rows, size)
+
+
 class StragglerLog:
     """``PYCOLL_STRAGGLER_LOG=SECONDS``: rank 0 surveys the job every SECONDS from a thread
     of its own and logs a warning per persistent straggler (off by default: the survey
@@ -475,12 +508,9 @@ class StragglerLog:
         self._thread.start()
 
     def _run(self) -> None:
-        from rendezvous import TCPStore
         while not self._stop.wait(self.every):
             try:
-                with TCPStore(*self.address, token=self.token, timeout=5.0) as store:
-                    size, rows = survey(store, self.name, self.token, 2.0)
-                for s in stragglers(rows, size):
+                for s in job_stragglers(self.address, self.name, self.token):
                     debug.logger.warning("%s", straggler_line(s))
             except Exception as e:  # noqa: BLE001 - a log line must not take the rank down
                 debug.logger.info("straggler log: no survey (%s)", e)

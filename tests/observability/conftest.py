@@ -16,7 +16,7 @@ def job(tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
     def make(n: int = N, **env: Any) -> Job:
-        jobs.append(Job(tmp_path, n, **env))
+        jobs.append(Job(tmp_path, n, **env))   # script=...: another job than status_job.py
         return jobs[-1]
     yield make
     for j in jobs:

@@ -29,7 +29,7 @@ N = 8
 class Job:
     """``N`` rank processes of status_job.py over a store hosted here."""
 
-    def __init__(self, tmp: Path, n: int = N, **env: Any) -> None:
+    def __init__(self, tmp: Path, n: int = N, script: str = JOB, **env: Any) -> None:
         self.release = tmp / "release"
         self.failed = tmp / "failed"
         self.server = StoreServer("127.0.0.1", 0, token=TOKEN).start()
@@ -43,7 +43,7 @@ class Job:
         for r in range(n):
             with open(self.out[r][0], "w") as out, open(self.out[r][1], "w") as err:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, JOB], start_new_session=True,
+                    [sys.executable, script], start_new_session=True,
                     env={**base, "PYCOLL_RANK": str(r)}, stdout=out, stderr=err))
 
     def status(self, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess:
