@@ -130,3 +130,34 @@ def test_metrics_are_off_by_default(job: Any, tmp_path: Path) -> None:
     with TCPStore(host, int(port), token=TOKEN, timeout=60) as store:
         assert not store.check([metrics_key("world", 0), metrics_key("world", 1)])
     _all_done(j.finish())
+
+
+def _turn_the_ring(comm: Any) -> list[str]:
+    import numpy as np
+    x = np.ones(4, dtype=np.float32)
+    for _ in range(30):
+        comm.allreduce(x)
+    where = comm._metrics.host, comm._metrics.port
+    with urllib.request.urlopen(f"http://{where[0]}:{where[1]}/metrics", timeout=60) as r:
+        first = r.read().decode()
+    for _ in range(30):
+        comm.allreduce(x)
+    with urllib.request.urlopen(f"http://{where[0]}:{where[1]}/metrics", timeout=60) as r:
+        return [first, r.read().decode()]
+
+
+def test_calls_that_left_the_ring_are_counted_as_unrecorded() -> None:
+    """A flight recorder of 10 records and 30 calls between scrapes: the calls it no longer
+    holds are counted as unrecorded, and recorded + unrecorded is every call numbered."""
+    from pycoll.testing import run_ranks
+    for pages in run_ranks(_turn_the_ring, 2, env={"PYCOLL_METRICS_PORT": "0",
+                                                   "PYCOLL_FLIGHT_RECORDER": "10"}):
+        for page in pages:
+            samples = {}
+            for family in parser.text_string_to_metric_families(page):
+                for s in family.samples:
+                    samples[s.name + s.labels.get("collective", "")] = s.value
+            recorded = samples["pycoll_collective_calls_totalallreduce"]
+            assert recorded < samples["pycoll_collectives_numbered_total"]
+            assert recorded + samples["pycoll_collectives_unrecorded_total"] \
+                == samples["pycoll_collectives_numbered_total"], samples
