@@ -95,12 +95,14 @@ class WelcomeStatus(enum.IntEnum):
     BAD_VERSION = 2
 
 
-def client_mac(token: bytes, server_nonce: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, b"rdzv-client" + server_nonce + nonce, hashlib.sha256).digest()
+def client_mac(token: bytes, server_nonce: bytes, nonce: bytes, service: bytes = b"rdzv") -> bytes:
+    """The client's proof; ``service`` keeps the proofs of different services that share
+    this handshake (the store, pycoll's status responder) apart."""
+    return hmac.new(token, service + b"-client" + server_nonce + nonce, hashlib.sha256).digest()
 
 
-def server_mac(token: bytes, server_nonce: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, b"rdzv-server" + server_nonce + nonce, hashlib.sha256).digest()
+def server_mac(token: bytes, server_nonce: bytes, nonce: bytes, service: bytes = b"rdzv") -> bytes:
+    return hmac.new(token, service + b"-server" + server_nonce + nonce, hashlib.sha256).digest()
 
 
 def encode_message(code: int, arg: int, blobs: Sequence[bytes] = ()) -> bytes:

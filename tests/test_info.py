@@ -169,7 +169,8 @@ def test_console_script_targets_import_and_are_callable():
     tomllib = pytest.importorskip("tomllib")      # Python 3.11+
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert set(scripts) == {"pycoll-run", "pycoll-bench", "pycoll-info", "pycoll-trace"}
+    assert set(scripts) == {"pycoll-run", "pycoll-bench", "pycoll-info", "pycoll-trace",
+                            "pycoll-status", "pycoll-top"}
     for target in scripts.values():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func)), target

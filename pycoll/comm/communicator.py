@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from rendezvous import Store, StoreError
 
@@ -34,17 +35,19 @@ from ..algorithms.cost import Hierarchy, LinkModel
 from ..algorithms.primitives import Peers
 from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
-from ..envvars import env_int
+from ..envvars import env_bool, env_int
 from ..errors import CollectiveMismatch, InvalidArgument, PycollError
 from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
 from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
+from ..runtime.metrics import Tally, openmetrics
+from ..runtime.status import snapshot
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
 from ..transports.base import Channel
-from . import lobby
+from . import lobby, metrics, status
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
 from .fused import FusedCollectives
@@ -152,6 +155,11 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         self.previous_ranks: list[int | None] | None = None
         self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
+        #: this rank's status port (root communicators over a store, ``comm/status.py``)
+        self._status: status.Responder | None = None
+        self._metrics: metrics.MetricsServer | None = None
+        self._tallies: dict[int, tuple[Execution, Tally]] = {}
+        self._straggler_log: status.StragglerLog | None = None
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and one transport
@@ -236,6 +244,12 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
                        owns_store=owns_store, hosts=conn.table.hosts, token=token,
                        master_addr=master_addr, lease=lease, watch=watch, **numerics)
             comm._measure_links(scoped, limit, watch)
+            address = comm.store_address
+            if address is not None:    # a store others can reach: a port they can ask
+                comm._status = status.start(store, address, name, rank, size, token,
+                                            comm.status)
+                comm._straggler_log = status.start_log(address, name, rank, token)
+            comm._metrics = metrics.start(store, name, rank, comm._metrics_text)
             return comm
         except BaseException:   # a failing constructor must not leak open transports
             conn.close()
@@ -421,6 +435,7 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
                 self._conn.close()
             self._owns_conn = False
         self._exec.failures.close()
+        self._close_status()
         if self._lease is not None:
             self._lease.close()
 
@@ -457,6 +472,59 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         without one (an in-process ``LocalStore``, a torch store behind an adapter)."""
         host, port = getattr(self._store, "host", None), getattr(self._store, "port", None)
         return (host, int(port)) if host is not None and port is not None else None
+
+    def status(self) -> dict[str, Any]:
+        """What this rank is doing now, as ``python -m pycoll.status`` shows it: host, pid,
+        transports, and the state of this communicator and of its groups (each a
+        ``runtime.status.snapshot``; docs/observability.md). Safe to call from any thread:
+        it only reads what the call path keeps anyway."""
+        comms = [snapshot(self._exec)]
+        comms += [snapshot(child._exec) for child in list(self._groups.children)]
+        return {"rank": self.rank, "size": self.size, "host": self._hosts[self.rank],
+                "pid": os.getpid(), "transport": self.transport_summary(),
+                "communicators": comms}
+
+    def stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        """The job's persistent stragglers, as ``python -m pycoll.status`` names them:
+        ``{"stragglers": [{"rank", "collective", "calls", "late_fraction",
+        "median_late_ms"}], "ranks": [a row per rank]}`` for this communicator's root.
+
+        Not collective: it asks every rank's status port (``comm/status.py``; each answers
+        from a thread of its own, in ``timeout`` seconds at most), so any rank may call it at
+        any time, and it costs a round of queries (docs/observability.md).
+        """
+        if self._store is None or self.size == 1:
+            return {"stragglers": [], "ranks": []}
+        size, rows = status.survey(self._store, self._root_name, self._token, timeout)
+        found = status.stragglers(rows, size)
+        for row in rows:
+            row.pop("communicators", None)
+        return {"stragglers": found, "ranks": rows}
+
+    def _metrics_text(self) -> str:
+        """The metrics endpoint's page (``comm/metrics.py``): this communicator and its
+        groups, tallied now from their flight recorders; on rank 0, the job's stragglers."""
+        for ex in [self._exec] + [child._exec for child in list(self._groups.children)]:
+            self._tallies.setdefault(id(ex), (ex, Tally()))
+        found = None
+        address = self.store_address
+        if self.rank == 0 and address is not None and env_bool("PYCOLL_STATUS", True):
+            try:
+                found = status.job_stragglers(address, self._root_name, self._token)
+            except Exception as e:  # noqa: BLE001 - the counts still answer
+                debug.logger.info("metrics: no straggler survey (%s)", e)
+        return openmetrics(self.rank, list(self._tallies.values()), found)
+
+    def _close_status(self) -> None:
+        log, self._straggler_log = self._straggler_log, None
+        if log is not None:
+            log.close()
+        server, self._metrics = self._metrics, None
+        if server is not None:
+            server.close()
+        responder, self._status = self._status, None
+        if responder is not None:
+            responder.close()
 
     def transport_summary(self) -> str:
         """E.g. "shm" or "shm(3 peers), tcp(4 peers)"; "none" for a world of one."""
@@ -656,6 +724,7 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
             except Exception as e:  # the server may already be gone; finalize must not fail
                 debug.logger.info("finalize: store unreachable (%s)", e)
         failures.close()
+        self._close_status()
         if self._lease is not None:
             self._lease.close()
         if self._owns_store and store is not None:

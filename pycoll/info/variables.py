@@ -112,6 +112,10 @@ VARIABLES: list[Variable] = [
         ("PYCOLL_FLIGHT_RECORDER", "500", "recent collectives kept per communicator"),
         ("PYCOLL_TRACE_DIR", "", "flight-recorder dumps (default $TMPDIR/pycoll-traces-<uid>)"),
         ("PYCOLL_ABORT_POLL_MS", "100", "how often an idle wait looks for an abort record"),
+        ("PYCOLL_STATUS", "1", "0: no status port (python -m pycoll.status cannot see the rank)"),
+        ("PYCOLL_STRAGGLER_LOG", "0", "seconds: rank 0 logs the job's stragglers this often"),
+        ("PYCOLL_METRICS_PORT", "", "OpenMetrics: rank r serves on this port + r (0: a free one)"),
+        ("PYCOLL_METRICS_ADDR", "127.0.0.1", "the address the metrics endpoint binds"),
     ),
     *_table(
         "testing hooks",

@@ -36,6 +36,7 @@ from .arguments import (
     tensor_list,
 )
 from .contiguous import ContiguousStandIns
+from .debug import track
 from .p2p import DeferredP2P
 from .views import HostViews
 from .work import (
@@ -122,6 +123,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         #: the numpy view of the tensor synchronous calls keep passing (``views.py``)
         self._views = HostViews()
         self._shut = False
+        track(self)          # its state on torch's debug server (torch/debug.py)
 
     # -- identity -----------------------------------------------------------------------------
     def getBackendName(self) -> str:

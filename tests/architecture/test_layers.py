@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pycoll.launch",),                                     # launchers' environments, joining
     ("pycoll.world", "pycoll"),                             # the default communicator, the API
     ("pycoll.torch", "pycoll.spark", "pycoll.ray", "pycoll.hosted", "pycoll.bench",
-     "pycoll.testing", "pycoll.trace", "pycoll.run", "pycoll.info"),    # integrations and tools
+     "pycoll.testing", "pycoll.trace", "pycoll.run", "pycoll.info",
+     "pycoll.status", "pycoll.top"),                        # integrations and tools
 ]
 
 
