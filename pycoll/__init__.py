@@ -9,6 +9,7 @@ from ._version import __version__ as __version__
 from .buffers.reduction import OP_NAMES, ReduceOp
 from .comm.communicator import Communicator
 from .comm.persistent import AllreducePlan
+from .comm.windows import Window, WindowError
 from .errors import (
                      Aborted,
                      CollectiveMismatch,
@@ -48,6 +49,7 @@ from .world import (
                      scatter,
                      send,
                      shrink,
+                     window,
                      world,
 )
 
@@ -56,8 +58,8 @@ __all__ = [
     "allreduce", "allreduce_init", "barrier", "broadcast", "reduce", "allgather",
     "reduce_scatter", "alltoall",
     "gather", "scatter", "send", "recv", "allreduce_coalesced", "allgather_coalesced",
-    "allgatherv", "new_group", "shrink", "grow",
-    "Communicator", "Work", "AllreducePlan", "ReduceOp", "OP_NAMES",
+    "allgatherv", "new_group", "shrink", "grow", "window",
+    "Communicator", "Work", "Window", "WindowError", "AllreducePlan", "ReduceOp", "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
     "DataCorruption", "Revoked", "Excluded",

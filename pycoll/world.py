@@ -13,6 +13,7 @@ from typing import Any
 
 from .buffers.reduction import OpLike
 from .comm.communicator import DEFAULT_TIMEOUT, Communicator
+from .comm.windows import Window
 from .envvars import env_bool
 from .errors import PycollError
 from .launch.join import join as join_job
@@ -214,6 +215,11 @@ def allgather_coalesced(outputs: Any, inputs: Any, **options: Any) -> Work | Non
 
 def allgatherv(input: Any, **options: Any) -> Any:
     return world().allgatherv(input, **options)
+
+
+def window(buffer: Any, **options: Any) -> Window:
+    """``Communicator.window`` on the default communicator (collective; docs/windows.md)."""
+    return world().window(buffer, **options)
 
 
 def new_group(ranks: Any) -> Communicator | None:

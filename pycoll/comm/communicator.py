@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from rendezvous import Store, StoreError
 
@@ -54,6 +55,7 @@ from .membership import Lease, Membership, alive_key, gone_keys
 from .planning import Planner, reduction_defaults
 from .recovery import Elastic, base_name
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
+from .windows import Window, open_window
 
 DEFAULT_TIMEOUT = 300.0
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
@@ -148,6 +150,10 @@ class Communicator(Collectives, FusedCollectives):
         self.previous_ranks: list[int | None] | None = None
         self._fast = self._fast_path(watch)
         self._integrity_every = sample_every()
+        #: the open windows (``window``): invalidated when this communicator is finalized
+        #: or replaced by a shrink or grow
+        self._windows: list[Window] = []
+        self._windows_made = 0
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and one transport
@@ -399,6 +405,7 @@ class Communicator(Collectives, FusedCollectives):
         unless the successor shares them (they pass to it, as the store server it may host
         does: the successor shuts them down at its finalize)."""
         revoked = self._exec.failed
+        self._invalidate_windows("belongs to a communicator that a shrink or grow replaced")
         for child in self._groups.children:
             if child._exec.failed is None:
                 child._exec.failed = revoked
@@ -418,6 +425,25 @@ class Communicator(Collectives, FusedCollectives):
         self._exec.failures.close()
         if self._lease is not None:
             self._lease.close()
+
+    # -- one-sided windows (docs/windows.md) -------------------------------------------------
+    def window(self, buffer: Any, *, timeout: Timeout = None) -> Window:
+        """Collective: expose ``buffer`` (host memory; every rank the same dtype, sizes
+        may differ) as this rank's part of a one-sided window, and return the ``Window``
+        through which any rank puts into, gets from and accumulates into any rank's part."""
+        self._windows_made += 1
+        win = open_window(self, buffer, self._windows_made, as_seconds(timeout, "timeout"))
+        self._windows.append(win)
+        return win
+
+    def forget_window(self, win: Window) -> None:
+        """A window was closed or invalidated (``Window.invalidate`` calls it)."""
+        if win in self._windows:
+            self._windows.remove(win)
+
+    def _invalidate_windows(self, why: str) -> None:
+        for win in list(self._windows):
+            win.invalidate(why)
 
     def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> Communicator | None:
         """A communicator of ``ranks`` (this communicator's ranks, in that order).
@@ -606,6 +632,7 @@ class Communicator(Collectives, FusedCollectives):
         execution = self._exec
         if execution.closed:
             return
+        self._invalidate_windows("belongs to a finalized communicator")
         disagreed = self._settle(min(timeout, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
         execution.close()
         if self._fast is not None:
