@@ -1,0 +1,254 @@
+"""One-sided windows (docs/windows.md) with real ranks: processes over shm, threads over
+inproc; tcp (and every transport without window support) refuses at creation on every rank.
+
+Results are compared with numpy references computed from the same seeds; nothing is timed.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import InvalidArgument, InvalidDtype, PeerLost, WindowError
+from pycoll.testing import run_ranks, run_threads
+
+N = 16   # elements per rank's block
+
+
+def run(transport, fn, n, *args, **kw):
+    """``fn(comm, *args)`` on ``n`` ranks: processes (shm), or threads (inproc)."""
+    if transport == "inproc":
+        kw.pop("expect_failure", None)
+        return run_threads(fn, n, *args, timeout=kw.pop("timeout", 120), **kw)
+    return run_ranks(fn, n, *args, env={"PYCOLL_TRANSPORTS": transport},
+                     timeout=kw.pop("timeout", 120), **kw)
+
+
+WINDOWED = ["shm", "inproc"]
+
+
+# -- put, get, signal -------------------------------------------------------------------------
+def _put_get_signal(comm):
+    r, s = comm.rank, comm.size
+    buf = np.zeros(N * s, dtype=np.float64)
+    with comm.window(buf) as win:
+        for t in range(s):                        # my block into every rank's window
+            win.put(np.full(N, r + 1.0) + np.arange(N), t, offset=r * N)
+        win.fence()
+        mine = buf.copy()
+        got = np.zeros(N * s)
+        win.get(got, (r + 1) % s)                 # the whole of my right neighbour's window
+        part = np.zeros(3)
+        win.get(part, (r - 1) % s, offset=N * s - 3)
+        win.fence()                               # nobody writes until everyone has read
+        for t in range(s):
+            if t != r:
+                win.signal(t, r + 1)
+        total = sum(q + 1 for q in range(s) if q != r)
+        counter = win.wait_signal(total, timeout=60)
+    return mine, got, part, counter, total
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_put_get_and_signal(transport, n):
+    expected = np.concatenate([np.full(N, q + 1.0) + np.arange(N) for q in range(n)])
+    for mine, got, part, counter, total in run(transport, _put_get_signal, n):
+        np.testing.assert_array_equal(mine, expected)
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(part, expected[-3:])
+        assert counter == total
+
+
+# -- concurrent accumulates into one target ---------------------------------------------------
+ROUNDS = 20
+
+
+def _contribution(rank, k, count):
+    return np.random.default_rng(1000 * rank + k).integers(-50, 50, count, dtype=np.int64)
+
+
+def _accumulate(comm, op):
+    r, s = comm.rank, comm.size
+    buf = np.full(N * s, 3 if op == "prod" else 7, dtype=np.int64)
+    win = comm.window(buf)
+    for k in range(ROUNDS):                       # every rank, the whole of rank 0's window
+        src = _contribution(r, k, N * s)
+        if op == "prod":
+            src = np.where(src % 2 == 0, 1, -1).astype(np.int64)
+        win.accumulate(src, 0, op=op)
+        win.accumulate(np.full(N, k + 1, dtype=np.int64), (r + 1) % s, offset=r * N, op=op)
+    win.fence()
+    out = buf.copy()
+    win.close()
+    return out
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+@pytest.mark.parametrize("n,op", [(2, "sum"), (4, "sum"), (8, "sum"), (4, "max"), (3, "prod")])
+def test_concurrent_accumulates_match_numpy(transport, n, op):
+    ufunc = {"sum": np.add, "max": np.maximum, "prod": np.multiply}[op]
+    start = 3 if op == "prod" else 7
+    ref = [np.full(N * n, start, dtype=np.int64) for _ in range(n)]
+    for k in range(ROUNDS):
+        for q in range(n):
+            src = _contribution(q, k, N * n)
+            if op == "prod":
+                src = np.where(src % 2 == 0, 1, -1).astype(np.int64)
+            ufunc(ref[0], src, out=ref[0])
+            block = ref[(q + 1) % n][q * N:(q + 1) * N]
+            ufunc(block, np.full(N, k + 1, dtype=np.int64), out=block)
+    for rank, out in enumerate(run(transport, _accumulate, n, op)):
+        np.testing.assert_array_equal(out, ref[rank], err_msg=f"rank {rank}")
+
+
+# -- refusals: nothing moves ------------------------------------------------------------------
+def _refusals(comm):
+    r, s = comm.rank, comm.size
+    buf = np.full(N, -1.0)
+    win = comm.window(buf)
+    target = (r + 1) % s
+    errors = []
+    attempts = [
+        lambda: win.put(np.ones(N + 1), target),                      # longer than the window
+        lambda: win.put(np.ones(4), target, offset=N - 3),            # runs past the end
+        lambda: win.put(np.ones(4), target, offset=-1),
+        lambda: win.accumulate(np.ones(2), target, offset=N - 1),
+        lambda: win.get(np.zeros(2), target, offset=N - 1),
+        lambda: win.put(np.ones(4, dtype=np.float32), target),        # wrong dtype
+        lambda: win.accumulate(np.ones(4, dtype=np.int64), target),
+        lambda: win.get(np.zeros(4, dtype=np.float32), target),
+        lambda: win.put(np.ones(4), s),                               # not a rank
+        lambda: win.accumulate(np.ones(4), target, op="avg"),         # not one step
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+            errors.append(None)
+        except (InvalidArgument, InvalidDtype) as e:
+            errors.append((type(e).__name__, str(e)))
+    win.fence()
+    untouched = bool((buf == -1.0).all())
+    dst = np.full(4, 5.0)
+    try:
+        win.get(dst, target, offset=N - 3)
+    except InvalidArgument:
+        pass
+    win.close()
+    try:
+        win.put(np.ones(1), target)
+        closed = None
+    except WindowError as e:
+        closed = str(e)
+    return errors, untouched, dst.tolist(), closed
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+def test_out_of_bounds_and_dtype_refused_with_nothing_written(transport):
+    for rank, (errors, untouched, dst, closed) in enumerate(run(transport, _refusals, 3)):
+        assert None not in errors, errors
+        target = (rank + 1) % 3
+        for kind, message in errors[:5]:
+            assert kind == "InvalidArgument"
+            assert f"rank {rank}" in message and f"target rank {target}" in message
+            assert "nothing was moved" in message
+        assert "window of 16 float64 elements" in errors[1][1]
+        for kind, message in errors[5:8]:
+            assert kind == "InvalidDtype" and "float64" in message
+        assert untouched
+        assert dst == [5.0] * 4
+        assert closed is not None and "was closed" in closed
+
+
+def _mixed_dtypes(comm):
+    dtype = np.float64 if comm.rank == 0 else np.float32
+    try:
+        comm.window(np.zeros(4, dtype=dtype))
+    except InvalidDtype as e:
+        return str(e)
+    return None
+
+
+def test_window_of_mixed_dtypes_refused_on_every_rank():
+    for message in run("shm", _mixed_dtypes, 2):
+        assert message is not None and "rank 1: float32" in message
+
+
+# -- what a window cannot outlive -------------------------------------------------------------
+def _target_dies(comm, threads):
+    buf = np.zeros(N)
+    win = comm.window(buf)
+    comm.barrier()
+    if comm.rank == 1:
+        if not threads:
+            os._exit(0)                  # a process that dies without a word
+        comm.finalize()                  # a thread: its transport closes
+        return None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            win.put(np.ones(N), 1)
+            win.accumulate(np.ones(N), 1)
+            win.signal(1)
+        except PeerLost as e:
+            return e.peer, str(e)
+        time.sleep(0.01)
+    return "no PeerLost within 60 s"
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+def test_dead_target_raises_peer_lost_naming_it(transport):
+    outcomes = run(transport, _target_dies, 2, transport == "inproc", expect_failure=True,
+                   timeout=120)
+    first = outcomes[0][1] if transport != "inproc" else outcomes[0]
+    peer, message = first
+    assert peer == 1
+    assert "target rank 1 is gone" in message and "rank 0" in message
+
+
+def _after_finalize(comm):
+    win = comm.window(np.zeros(4))
+    sub = comm.split(0)
+    sub_win = sub.window(np.zeros(4))
+    sub.finalize()
+    try:
+        sub_win.put(np.ones(4), 0)
+    except WindowError as e:
+        return str(e), repr(win)
+    return None
+
+
+def test_windows_of_a_finalized_communicator_refuse():
+    for message, world_repr in run("shm", _after_finalize, 2):
+        assert "finalized communicator" in message
+        assert "open" in world_repr
+
+
+def _tcp_refused(comm):
+    try:
+        comm.window(np.zeros(4))
+    except WindowError as e:
+        return str(e)
+    return None
+
+
+def test_transport_without_windows_refuses_on_every_rank():
+    for message in run("tcp", _tcp_refused, 2):
+        assert message is not None and "(tcp) has no window support yet" in message
+
+
+def _world_window(comm):
+    buf = np.zeros(2, dtype=np.int32)
+    win = pycoll.window(buf)
+    win.accumulate(np.array([1, comm.rank], dtype=np.int32), 0)
+    win.fence()
+    out = buf.copy()
+    win.close()
+    return out.tolist()
+
+
+def test_module_level_window_on_the_default_world():
+    assert run("shm", _world_window, 3)[0] == [3, 3]
