@@ -252,3 +252,17 @@ def _world_window(comm):
 
 def test_module_level_window_on_the_default_world():
     assert run("shm", _world_window, 3)[0] == [3, 3]
+
+
+def _example(comm):
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "window_blocks.py")
+    spec = importlib.util.spec_from_file_location("window_blocks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(comm)
+
+
+def test_the_block_transfer_example_runs():
+    """examples/window_blocks.py, the example docs/windows.md shows."""
+    assert run("shm", _example, 2) == [0, 8]
