@@ -266,3 +266,28 @@ def _example(comm):
 def test_the_block_transfer_example_runs():
     """examples/window_blocks.py, the example docs/windows.md shows."""
     assert run("shm", _example, 2) == [0, 8]
+
+
+def _after_shrink(comm):
+    win = comm.window(np.zeros(4))
+    new = comm.shrink()
+    try:
+        win.put(np.ones(4), (comm.rank + 1) % comm.size)
+        refused = None
+    except WindowError as e:
+        refused = str(e)
+    buf = np.zeros(4)
+    with new.window(buf) as again:                 # the successor makes its own
+        again.accumulate(np.ones(4), 0)
+        again.fence()
+        total = buf.tolist()
+    new.finalize()
+    return refused, total
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+def test_windows_of_a_shrunk_communicator_refuse(transport):
+    outcomes = run(transport, _after_shrink, 3)
+    for refused, _total in outcomes:
+        assert refused is not None and "a shrink or grow replaced" in refused
+    assert outcomes[0][1] == [3.0] * 4
