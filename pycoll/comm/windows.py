@@ -22,6 +22,7 @@ from ..buffers.memory import HOST, MemRef
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, reducer
 from ..buffers.tensors import as_buffer
 from ..errors import InvalidArgument, InvalidDtype, PeerLost, PycollError, TransportError
+from ..runtime.work import Work
 from ..timeouts import as_seconds
 from ..transports.base import Channel
 from ..transports.registry import capabilities
@@ -119,7 +120,25 @@ class Window:
                 f"elements (offsets 0..{max(limit - count, 0)} fit {count}): nothing was moved")
         return buf, int(offset) * self.itemsize, count * self.itemsize
 
-    def _run(self, target: int, what: str, fn: Any) -> None:
+    def _run(self, target: int, what: str, fn: Any, async_op: bool = False,
+             output: Any = None) -> Work | None:
+        """Run the transport's part of an operation; with ``async_op`` its ``Work`` handle,
+        already finished (every operation completes before it returns today), holding a
+        transport failure for ``wait`` to raise (argument errors raise at once, as for
+        collectives)."""
+        if not async_op:
+            self._move(target, what, fn)
+            return None
+        work = Work(f"window {what}", 0, self.rank, output)
+        try:
+            self._move(target, what, fn)
+        except PycollError as e:
+            work.finish(e)
+        else:
+            work.finish(None)
+        return work
+
+    def _move(self, target: int, what: str, fn: Any) -> None:
         try:
             fn()
         except PeerLost as e:
@@ -134,23 +153,25 @@ class Window:
         return time.monotonic() + (as_seconds(timeout) or self.timeout)
 
     # -- one-sided operations ---------------------------------------------------------------
-    def put(self, src: Any, target: int, offset: int = 0) -> None:
+    def put(self, src: Any, target: int, offset: int = 0, *, async_op: bool = False
+            ) -> Work | None:
         """Copy ``src`` into ``target``'s window from element ``offset``."""
         remote = self._target(target, "put")
         buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
         view = memoryview(buf.array).cast("B")
-        self._run(target, "put", lambda: remote.write(at, view))
+        return self._run(target, "put", lambda: remote.write(at, view), async_op)
 
-    def get(self, dst: Any, target: int, offset: int = 0) -> None:
+    def get(self, dst: Any, target: int, offset: int = 0, *, async_op: bool = False
+            ) -> Work | None:
         """Copy ``len(dst)`` elements of ``target``'s window from element ``offset`` into
         ``dst``."""
         remote = self._target(target, "get")
         buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)
         view = memoryview(buf.array).cast("B")
-        self._run(target, "get", lambda: remote.read(at, view))
+        return self._run(target, "get", lambda: remote.read(at, view), async_op, dst)
 
     def accumulate(self, src: Any, target: int, offset: int = 0, op: OpLike = "sum", *,
-                   timeout: float | None = None) -> None:
+                   timeout: float | None = None, async_op: bool = False) -> Work | None:
         """``window[offset:offset+len(src)] op= src`` on ``target``, element-wise atomic with
         respect to every other accumulate into those elements (not to puts)."""
         remote = self._target(target, "accumulate")
@@ -167,9 +188,11 @@ class Window:
 
         def apply(scratch: memoryview) -> None:
             combine(np.frombuffer(scratch, dtype=src_array.dtype), src_array)
-        self._run(target, "accumulate", lambda: remote.update(at, nbytes, apply, deadline))
+        return self._run(target, "accumulate",
+                         lambda: remote.update(at, nbytes, apply, deadline), async_op)
 
-    def signal(self, target: int, value: int = 1, *, timeout: float | None = None) -> None:
+    def signal(self, target: int, value: int = 1, *, timeout: float | None = None,
+               async_op: bool = False) -> Work | None:
         """Add ``value`` to ``target``'s signal counter, after every operation this rank made
         before it is visible at the target (they are complete when they return)."""
         remote = self._target(target, "signal")
@@ -177,7 +200,8 @@ class Window:
             raise InvalidArgument(f"rank {self.rank}: {self.name}: signal: value={value!r} "
                                   "must be an integer >= 0")
         deadline = self._deadline(timeout)
-        self._run(target, "signal", lambda: remote.add_signal(int(value), deadline))
+        return self._run(target, "signal", lambda: remote.add_signal(int(value), deadline),
+                         async_op)
 
     def signals(self) -> int:
         """This rank's signal counter: the sum of every value signalled to it so far."""

@@ -291,3 +291,32 @@ def test_windows_of_a_shrunk_communicator_refuse(transport):
     for refused, _total in outcomes:
         assert refused is not None and "a shrink or grow replaced" in refused
     assert outcomes[0][1] == [3.0] * 4
+
+
+def _non_blocking(comm):
+    r, s = comm.rank, comm.size
+    buf = np.zeros(s, dtype=np.int64)
+    win = comm.window(buf)
+    works = [win.put(np.array([r + 1]), t, offset=r, async_op=True) for t in range(s)]
+    for w in works:
+        w.wait(timeout=30)
+    win.fence()                              # every put is in before anyone accumulates
+    works.append(win.accumulate(np.ones(s, dtype=np.int64), 0, async_op=True))
+    works[-1].wait(timeout=30)
+    win.fence()
+    dst = np.zeros(s, dtype=np.int64)
+    got = win.get(dst, (r + 1) % s, async_op=True).result(timeout=30)
+    done = all(w.is_completed() and w.is_success() for w in works)
+    win.close()
+    return done, got is dst, dst.tolist()
+
+
+@pytest.mark.parametrize("transport", WINDOWED)
+def test_non_blocking_forms_return_work_handles(transport):
+    n = 3
+    for rank, (done, same, got) in enumerate(run(transport, _non_blocking, n)):
+        assert done and same
+        expected = [q + 1 for q in range(n)]
+        if (rank + 1) % n == 0:
+            expected = [v + n for v in expected]
+        assert got == expected
