@@ -132,7 +132,7 @@ class InprocTransport(Transport):
     def expose_window(self, mem: MemRef) -> ExposedWindow:
         wid = self._next_window = getattr(self, "_next_window", 0) + 1
         win = self.windows[wid] = InprocExposedWindow(self.key, wid, mem.ptr, mem.nbytes,
-                                                      self.rank)
+                                                      self.rank, self.windows)
         return win
 
     def held_memory(self) -> dict[str, int]:

@@ -19,8 +19,11 @@ from ..windows import ExposedWindow, RemoteWindow
 
 
 class InprocExposedWindow(ExposedWindow):
-    def __init__(self, key: str, wid: int, ptr: int, nbytes: int, rank: int) -> None:
+    def __init__(self, key: str, wid: int, ptr: int, nbytes: int, rank: int,
+                 table: dict[int, InprocExposedWindow]) -> None:
+        """``table``: the transport's open windows, which this one leaves when closed."""
         self.ptr, self.nbytes, self.rank = ptr, nbytes, rank
+        self._table = table
         self.lock = threading.Lock()
         self.count = 0
         self.closed = False
@@ -34,6 +37,7 @@ class InprocExposedWindow(ExposedWindow):
 
     def close(self) -> None:
         self.closed = True
+        self._table.pop(int(self.record["id"]), None)
 
 
 class InprocRemoteWindow(RemoteWindow):
