@@ -36,7 +36,13 @@ from ..algorithms.primitives import Peers
 from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
 from ..envvars import env_int
-from ..errors import CollectiveMismatch, InvalidArgument, PycollError
+from ..errors import (
+    CollectiveMismatch,
+    CollectiveTimeout,
+    InvalidArgument,
+    PycollError,
+    TransportError,
+)
 from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
@@ -44,7 +50,8 @@ from ..runtime.flight_recorder import FlightRecorder, capacity_from_env
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
-from ..transports.base import Channel
+from ..transports.base import Channel, Request
+from ..transports.progress import WaitTimeout
 from . import lobby
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
@@ -435,6 +442,57 @@ class Communicator(Collectives, FusedCollectives):
         win = open_window(self, buffer, self._windows_made, as_seconds(timeout, "timeout"))
         self._windows.append(win)
         return win
+
+    def window_progress(self, post: Callable[[], tuple[list[Request], list[Request]]],
+                        deadline: float) -> None:
+        """``transports.base.WindowProgress`` for this communicator's windows: run between
+        its calls (never inside one: a call on the worker thread may be waiting on the same
+        channels), post, progress every transport until the awaited requests are done, and
+        withdraw what of the rest is still pending (a get's bytes a refusal never sent; on
+        a timeout, the reply: a late one is then held and ignored)."""
+        idle = self._exec.idle
+        if not idle.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CollectiveTimeout(f"rank {self.rank}: a window operation waited for a call "
+                                    f"of communicator {self.name} to end past its deadline")
+        engine = self._peers.engine
+        reqs: list[Request] = []
+        try:
+            with engine.lock:
+                reqs, awaited = post()
+            try:
+                engine.wait(awaited, deadline, self._exec.failures.check)
+            except WaitTimeout as e:
+                raise CollectiveTimeout(
+                    f"deadline passed waiting for peer rank(s) {e.peers} to answer: over tcp "
+                    "a target serves window requests only while it is inside a pycoll call "
+                    "(docs/windows.md); is it computing, or stuck?") from None
+        finally:
+            try:
+                with engine.lock:
+                    for req in reqs:
+                        if req.done:
+                            continue
+                        matcher = req.channel.matcher
+                        if req.kind == "recv" and req in matcher.posted:
+                            matcher.posted.remove(req)     # nothing of it landed
+                            req.fail(TransportError("withdrawn", peer=req.channel.peer))
+                        else:       # half moved: the pair is out of step
+                            req.channel.abandon(TransportError(
+                                f"rank {self.rank}: a window operation with peer rank "
+                                f"{req.channel.peer} ended with bytes still in flight; the "
+                                "pair is closed", peer=req.channel.peer))
+            finally:
+                idle.release()
+
+    def serve_windows(self) -> None:
+        """One progress pass, unless a call runs (it progresses already): what a waiting
+        ``Window.wait_signal`` does so that tcp's origins are served meanwhile."""
+        idle = self._exec.idle
+        if idle.acquire(blocking=False):
+            try:
+                self._peers.engine.progress()
+            finally:
+                idle.release()
 
     def forget_window(self, win: Window) -> None:
         """A window was closed or invalidated (``Window.invalidate`` calls it)."""

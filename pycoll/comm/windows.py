@@ -26,11 +26,7 @@ from ..runtime.work import Work
 from ..timeouts import as_seconds
 from ..transports.base import Channel
 from ..transports.registry import capabilities
-from ..transports.windows import ExposedWindow, RemoteWindow, wait_until
-
-#: operations an accumulate may apply: those whose result is one element-wise step
-#: (``avg`` and ``premul_sum`` need the count of contributions or a factor)
-ACCUMULATE_OPS = ("sum", "prod", "min", "max", "band", "bor", "bxor")
+from ..transports.windows import ACCUMULATE_OPS, ExposedWindow, RemoteWindow, Update, wait_until
 
 
 class WindowComm(Protocol):
@@ -50,6 +46,12 @@ class WindowComm(Protocol):
     def channel(self, peer: int) -> Channel: ...
 
     def forget_window(self, win: Window) -> None: ...
+
+    def window_progress(self, post: Any, deadline: float) -> None:
+        """``transports.base.WindowProgress``: post requests and progress until they are
+        done, serialised with this communicator's calls (tcp's emulated windows)."""
+
+    def serve_windows(self) -> None: ...
 
 
 class WindowError(PycollError):
@@ -159,7 +161,8 @@ class Window:
         remote = self._target(target, "put")
         buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
         view = memoryview(buf.array).cast("B")
-        return self._run(target, "put", lambda: remote.write(at, view), async_op)
+        deadline = self._deadline(None)
+        return self._run(target, "put", lambda: remote.write(at, view, deadline), async_op)
 
     def get(self, dst: Any, target: int, offset: int = 0, *, async_op: bool = False
             ) -> Work | None:
@@ -168,7 +171,8 @@ class Window:
         remote = self._target(target, "get")
         buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)
         view = memoryview(buf.array).cast("B")
-        return self._run(target, "get", lambda: remote.read(at, view), async_op, dst)
+        deadline = self._deadline(None)
+        return self._run(target, "get", lambda: remote.read(at, view, deadline), async_op, dst)
 
     def accumulate(self, src: Any, target: int, offset: int = 0, op: OpLike = "sum", *,
                    timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -182,12 +186,8 @@ class Window:
                                   f"of {', '.join(ACCUMULATE_OPS)}")
         check_op_dtype(reduce_op, self.dtype)
         buf, at, nbytes = self._span(src, target, offset, "accumulate", writable=False)
-        combine = reducer(reduce_op, self.dtype)
-        src_array = buf.array
+        apply = Update(reduce_op.name, self.dtype, buf.array, reducer(reduce_op, self.dtype))
         deadline = self._deadline(timeout)
-
-        def apply(scratch: memoryview) -> None:
-            combine(np.frombuffer(scratch, dtype=src_array.dtype), src_array)
         return self._run(target, "accumulate",
                          lambda: remote.update(at, nbytes, apply, deadline), async_op)
 
@@ -216,6 +216,7 @@ class Window:
 
         def reached() -> bool:
             self._usable("wait_signal")
+            self.comm.serve_windows()         # tcp's signals arrive through progress
             seen[0] = self.signals()
             return seen[0] >= value
         try:
@@ -309,7 +310,7 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
     exposed: dict[str, ExposedWindow] = {}
     if not problem and mem is not None:
         for name, transport in transports.items():
-            exposed[name] = transport.expose_window(mem)
+            exposed[name] = transport.expose_window(mem, buf.dtype, buf.array.dtype)
     mine = {"count": buf.count, "dtype": buf.dtype, "problem": problem,
             "records": {name: e.record for name, e in exposed.items()}}
     try:
@@ -328,14 +329,20 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
             for peer in range(size):
                 if peer != rank:
                     name = comm.transport_of(peer)
-                    remotes[peer] = comm.channel(peer).attach_window(infos[peer]["records"][name])
+                    remotes[peer] = comm.channel(peer).attach_window(
+                        infos[peer]["records"][name], comm.window_progress)
         except BaseException:
             for remote in remotes.values():
                 remote.close()
             raise
         if not exposed:            # a world of one: its only window is its own memory
             exposed[""] = _Solo(mem)
-        local = next(iter(exposed.values())).local()
+        # this rank's own accumulates take the locks of a transport whose origins copy
+        # themselves (shm), and what tcp's progress applies goes through the same handle
+        first = next((n for n, e in exposed.items() if not e.served), next(iter(exposed)))
+        local = exposed[first].local()
+        for e in exposed.values():
+            e.apply_through(local)
         comm.barrier(timeout=limit)       # everyone attached: the names may go
     except BaseException:
         for e in exposed.values():
@@ -367,10 +374,10 @@ class _Solo(ExposedWindow, RemoteWindow):
     def local(self) -> RemoteWindow:
         return self
 
-    def write(self, offset: int, view: memoryview) -> None:
+    def write(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
         self.view[offset:offset + view.nbytes] = view.cast("B")
 
-    def read(self, offset: int, view: memoryview) -> None:
+    def read(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
         view.cast("B")[:] = self.view[offset:offset + view.nbytes]
 
     def update(self, offset: int, nbytes: int, fn: Any, deadline: float) -> None:

@@ -37,6 +37,11 @@ from .matching import AnySource, Request, TagMatcher
 if TYPE_CHECKING:
     from .windows import ExposedWindow, RemoteWindow
 
+#: ``Channel.attach_window``'s ``progress(post, deadline)``: ``post()`` posts requests and
+#: returns (all of them, those to wait for); progress until those are done or ``deadline``
+#: (``time.monotonic``) passes; then withdraw whatever of the others is still pending
+WindowProgress = Callable[[Callable[[], tuple[list[Request], list[Request]]], float], None]
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -162,9 +167,12 @@ class Channel(ABC):
         raise TransportError(f"{self.transport.name}: one-sided put is not supported",
                              peer=self.peer)
 
-    def attach_window(self, record: dict[str, Any]) -> RemoteWindow:
+    def attach_window(self, record: dict[str, Any], progress: WindowProgress) -> RemoteWindow:
         """This rank's handle on the peer's window, from the record the peer's
-        ``Transport.expose_window`` made. Only transports whose capabilities say ``windows``."""
+        ``Transport.expose_window`` made. ``progress(post, deadline)`` (``WindowProgress``): the
+        communicator's way to post requests on channels and progress until they are done,
+        serialised with its calls (tcp's operations are requests; shm and inproc copy
+        and ignore it). Only transports whose capabilities say ``windows``."""
         raise TransportError(f"{self.transport.name}: one-sided windows are not supported over "
                              "this transport yet", peer=self.peer)
 
@@ -292,8 +300,10 @@ class Transport(ABC):
     def deregister(self, record: dict[str, Any]) -> None:
         """Withdraw a registration (peers' later puts into it fail)."""
 
-    def expose_window(self, mem: MemRef) -> ExposedWindow:
-        """Expose host memory ``mem`` as this rank's window to peers of this transport
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
+        """Expose host memory ``mem`` (elements of ``dtype``, pycoll's name, which are
+        ``np_dtype`` in numpy) as this rank's window to peers of this transport
         (``windows.py``). Only transports whose capabilities say ``windows``."""
         raise TransportError(f"{self.name}: one-sided windows are not supported over this "
                              "transport yet")

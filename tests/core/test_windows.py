@@ -1,5 +1,5 @@
-"""One-sided windows (docs/windows.md) with real ranks: processes over shm, threads over
-inproc; tcp (and every transport without window support) refuses at creation on every rank.
+"""One-sided windows (docs/windows.md) with real ranks: processes over shm and tcp (emulated
+by the target's progress), threads over inproc.
 
 Results are compared with numpy references computed from the same seeds; nothing is timed.
 """
@@ -19,7 +19,7 @@ N = 16   # elements per rank's block
 
 
 def run(transport, fn, n, *args, **kw):
-    """``fn(comm, *args)`` on ``n`` ranks: processes (shm), or threads (inproc)."""
+    """``fn(comm, *args)`` on ``n`` ranks: processes (shm, tcp), or threads (inproc)."""
     if transport == "inproc":
         kw.pop("expect_failure", None)
         return run_threads(fn, n, *args, timeout=kw.pop("timeout", 120), **kw)
@@ -27,7 +27,7 @@ def run(transport, fn, n, *args, **kw):
                      timeout=kw.pop("timeout", 120), **kw)
 
 
-WINDOWED = ["shm", "inproc"]
+WINDOWED = ["shm", "inproc", "tcp"]
 
 
 # -- put, get, signal -------------------------------------------------------------------------
@@ -227,19 +227,6 @@ def test_windows_of_a_finalized_communicator_refuse():
         assert "open" in world_repr
 
 
-def _tcp_refused(comm):
-    try:
-        comm.window(np.zeros(4))
-    except WindowError as e:
-        return str(e)
-    return None
-
-
-def test_transport_without_windows_refuses_on_every_rank():
-    for message in run("tcp", _tcp_refused, 2):
-        assert message is not None and "(tcp) has no window support yet" in message
-
-
 def _world_window(comm):
     buf = np.zeros(2, dtype=np.int32)
     win = pycoll.window(buf)
@@ -320,3 +307,122 @@ def test_non_blocking_forms_return_work_handles(transport):
         if (rank + 1) % n == 0:
             expected = [v + n for v in expected]
         assert got == expected
+
+
+# -- tcp: what the target's progress serves ---------------------------------------------------
+def _malformed_requests(comm):
+    """Rank 0 sends requests that a buggy (but authenticated) peer could: the target refuses
+    each with an error status and writes nothing; a stranger's frames on its port never get
+    past the handshake."""
+    import json
+    import socket
+    import struct
+
+    from pycoll.tags import WINDOW_TAG
+    from pycoll.transports.tcp import window as tw
+    from pycoll.transports.tcp.channel import HEADER
+    buf = np.full(N, -1.0)
+    win = comm.window(buf)
+    address = comm.channel(1 - comm.rank).transport.address()
+    addresses = [json.loads(bytes(p)) for p in comm.allgatherv(
+        np.frombuffer(json.dumps(address).encode(), dtype=np.uint8))]
+    refusals = []
+    if comm.rank == 0:
+        remote = win._remotes[1]
+        deadline = time.monotonic() + 60
+        data = memoryview(np.ones(N + 4).tobytes())
+        attempts = [
+            dict(kind=tw.PUT, offset=8, nbytes=N * 8, payload=data[:N * 8]),     # past the end
+            dict(kind=tw.PUT, offset=-8, nbytes=8, payload=data[:8]),
+            dict(kind=tw.PUT, offset=0, nbytes=16, payload=data[:8]),            # short data
+            dict(kind=tw.PUT, offset=0, nbytes=8, payload=data[:8], code=0),     # dtype
+            dict(kind=tw.ACCUMULATE, offset=4, nbytes=8, payload=data[:8]),      # misaligned
+            dict(kind=tw.ACCUMULATE, offset=0, nbytes=8, payload=data[:8], op=99),
+            dict(kind=tw.ACCUMULATE, offset=0, nbytes=8, payload=data[:8], op=4),  # band: float
+            dict(kind=9, offset=0, nbytes=0),
+            dict(kind=tw.GET, offset=N * 8 - 8, nbytes=16, into=memoryview(bytearray(16))),
+        ]
+        for a in attempts:
+            kind, offset, nbytes = a.pop("kind"), a.pop("offset"), a.pop("nbytes")
+            try:
+                remote.request(kind, offset, nbytes, deadline, **a)
+                refusals.append(None)
+            except pycoll.TransportError as e:
+                refusals.append(str(e))
+        wid, remote.wid = remote.wid, 999                                  # no such window
+        try:
+            remote.request(tw.SIGNAL, 0, 0, deadline, value=1)
+            refusals.append(None)
+        except pycoll.TransportError as e:
+            refusals.append(str(e))
+        remote.wid = wid
+        # a stranger: the forged put must never reach the window
+        forged = tw.HEAD.pack(tw.PUT, 0, 13, 1, 0, 0, 8, 0) + struct.pack("<d", 7.0)
+        peer = addresses[1]
+        with socket.create_connection((peer["host"], peer["port"]), timeout=10) as s:
+            try:
+                s.sendall(HEADER.pack(WINDOW_TAG, len(forged)) + forged)
+                s.settimeout(10)
+                s.recv(16)
+            except OSError:
+                pass
+    win.fence()
+    untouched = bool((buf == -1.0).all()) or buf.tolist()
+    win.fence()                                  # everyone has looked
+    win.put(np.arange(N, dtype=np.float64), 1 - comm.rank)                  # still works
+    win.fence()
+    works = buf.tolist() == list(range(N))
+    win.close()
+    return refusals, untouched, works
+
+
+def test_tcp_target_refuses_malformed_requests_and_strangers():
+    for rank, (refusals, untouched, works) in enumerate(run("tcp", _malformed_requests, 2)):
+        assert untouched is True and works, (rank, untouched, works)
+        if rank == 0:
+            assert None not in refusals, refusals
+            assert all("peer rank 1 refused" in r and "nothing was written" in r
+                       for r in refusals), refusals
+            assert "outside its window" in refusals[0]
+            assert "dtype differs" in refusals[3]
+            assert "not open there" in refusals[-1]
+
+
+def _busy_target(comm, flag):
+    """Over tcp a target serves only inside pycoll: a get to a rank computing in user code
+    waits for it, until the deadline; once the target enters pycoll, it is served."""
+    buf = np.full(4, float(comm.rank + 1))
+    win = comm.window(buf, timeout=2)
+    comm.barrier()
+    if comm.rank == 1:
+        with open(flag + ".busy", "w"):           # out of pycoll from here on
+            pass
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.01)                      # "computing": no pycoll call
+        win.fence(timeout=60)
+        win.fence(timeout=60)
+        win.close(timeout=60)
+        return None
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag + ".busy") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dst = np.zeros(4)
+    try:
+        win.get(dst, 1)
+        first = None
+    except pycoll.CollectiveTimeout as e:
+        first = str(e)
+    with open(flag, "w"):
+        pass
+    win.fence(timeout=60)
+    win.get(dst, 1)                              # rank 1 now waits in the fence: served
+    win.fence(timeout=60)
+    win.close(timeout=60)
+    return first, dst.tolist()
+
+
+def test_tcp_get_waits_for_a_busy_target_until_its_deadline(tmp_path):
+    first, got = run("tcp", _busy_target, 2, str(tmp_path / "go"))[0]
+    assert first is not None and "peer rank(s) [1]" in first and "inside a pycoll call" in first
+    assert got == [2.0] * 4

@@ -168,7 +168,7 @@ class InprocChannel(Channel):
         req.complete()
         return req
 
-    def attach_window(self, record: dict[str, Any]) -> RemoteWindow:
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
         """The peer's window: copies straight into its memory (``window.py``)."""
         return attach_window(self.peer, self._remote, record)
 

@@ -129,10 +129,11 @@ class InprocTransport(Transport):
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
 
-    def expose_window(self, mem: MemRef) -> ExposedWindow:
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
         wid = self._next_window = getattr(self, "_next_window", 0) + 1
-        win = self.windows[wid] = InprocExposedWindow(self.key, wid, mem.ptr, mem.nbytes,
-                                                      self.rank, self.windows)
+        win = self.windows[wid] = InprocExposedWindow(self.key, wid, mem.view, self.rank,
+                                                      self.windows)
         return win
 
     def held_memory(self) -> dict[str, int]:

@@ -295,7 +295,7 @@ class ShmChannel(Channel):
             self._progress_send()
         return req
 
-    def attach_window(self, record: dict[str, Any]) -> RemoteWindow:
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
         """The peer's window, reached with cross-memory attach (``window.py``)."""
         if int(record.get("pid", -1)) != self._peer_pid:
             raise TransportError(f"shm: peer rank {self.peer}'s window record names another "

@@ -149,7 +149,8 @@ class ShmTransport(Transport):
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
 
-    def expose_window(self, mem: MemRef) -> ExposedWindow:
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
         """A window's control file, named like this transport's segments (``window.py``)."""
         self._windows += 1
         return ShmExposedWindow(f"{self._prefix}-win{self._windows}", mem.ptr, mem.nbytes,

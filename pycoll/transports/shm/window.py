@@ -135,10 +135,10 @@ class ShmRemoteWindow(RemoteWindow):
         else:
             ctypes.memmove(here, there, view.nbytes)
 
-    def write(self, offset: int, view: memoryview) -> None:
+    def write(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
         self._copy(offset, view, write=True)
 
-    def read(self, offset: int, view: memoryview) -> None:
+    def read(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
         self._copy(offset, view, write=False)
 
     def update(self, offset: int, nbytes: int, fn: Callable[[memoryview], None],
