@@ -426,3 +426,33 @@ def test_tcp_get_waits_for_a_busy_target_until_its_deadline(tmp_path):
     first, got = run("tcp", _busy_target, 2, str(tmp_path / "go"))[0]
     assert first is not None and "peer rank(s) [1]" in first and "inside a pycoll call" in first
     assert got == [2.0] * 4
+
+
+def _load_example(name):
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _param_server(comm, steps, dim):
+    ps = _load_example("param_server")
+    w_window, _ = ps.window_training(comm, steps, dim)
+    w_allreduce, _ = ps.allreduce_training(comm, steps, dim)
+    return w_window, w_allreduce
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_parameter_server_example_matches_allreduce_at_4_workers(transport):
+    """examples/param_server.py: 4 workers accumulate into rank 0's window and get the
+    weights; the same training with allreduce, and a numpy reference, agree."""
+    ps = _load_example("param_server")
+    steps, dim, workers = 5, 256, 4
+    ref = np.zeros(dim)
+    for step in range(steps):
+        ref = ref - ps.LR * sum(ps.gradient(ref, r, step) for r in range(1, workers + 1)) / workers
+    for w_window, w_allreduce in run(transport, _param_server, workers + 1, steps, dim):
+        np.testing.assert_allclose(w_window, ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(w_allreduce, ref, rtol=1e-12, atol=1e-12)
