@@ -456,3 +456,36 @@ def test_the_parameter_server_example_matches_allreduce_at_4_workers(transport):
     for w_window, w_allreduce in run(transport, _param_server, workers + 1, steps, dim):
         np.testing.assert_allclose(w_window, ref, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(w_allreduce, ref, rtol=1e-12, atol=1e-12)
+
+
+CONTENDED = 1 << 13   # elements every rank adds into the same range of rank 0, many times
+
+
+def _mixed_transports(comm, rounds):
+    kinds = sorted({comm.transport_of(p) for p in range(comm.size) if p != comm.rank})
+    buf = np.zeros(CONTENDED, dtype=np.int64)
+    win = comm.window(buf)
+    ones = np.ones(CONTENDED, dtype=np.int64)
+    for _ in range(rounds):
+        win.accumulate(ones, 0)
+        if comm.rank == 0:              # rank 0 serves tcp only while it waits: a tcp round
+            win.accumulate(ones, 2)     # trip of its own serves them while rank 1 (shm) adds
+    win.fence()
+    out = buf.copy()
+    win.close()
+    return kinds, out
+
+
+def test_accumulates_from_shm_and_tcp_origins_are_atomic_together():
+    """Two "hosts" of two ranks: each rank reaches its neighbour over shm and the others
+    over tcp; rank 0's window takes concurrent accumulates into one range from both kinds
+    of origin (tcp's target applies them through the same byte-range locks as shm's
+    origins: without that, updates are lost)."""
+    n, rounds = 4, 300
+    hosts = {r: {"PYCOLL_HOST_ID": f"host{r // 2}"} for r in range(n)}
+    outcomes = run_ranks(_mixed_transports, n, rounds, env={"PYCOLL_TRANSPORTS": "shm,tcp"},
+                         rank_env=hosts, timeout=120)
+    for rank, (kinds, out) in enumerate(outcomes):
+        assert kinds == ["shm", "tcp"], kinds
+    assert (outcomes[0][1] == n * rounds).all(), np.unique(outcomes[0][1])
+    assert (outcomes[2][1] == rounds).all()
