@@ -1,7 +1,8 @@
 """Block transfer between "inference workers" through a one-sided window (docs/windows.md).
 
 Rank 0 puts fixed-size blocks into rank 1's window and signals once per block; rank 1 waits
-for the running count and checks each block. Run: python -m pycoll.run -n 2 examples/window_blocks.py
+for the running count and checks each block.
+Run: python -m pycoll.run -n 2 examples/window_blocks.py
 """
 from __future__ import annotations
 

@@ -485,7 +485,7 @@ def test_accumulates_from_shm_and_tcp_origins_are_atomic_together():
     hosts = {r: {"PYCOLL_HOST_ID": f"host{r // 2}"} for r in range(n)}
     outcomes = run_ranks(_mixed_transports, n, rounds, env={"PYCOLL_TRANSPORTS": "shm,tcp"},
                          rank_env=hosts, timeout=120)
-    for rank, (kinds, out) in enumerate(outcomes):
+    for kinds, _out in outcomes:
         assert kinds == ["shm", "tcp"], kinds
     assert (outcomes[0][1] == n * rounds).all(), np.unique(outcomes[0][1])
     assert (outcomes[2][1] == rounds).all()
