@@ -489,3 +489,23 @@ def test_accumulates_from_shm_and_tcp_origins_are_atomic_together():
         assert kinds == ["shm", "tcp"], kinds
     assert (outcomes[0][1] == n * rounds).all(), np.unique(outcomes[0][1])
     assert (outcomes[2][1] == rounds).all()
+
+
+def _large(comm):
+    n = (1 << 20) + 3                      # striped over every socket of the pair
+    peer = 1 - comm.rank
+    buf = np.zeros(n, dtype=np.float32)
+    with comm.window(buf) as win:
+        win.put(np.arange(n, dtype=np.float32) + comm.rank, peer)
+        win.fence()
+        got = np.empty(n, dtype=np.float32)
+        win.get(got, peer)
+        win.fence()
+    return (bool(np.array_equal(buf, np.arange(n, dtype=np.float32) + peer)),
+            bool(np.array_equal(got, np.arange(n, dtype=np.float32) + comm.rank)))
+
+
+def test_large_operations_over_several_tcp_sockets():
+    results = run_ranks(_large, 2, env={"PYCOLL_TRANSPORTS": "tcp", "PYCOLL_SOCKET_NSOCKS": "3"},
+                        timeout=120)
+    assert results == [(True, True)] * 2

@@ -31,7 +31,7 @@ import numpy as np
 from ... import debug
 from ...buffers.memory import MemRef
 from ...buffers.reduction import check_op_dtype, parse_op, reducer
-from ...errors import PycollError, TransportError
+from ...errors import CollectiveTimeout, PycollError, TransportError
 from ...tags import WINDOW_TAG, dtype_code
 from ..base import Request, WindowProgress
 from ..windows import ACCUMULATE_OPS, MemoryWindow, RemoteWindow, Update
@@ -103,7 +103,7 @@ class TcpExposedWindow(MemoryWindow):
             except PycollError as e:
                 debug.logger.warning("tcp window: a request from peer rank %d failed: %s",
                                      channel.peer, e)
-                status = 5 if "deadline" in str(e) else 4
+                status = 5 if isinstance(e, CollectiveTimeout) else 4
         channel.isend(MemRef.of(STATUS.pack(status, 0)), status_tag)
 
     def _apply(self, kind: int, op: int, offset: int, nbytes: int, value: int,
