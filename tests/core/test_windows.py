@@ -509,3 +509,36 @@ def test_large_operations_over_several_tcp_sockets():
     results = run_ranks(_large, 2, env={"PYCOLL_TRANSPORTS": "tcp", "PYCOLL_SOCKET_NSOCKS": "3"},
                         timeout=120)
     assert results == [(True, True)] * 2
+
+
+def _oversized_request(comm):
+    """A request frame longer than any open window of the target: the target breaks that
+    pair's channel before reading it (no allocation of what the header claims) and stays
+    up with its window untouched."""
+    from pycoll.buffers.memory import MemRef
+    from pycoll.tags import WINDOW_TAG
+    from pycoll.transports.tcp import window as tw
+    buf = np.full(N, -1.0)
+    win = comm.window(buf)
+    comm.barrier()
+    if comm.rank == 0:
+        frame = tw.HEAD.pack(tw.PUT, 0, 13, 1, 0, 0, 8 * N + 8, 0) + bytes(8 * N + 8)
+        with comm._peers.engine.lock:
+            req = comm.channel(1).isend(MemRef.of(frame), WINDOW_TAG)
+        comm._peers.engine.wait([req], time.monotonic() + 30)
+        return None
+    ch = comm.channel(0)
+    deadline = time.monotonic() + 60
+    while ch.broken is None and time.monotonic() < deadline:
+        comm.serve_windows()
+        time.sleep(0.001)
+    return str(ch.broken), bool((buf == -1.0).all())
+
+
+def test_tcp_target_breaks_the_pair_on_an_oversized_request():
+    outcomes = run_ranks(_oversized_request, 2, env={"PYCOLL_TRANSPORTS": "tcp"},
+                         timeout=120, expect_failure=True)
+    status, result = outcomes[1]
+    assert status == "ok", result
+    broken, untouched = result
+    assert "malformed frame" in broken and untouched
