@@ -274,6 +274,7 @@ def _windows(comm):
         win.fence()
         got = np.empty(n, dtype=np.float32)
         win.get(got, peer)
+        win.fence()                      # every get is in before anyone changes a window
         win.accumulate(np.ones(n, dtype=np.float32), 0)
         win.fence()
         acc_ok = comm.rank == 1 or bool(np.array_equal(buf, np.arange(n, dtype=np.float32) + 3))
