@@ -418,14 +418,17 @@ def _busy_target(comm, flag):
     win.fence(timeout=60)
     win.get(dst, 1)                              # rank 1 now waits in the fence: served
     win.fence(timeout=60)
+    from pycoll.tags import WINDOW_TAG
+    late = [t for t, _n, _p in comm.channel(1).matcher.unexpected if t >= WINDOW_TAG]
     win.close(timeout=60)
-    return first, dst.tolist()
+    return first, dst.tolist(), late
 
 
 def test_tcp_get_waits_for_a_busy_target_until_its_deadline(tmp_path):
-    first, got = run("tcp", _busy_target, 2, str(tmp_path / "go"))[0]
+    first, got, late = run("tcp", _busy_target, 2, str(tmp_path / "go"))[0]
     assert first is not None and "peer rank(s) [1]" in first and "inside a pycoll call" in first
     assert got == [2.0] * 4
+    assert late == []             # the timed-out get's reply came late: dropped, not held
 
 
 def _load_example(name):

@@ -275,8 +275,11 @@ class TcpChannel(Channel):
         if isinstance(target, Request):
             target.complete()
             return
-        if tag == WINDOW_TAG:      # an origin's window request: serve it now
-            serve_request(self.transport.windows, target, self)
+        if tag >= WINDOW_TAG:
+            if tag == WINDOW_TAG:  # an origin's window request: serve it now
+                serve_request(self.transport.windows, target, self)
+            # else a reply whose operation ended (timed out) before it came, its receive
+            # withdrawn (an origin posts it before sending the request): dropped
             return
         # A receive for this tag may have been posted while the message was being set
         # aside: it takes the message now, in order.
