@@ -522,7 +522,7 @@ def _oversized_request(comm):
     from pycoll.tags import WINDOW_TAG
     from pycoll.transports.tcp import window as tw
     buf = np.full(N, -1.0)
-    win = comm.window(buf)
+    comm.window(buf)                  # stays open: the communicator holds it
     comm.barrier()
     if comm.rank == 0:
         frame = tw.HEAD.pack(tw.PUT, 0, 13, 1, 0, 0, 8 * N + 8, 0) + bytes(8 * N + 8)
