@@ -1,5 +1,5 @@
-"""One-sided windows (docs/windows.md) with real ranks: processes over shm and tcp (emulated
-by the target's progress), threads over inproc.
+"""One-sided windows (docs/windows.md) with real ranks: processes over shm, tcp (emulated
+by the target's progress) and verbs (in the Soft-RoCE VM), threads over inproc.
 
 Results are compared with numpy references computed from the same seeds; nothing is timed.
 """
@@ -14,6 +14,7 @@ import pytest
 import pycoll
 from pycoll import InvalidArgument, InvalidDtype, PeerLost, WindowError
 from pycoll.testing import run_ranks, run_threads
+from pycoll.transports.verbs.device import probe
 
 N = 16   # elements per rank's block
 
@@ -27,7 +28,13 @@ def run(transport, fn, n, *args, **kw):
                      timeout=kw.pop("timeout", 120), **kw)
 
 
-WINDOWED = ["shm", "inproc", "tcp"]
+_VERBS, _NO_VERBS = probe()
+#: verbs needs an RDMA device: run these with ``bash tests/verbs/run_in_vm.sh
+#: tests/core/test_windows.py -k verbs`` (the Soft-RoCE VM); elsewhere they skip
+WINDOWED = ["shm", "inproc", "tcp",
+            pytest.param("verbs", marks=pytest.mark.skipif(
+                _VERBS is None, reason=f"verbs is not usable here: {_NO_VERBS}; run "
+                "tests/verbs/run_in_vm.sh tests/core/test_windows.py -k verbs (Soft-RoCE VM)"))]
 
 
 # -- put, get, signal -------------------------------------------------------------------------
@@ -512,6 +519,33 @@ def test_large_operations_over_several_tcp_sockets():
     results = run_ranks(_large, 2, env={"PYCOLL_TRANSPORTS": "tcp", "PYCOLL_SOCKET_NSOCKS": "3"},
                         timeout=120)
     assert results == [(True, True)] * 2
+
+
+def _large_accumulate(comm):
+    """Rank 1 accumulates 600 KB (verbs: several requests of whole elements, each in one
+    eager message) into rank 0's window, twice, around rank 0's own accumulate."""
+    n = 150_001
+    buf = np.zeros(n, dtype=np.float32)
+    with comm.window(buf) as win:
+        src = np.arange(n, dtype=np.float32) % 97
+        if comm.rank == 1:
+            win.accumulate(src, 0)
+            win.accumulate(src, 0)
+        else:
+            win.accumulate(np.ones(n, dtype=np.float32), 0)
+        win.fence()
+    return bool(np.array_equal(buf, 2 * src + 1)) if comm.rank == 0 else True
+
+
+@pytest.mark.timeout(600)
+def test_large_operations_over_verbs():
+    """Over verbs: a 4 MiB put and get (RDMA WRITE and READ in several pieces of at most
+    CHUNK_BYTES) and accumulates larger than one window request."""
+    if _VERBS is None:
+        pytest.skip(f"verbs is not usable here: {_NO_VERBS}; run tests/verbs/run_in_vm.sh "
+                    "tests/core/test_windows.py -k verbs (Soft-RoCE VM)")
+    assert run("verbs", _large, 2, timeout=500) == [(True, True)] * 2
+    assert run("verbs", _large_accumulate, 2, timeout=500) == [True, True]
 
 
 def _oversized_request(comm):

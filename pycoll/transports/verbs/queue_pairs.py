@@ -41,10 +41,12 @@ from .wire import (
     WR_RING,
     WR_RNDV,
     WR_SLOT,
+    WR_WINDOW,
     ControlMessage,
     PutWrite,
     QpAddresses,
     RndvWrite,
+    WindowRdma,
     peer_addresses,
     wr_id,
 )
@@ -106,6 +108,7 @@ class VerbsOwner(Protocol):
     scratch_mr: Any
     notices: list[tuple[int, int]]
     active: ActiveSet
+    windows: dict[int, Any]
 
     def register_own(self, array: np.ndarray) -> Any: ...
 
@@ -171,7 +174,7 @@ class QueuePairs:
         self.eager_max = transport.eager_max
         self.stride = HDR.size + self.eager_max       # of a ring buffer and a send slot
         # work waiting for room
-        self.outbox: deque[ControlMessage | PutWrite] = deque()
+        self.outbox: deque[ControlMessage | PutWrite | WindowRdma] = deque()
         self.writes: deque[RndvWrite] = deque()
         self._slot_of_put: dict[int, int | None] = {}   # put id -> send slot of its notice
 
@@ -421,6 +424,11 @@ class QueuePairs:
                 if self.sq_free[0] <= 1:
                     break
                 self.post_send(0, WR_PUTDATA, item.put_id, E.IBV_WR_RDMA_WRITE, item.addr,
+                               item.length, item.lkey, remote=item.remote)
+            elif isinstance(item, WindowRdma):      # a window's put or get: no notice
+                if self.sq_free[0] <= 1:
+                    break
+                self.post_send(0, WR_WINDOW, item.op_id, item.opcode, item.addr,
                                item.length, item.lkey, remote=item.remote)
             else:
                 if not self.send_control(item):
