@@ -223,9 +223,12 @@ class VerbsChannel(Channel):
     def attach_window(self, record: dict[str, Any], progress: WindowProgress) -> RemoteWindow:
         return VerbsRemoteWindow(self, record, progress, str(record.get("dtype", "")))
 
-    def window_rdma(self, opcode: int, remote_addr: int, rkey: int, mem: MemRef) -> Request:
+    def window_rdma(self, opcode: int, remote_addr: int, rkey: int, mem: MemRef,
+                    add: int | None = None) -> Request:
         """One window put (RDMA WRITE) or get (RDMA READ) of ``mem``'s bytes at the peer's
-        ``remote_addr``; the request completes when the adapter says every piece did."""
+        ``remote_addr``, or a signal (``add``: a fetch-and-add into the peer's 8-byte word,
+        whose old value lands in ``mem``); the request completes when the adapter says every
+        piece did."""
         req = Request(self, mem, 0, "window")
         if self.broken is not None:
             req.fail(self.broken)
@@ -236,7 +239,8 @@ class VerbsChannel(Channel):
             req.fail(e)
             return req
         op_id = self._new_id()
-        pieces = window_rdma_pieces(opcode, remote_addr, rkey, at, mem.nbytes, reg.lkey, op_id)
+        pieces = window_rdma_pieces(opcode, remote_addr, rkey, at, mem.nbytes, reg.lkey, op_id,
+                                    add)
         self._window_ops[op_id] = [req, len(pieces), reg]
         self.pairs.outbox.extend(pieces)
         self._active[self.peer] = self

@@ -341,12 +341,14 @@ class QueuePairs:
 
     def post_send(self, q: int, kind: int, index: int, opcode: int, addr: int, length: int,
                   lkey: int, imm: int = 0, remote: tuple[int, int] | None = None,
-                  inline: bool = False) -> None:
+                  inline: bool = False, add: int | None = None) -> None:
         SGE, _, SendWR = wr_classes()
         flags = E.IBV_SEND_SIGNALED | (E.IBV_SEND_INLINE if inline else 0)
         wr = SendWR(wr_id=wr_id(kind, q, index), opcode=opcode, num_sge=1,
                     sg=[SGE(addr, length, lkey)], send_flags=flags, imm_data=imm)
-        if remote is not None:
+        if remote is not None and add is not None:
+            wr.set_wr_atomic(remote[1], remote[0], add)
+        elif remote is not None:
             wr.set_wr_rdma(remote[1], remote[0])
         self.qps[q].post_send(wr)
         self.sq_free[q] -= 1
@@ -429,7 +431,7 @@ class QueuePairs:
                 if self.sq_free[0] <= 1:
                     break
                 self.post_send(0, WR_WINDOW, item.op_id, item.opcode, item.addr,
-                               item.length, item.lkey, remote=item.remote)
+                               item.length, item.lkey, remote=item.remote, add=item.add)
             else:
                 if not self.send_control(item):
                     break

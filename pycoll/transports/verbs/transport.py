@@ -23,7 +23,14 @@ from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
 from ..netif import choose_bind_address
 from ..wireup import Connector, ConnectorTransport
 from .channel import VerbsChannel
-from .device import Device, RegistrationCache, access_flags, exporter_range, probe
+from .device import (
+    Device,
+    RegistrationCache,
+    access_flags,
+    exporter_range,
+    probe,
+    qp_access_flags,
+)
 from .window import VerbsExposedWindow
 from .wire import EAGER_MAX, INLINE_BYTES, MAX_QPS
 
@@ -134,15 +141,18 @@ class VerbsTransport(ConnectorTransport, Transport):
         from pyverbs.mr import MR
 
         _owner, _base, _n, at = exporter_range(mem.view)
+        counter = np.zeros(1, dtype=np.uint64)         # 8-byte aligned, as atomics need
         try:
             mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
+            counter_mr = MR(self.device.pd, counter.nbytes, qp_access_flags(),
+                            address=counter.ctypes.data)
         except Exception as e:   # noqa: BLE001 - pinning limits, bad address...
             raise TransportError(f"verbs: cannot register the window's {mem.nbytes} bytes ({e}); "
                                  "raise the locked-memory limit (ulimit -l)") from None
         self._windows_made += 1
         wid = self._windows_made
         win = self.windows[wid] = VerbsExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
-                                                     self.windows, mr, at)
+                                                     self.windows, mr, at, counter, counter_mr)
         for ch in self._channels.values():      # requests arrive unasked: poll every pair
             if ch.broken is None:
                 self.active.channels[ch.peer] = ch

@@ -148,7 +148,8 @@ class RndvWrite(NamedTuple):
 class WindowRdma(NamedTuple):
     """A piece of a window's put or get (``window.py``): an RDMA WRITE or READ between this
     rank's registered buffer and the peer's window, signaled so that the operation completes
-    when its last piece does."""
+    when its last piece does; or a signal's fetch-and-add on the peer's counter word (the
+    old value lands in this rank's 8 bytes at ``addr``)."""
 
     opcode: int
     remote: tuple[int, int]             # (address, rkey) at the peer
@@ -156,3 +157,4 @@ class WindowRdma(NamedTuple):
     length: int
     lkey: int
     op_id: int
+    add: int | None = None              # a fetch-and-add of this value (a signal) instead
