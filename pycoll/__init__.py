@@ -9,6 +9,7 @@ from ._version import __version__ as __version__
 from .buffers.reduction import OP_NAMES, ReduceOp
 from .comm.communicator import Communicator
 from .comm.persistent import AllreducePlan, Plan
+from .comm.windows import Window, WindowError
 from .errors import (
                      Aborted,
                      CollectiveMismatch,
@@ -62,6 +63,7 @@ from .world import (
                      scatterv_init,
                      send,
                      shrink,
+                     window,
                      world,
 )
 
@@ -71,10 +73,11 @@ __all__ = [
     "reduce_scatter", "alltoall",
     "gather", "scatter", "reduce_scatter_v", "gatherv", "scatterv", "send", "recv",
     "allreduce_coalesced", "allgather_coalesced",
-    "allgatherv", "new_group", "shrink", "grow", "broadcast_init", "reduce_init",
+    "allgatherv", "new_group", "shrink", "grow", "window", "broadcast_init", "reduce_init",
     "allgather_init", "reduce_scatter_init", "alltoall_init", "gather_init", "scatter_init",
     "barrier_init", "reduce_scatter_v_init", "gatherv_init", "scatterv_init",
-    "Communicator", "Work", "Plan", "AllreducePlan", "ReduceOp", "OP_NAMES",
+    "Communicator", "Work", "Window", "WindowError", "Plan", "AllreducePlan", "ReduceOp",
+    "OP_NAMES",
     "PycollError", "InvalidArgument", "InvalidDtype", "TransportError", "PeerLost",
     "MessageSizeMismatch", "CollectiveTimeout", "CollectiveMismatch", "Aborted",
     "DataCorruption", "Revoked", "Excluded",

@@ -50,6 +50,10 @@ P2P_TAG_LIMIT = 1 << 40
 #: where a point-to-point tag keeps the sender's dtype code (above the communicator id)
 DTYPE_SHIFT = 40 + COMM_BITS
 _P2P_LOW = (1 << DTYPE_SHIFT) - 1
+#: one-sided window traffic where the target's progress serves it (tcp): a request carries
+#: exactly this tag, replies ``WINDOW_TAG + 1 + n``. Above every point-to-point tag (those
+#: end below bit 58), so they never match nor conflict with a user's or a collective's
+WINDOW_TAG = 1 << 62
 
 COLLECTIVE_NAMES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
                     "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced", "split",
@@ -135,7 +139,7 @@ def conflicts(message_tag: int, receive_tag: int) -> bool:
     if message_tag == receive_tag:
         return False
     if message_tag >= 0 or receive_tag >= 0:
-        return (message_tag >= 0 and receive_tag >= 0
+        return (0 <= message_tag < WINDOW_TAG and 0 <= receive_tag < WINDOW_TAG
                 and message_tag & _P2P_LOW == receive_tag & _P2P_LOW)
     m, r = -message_tag - 1, -receive_tag - 1
     if (m >> COMM_SHIFT) & COMM_MASK != (r >> COMM_SHIFT) & COMM_MASK:
@@ -148,7 +152,7 @@ def conflicts(message_tag: int, receive_tag: int) -> bool:
 
 def tag_dtype(tag: int) -> str | None:
     """The dtype a point-to-point tag names (None: not said, or a collective tag)."""
-    code = tag >> DTYPE_SHIFT if tag >= 0 else 0
+    code = tag >> DTYPE_SHIFT if 0 <= tag < WINDOW_TAG else 0
     if 1 <= code <= len(DTYPE_NAMES):
         return DTYPE_NAMES[code - 1]
     return "another dtype" if code else None
@@ -158,6 +162,8 @@ def describe_tag(tag: int) -> str:
     """``allreduce #12 (signature 3fa2c001)`` for a collective tag (``broadcast #3
     (agreement message, signature ...)`` for an agreement message); ``point-to-point tag 5
     of float32`` for a user's."""
+    if tag >= WINDOW_TAG:
+        return "window request" if tag == WINDOW_TAG else f"window reply {tag - WINDOW_TAG}"
     if tag >= 0:
         dtype = tag_dtype(tag)
         text = f"point-to-point tag {tag % P2P_TAG_LIMIT}"

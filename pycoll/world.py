@@ -13,6 +13,7 @@ from typing import Any
 
 from .buffers.reduction import OpLike
 from .comm.communicator import DEFAULT_TIMEOUT, Communicator
+from .comm.windows import Window
 from .envvars import env_bool
 from .errors import PycollError
 from .launch.join import join as join_job
@@ -279,6 +280,11 @@ def gatherv_init(output: Any, input: Any, counts: Any, root: int = 0, **options:
 
 def scatterv_init(output: Any, input: Any, counts: Any, root: int = 0, **options: Any) -> Any:
     return world().scatterv_init(output, input, counts, root, **options)
+
+
+def window(buffer: Any, **options: Any) -> Window:
+    """``Communicator.window`` on the default communicator (collective; docs/windows.md)."""
+    return world().window(buffer, **options)
 
 
 def new_group(ranks: Any) -> Communicator | None:

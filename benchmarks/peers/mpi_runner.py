@@ -84,6 +84,31 @@ class MPIBackend(BufferDelegate):
     def recv(self, buf, src):
         self.comm.Recv(buf, source=src)
 
+    # -- one-sided: MPI_Win_create on the buffer, passive target (lock/flush/unlock), as
+    # OSU's osu_put_latency -w create -s flush
+    def window(self, buf):
+        return self.MPI.Win.Create(buf, disp_unit=buf.itemsize, comm=self.comm)
+
+    def free_window(self, win):
+        win.Free()
+
+    def lock(self, win, target):
+        win.Lock(target, self.MPI.LOCK_SHARED)
+
+    def unlock(self, win, target):
+        win.Unlock(target)
+
+    def rma(self, kind, win, buf, target, offset):
+        if kind == "put":
+            win.Put(buf, target, target=offset)
+        elif kind == "get":
+            win.Get(buf, target, target=offset)
+        else:
+            win.Accumulate(buf, target, target=offset, op=self.MPI.SUM)
+
+    def flush(self, win, target):
+        win.Flush(target)
+
     def allgather_floats(self, values):
         a = np.zeros((self.world_size, len(values)), dtype=np.float64)
         a[self.rank] = values

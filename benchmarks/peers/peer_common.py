@@ -7,6 +7,9 @@ the same way.  Rank 0 prints one JSON object per line:
     {"meta": {...}}                               once, first
     {"library": "gloo", "collective": ..., "size": ..., "avg_us": ..., "busbw_GBps": ...}
     {"error": "...", "library": ..., "collective": ...}   a collective that cannot run
+
+The one-sided tests (put, put_bw, put_bibw, get, get_bw, accumulate) take a backend with the
+window methods of the runner's protocol (the MPI runner: ``MPI.Win``).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--timing", default="osu", choices=("osu", "nccl"))
     p.add_argument("-k", "--root", type=int, default=0)
     p.add_argument("-c", "--validation", action="store_true")
+    p.add_argument("-W", "--window-size", dest="window", type=int, default=64,
+                   help="operations per round of the bw tests (bw, put_bw, get_bw, put_bibw)")
     p.add_argument("--label", default=None)
     return p
 
@@ -80,7 +85,7 @@ def peer_main(backend, args, extra_meta=None) -> int:
                       iters=args.iterations, warmup=args.warmup, timing=args.timing,
                       root=args.root, do_validate=args.validation,
                       time_budget=args.time_budget, min_iters=args.min_iterations,
-                      stop_on_fail=False)
+                      window=args.window, stop_on_fail=False)
         except BenchError as e:
             # raised identically on every rank before any communication
             if rank0:

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 
+from .options import PT2PT
 from .runner import BenchError
 
 
@@ -149,7 +150,7 @@ class PycollBackend(BufferDelegate):
     def check_algo(self, collective: str, algo: str | None) -> None:
         """Reject an unknown --algo before any timing (the communicator names the choices)."""
         f = getattr(self.comm, "selected_algorithm", None)
-        if not algo or f is None or collective in ("barrier", "latency", "bw"):
+        if not algo or f is None or collective == "barrier" or collective in PT2PT:
             return
         try:
             f(collective, 8, algo)
@@ -191,6 +192,31 @@ class PycollBackend(BufferDelegate):
 
     def recv(self, buf, src):
         self.comm.recv(buf, src)
+
+    # -- one-sided (docs/windows.md): every operation completes before it returns, so there
+    # is no epoch to open and flush only checks the window
+    def window(self, buf):
+        return self.comm.window(buf)
+
+    def free_window(self, win):
+        win.close()
+
+    def lock(self, win, target):
+        pass
+
+    def unlock(self, win, target):
+        pass
+
+    def rma(self, kind, win, buf, target, offset):
+        if kind == "put":
+            win.put(buf, target, offset)
+        elif kind == "get":
+            win.get(buf, target, offset)
+        else:
+            win.accumulate(buf, target, offset)
+
+    def flush(self, win, target):
+        win.flush(target)
 
     def held_memory(self):
         """``Communicator.held_memory()`` (--memory); None from a pycoll without it."""

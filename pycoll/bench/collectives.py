@@ -29,6 +29,8 @@ class CollSpec:
     rooted: bool
     reduction: bool
     pt2pt: bool = False
+    #: one-sided (OSU's osu_put_latency family): (operation, "latency" | "bw" | "bibw")
+    rma: tuple[str, str] | None = None
 
 
 def _allreduce_factor(n: int) -> float:
@@ -66,7 +68,27 @@ SPECS: dict[str, CollSpec] = {
                         _one, "1", False, False, False, pt2pt=True),
     "bw": CollSpec("bw", "Bandwidth Test", "sendrecv_perf",
                    _one, "1", False, False, False, pt2pt=True),
+    # one-sided, through a window (docs/windows.md); OSU's titles and binaries
+    "put": CollSpec("put", "MPI_Put Latency Test", "osu_put_latency",
+                    _one, "1", False, False, False, pt2pt=True, rma=("put", "latency")),
+    "put_bw": CollSpec("put_bw", "MPI_Put Bandwidth Test", "osu_put_bw",
+                       _one, "1", False, False, False, pt2pt=True, rma=("put", "bw")),
+    "put_bibw": CollSpec("put_bibw", "MPI_Put Bi-directional Bandwidth Test", "osu_put_bibw",
+                         _one, "1", False, False, False, pt2pt=True, rma=("put", "bibw")),
+    "get": CollSpec("get", "MPI_Get latency Test", "osu_get_latency",
+                    _one, "1", False, False, False, pt2pt=True, rma=("get", "latency")),
+    "get_bw": CollSpec("get_bw", "MPI_Get Bandwidth Test", "osu_get_bw",
+                       _one, "1", False, False, False, pt2pt=True, rma=("get", "bw")),
+    "accumulate": CollSpec("accumulate", "MPI_Accumulate latency Test", "osu_acc_latency",
+                           _one, "1", False, False, False, pt2pt=True,
+                           rma=("accumulate", "latency")),
 }
+
+
+def measures_bandwidth(collective: str) -> bool:
+    """The table's column is Bandwidth (MB/s) (osu_bw, osu_put_bw...), not latency."""
+    spec = SPECS[collective]
+    return collective == "bw" or (spec.rma is not None and spec.rma[1] != "latency")
 
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
             "int8": 1, "uint8": 1, "int32": 4, "int64": 8}

@@ -28,11 +28,17 @@ OSU_ITERATIONS = {
 COLLECTIVES = (
     "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
     "alltoall", "gather", "scatter", "barrier", "latency", "bw",
+    "put", "put_bw", "put_bibw", "get", "get_bw", "accumulate",
 )
+#: the point-to-point tests: two ranks, OSU's latency/bw iteration counts and sizes
+PT2PT = ("latency", "bw", "put", "put_bw", "put_bibw", "get", "get_bw", "accumulate")
 ALIASES = {
     "bcast": "broadcast", "all_reduce": "allreduce", "all_gather": "allgather",
     "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
     "all_to_all": "alltoall", "osu_latency": "latency", "osu_bw": "bw",
+    "osu_put_latency": "put", "osu_put_bw": "put_bw", "osu_put_bibw": "put_bibw",
+    "osu_get_latency": "get", "osu_get_bw": "get_bw", "osu_acc_latency": "accumulate",
+    "acc": "accumulate",
 }
 OPS = ("sum", "prod", "min", "max", "avg")
 
@@ -103,7 +109,9 @@ def format_size(n: int) -> str:
 
 
 def kind_of(collective: str) -> str:
-    return collective if collective in ("latency", "bw") else "coll"
+    if collective in PT2PT:
+        return "latency" if collective in ("latency", "put", "get", "accumulate") else "bw"
+    return "coll"
 
 
 def default_iterations(collective: str, size: int) -> tuple[int, int]:
@@ -218,7 +226,8 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     )
     p.add_argument("collective", help="one of: " + ", ".join(COLLECTIVES))
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX", default=None,
-                   help="message sizes (default 1:1M for collectives, 0:4M for latency/bw)")
+                   help="message sizes (default 1:1M for collectives, 0:4M for latency/bw, "
+                        "1:4M for the one-sided tests)")
     p.add_argument("-i", "--iterations", type=int, default=None,
                    help="timed iterations (default: OSU's, fewer above 8 KiB)")
     p.add_argument("-x", "--warmup", type=int, default=None,
@@ -254,7 +263,8 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
                    help="osu: time each op, barrier between ops (default); "
                         "nccl: ops back to back, total / iterations")
     p.add_argument("-W", "--window-size", dest="window", type=int, default=DEFAULT_WINDOW,
-                   help="messages in flight per round in the bw test (default 64)")
+                   help="messages in flight per round in the bw tests (bw, put_bw, put_bibw, "
+                        "get_bw: operations between flushes; default 64)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="cap timed iterations so each size takes about SECONDS "
                         "(estimated from a probe op; at least --min-iterations)")
@@ -303,7 +313,7 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
     coll = ALIASES.get(ns.collective.lower(), ns.collective.lower())
     if coll not in COLLECTIVES:
         parser.error(f"unknown collective {ns.collective!r}; choose from {', '.join(COLLECTIVES)}")
-    dmax = MAX_MSG_SIZE_PT2PT if coll in ("latency", "bw") else MAX_MSG_SIZE_COLL
+    dmax = MAX_MSG_SIZE_PT2PT if coll in PT2PT else MAX_MSG_SIZE_COLL
     dmin = 0 if coll in ("latency", "bw") else 1
     try:
         if ns.message_size is None:
@@ -329,6 +339,9 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
         parser.error("-W must be >= 1")
     if ns.time_budget is not None and ns.time_budget <= 0:
         parser.error("--time-budget must be > 0")
+    if coll in PT2PT and coll not in ("latency", "bw") and ns.device != "cpu":
+        parser.error(f"{coll}: windows move host memory only so far (docs/windows.md); "
+                     "use -d cpu")
     modes = _modes(parser, ns, coll)
     if ns.compress:
         if coll not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
@@ -368,7 +381,7 @@ def _modes(parser: argparse.ArgumentParser, ns: argparse.Namespace, coll: str) -
     per_iteration = [flag for flag, on in (("-P", ns.percentiles),
                                            ("--check-every", ns.check_every),
                                            ("--nonblocking", ns.nonblocking)) if on]
-    if per_iteration and coll in ("latency", "bw"):
+    if per_iteration and coll in PT2PT:
         parser.error(f"{' and '.join(per_iteration)}: for collectives, not the point-to-point "
                      f"{coll} test")
     if per_iteration and ns.timing != "osu":

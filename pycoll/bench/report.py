@@ -18,7 +18,7 @@ import io
 import json
 import re
 
-from .collectives import SPECS
+from .collectives import SPECS, measures_bandwidth
 from .memory import FIELDS as MEMORY_FIELDS
 
 FIELD_WIDTH = 18          # OMB osu_util.h FIELD_WIDTH (header "# Size       Avg Latency(us)")
@@ -96,12 +96,16 @@ def _meta_lines(meta: dict) -> list[str]:
     parts = [f"Ranks: {meta['ranks']}", f"Device: {_device_text(meta)}"]
     if spec.rooted:
         parts.append(f"Root: {meta.get('root', 0)}")
+    if spec.rma is not None:
+        timing = "osu (the origin's loop of iterations, total / iterations)"
     parts.append(f"Timing: {timing}")
     lines = ["# " + "  ".join(parts)]
     lines.append(f"# Transport: {meta.get('transport') or 'unknown'}")
     if not spec.pt2pt:
         lines.append(f"# Algorithm: {meta.get('algorithm') or 'default'}")
-    if meta["collective"] == "bw":
+    if spec.rma is not None:
+        lines += rma_lines(meta)
+    elif meta["collective"] == "bw":
         lines.append(f"# Window size: {meta.get('window', 64)}; Bandwidth in MB/s (1 MB = 1e6 B)")
     else:
         lines.append(f"# algbw = size / avg latency, busbw = algbw * {spec.factor_text}; "
@@ -111,6 +115,26 @@ def _meta_lines(meta: dict) -> list[str]:
     lines += _mode_lines(meta)
     if "d2d_copy_GBps" in meta:
         lines.append(d2d_line(meta))
+    return lines
+
+
+def rma_lines(meta: dict) -> list[str]:
+    """The one-sided tests' lines, named as OSU names them (``# Window creation:``,
+    ``# Synchronization:``)."""
+    op, kind = SPECS[meta["collective"]].rma  # type: ignore[misc]
+    created = (meta.get("window_creation")
+               or "comm.window (the rank's own buffer, as MPI_Win_create)")
+    lines = [f"# Window creation: {created}",
+             f"# Synchronization: {meta.get('synchronization', 'flush')}"]
+    if kind == "latency":
+        lines.append(f"# Latency: one {op} then a flush, per iteration; rank 0 is the "
+                     "origin, rank 1 the target")
+    else:
+        both = "ranks 0 and 1 each" if kind == "bibw" else "rank 0"
+        lines.append(f"# Window size: {meta.get('window', 64)} {op}s then a flush, by {both}; "
+                     "Bandwidth in MB/s (1 MB = 1e6 B)")
+    if op == "accumulate":
+        lines.append("# Op: sum")
     return lines
 
 
@@ -148,16 +172,18 @@ def osu_column_header(collective: str, full: bool, validate: bool, d2d: bool = F
                       extras: tuple[str, ...] = ()) -> str:
     """OSU's header; ``d2d`` (-d cuda) adds ``%d2d`` and ``extras`` (``EXTRA_COLUMNS``
     groups) add theirs, before Validation (which stays last)."""
-    if collective == "latency":
-        h = f"{'# Size':<10}{'Latency (us)':>{FIELD_WIDTH}}"
-    elif collective == "bw":
+    latency = collective == "latency" or SPECS[collective].rma is not None
+    bandwidth = measures_bandwidth(collective)
+    if bandwidth:
         h = f"{'# Size':<10}{'Bandwidth (MB/s)':>{FIELD_WIDTH}}"
+    elif latency:
+        h = f"{'# Size':<10}{'Latency (us)':>{FIELD_WIDTH}}"
     else:
         h = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD_WIDTH}}"
         if full:
             h += f"{'Min Latency(us)':>{FIELD_WIDTH}}{'Max Latency(us)':>{FIELD_WIDTH}}"
             h += f"{'Iterations':>12}"
-    if collective != "bw":
+    if not bandwidth:
         h += f"{'algbw(GB/s)':>{BW_WIDTH}}{'busbw(GB/s)':>{BW_WIDTH}}"
     if d2d:
         h += f"{'%d2d':>{D2D_WIDTH}}"
@@ -180,11 +206,11 @@ def _extra_cell(value, scale: float) -> str:
 def osu_row(row: dict, full: bool, validate: bool, extras: tuple[str, ...] = ()) -> str:
     """One OSU row; a row marked for -d cuda (``busbw_pct_d2d``) gets the %d2d cell."""
     c = row["collective"]
-    if c == "bw":
+    if measures_bandwidth(c):
         s = f"{row['size']:<10d}{row['bandwidth_MBps']:>{FIELD_WIDTH}.2f}"
     else:
         s = f"{row['size']:<10d}{row['avg_us']:>{FIELD_WIDTH}.2f}"
-        if full and c != "latency":
+        if full and not SPECS[c].pt2pt:
             s += f"{row['min_us']:>{FIELD_WIDTH}.2f}{row['max_us']:>{FIELD_WIDTH}.2f}"
             s += f"{row['iterations']:>12d}"
         s += f"{row['algbw_GBps']:>{BW_WIDTH}.4f}{row['busbw_GBps']:>{BW_WIDTH}.4f}"

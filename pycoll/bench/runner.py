@@ -18,6 +18,14 @@ Backend protocol (duck-typed)::
     selected_algorithm(collective, nbytes) -> str | None
     transport() -> str
 
+One-sided tests (put, get, accumulate and their bw forms) also use::
+
+    window(buf) -> win                  # collective: expose buf (MPI_Win_create)
+    free_window(win)                    # collective
+    lock(win, target) / unlock(win, target)   # the passive-target epoch around the loop
+    rma(kind, win, buf, target, offset) # one put/get/accumulate (sum), offset in elements
+    flush(win, target)                  # complete them at the target (MPI_Win_flush)
+
 Methodology (OSU 7.4, e.g. ``osu_allreduce.c``): each rank times every operation, with a
 barrier after it that is not timed; the per-rank mean over the timed iterations is then
 reduced across ranks: Avg = mean of the per-rank means, Min/Max = their extremes.
@@ -180,6 +188,11 @@ def run_size(backend, collective: str, size: int, dtype: str, op: str, *,
     di, dx = default_iterations(collective, size)
     iters = di if iters is None else iters
     warmup = dx if warmup is None else warmup
+    if spec.rma is not None:
+        return _run_one_sided(b, collective, size, dtype, iters=iters, warmup=warmup,
+                              do_validate=do_validate, corrupt_rank=corrupt_rank,
+                              time_budget=time_budget, min_iters=min_iters, window=window,
+                              modes=modes)
     if spec.pt2pt:
         return _run_pt2pt(b, collective, size, dtype, iters=iters, warmup=warmup,
                           do_validate=do_validate, corrupt_rank=corrupt_rank,
@@ -342,6 +355,128 @@ def _run_pt2pt(b, collective: str, size: int, dtype: str, *, iters: int, warmup:
         "wrong": total_wrong if do_validate else None,
         **extra,
     }
+
+
+def _run_one_sided(b, collective: str, size: int, dtype: str, *, iters: int, warmup: int,
+                   do_validate: bool, corrupt_rank: int | None, time_budget: float | None,
+                   min_iters: int, window: int, modes: Modes) -> dict:
+    """OSU's one-sided tests with flush synchronisation (``osu_put_latency -s flush``...):
+    rank 0 (and rank 1 for bibw) locks the peer's window, then per iteration issues one
+    operation (latency) or ``window`` of them at distinct offsets (bw, bibw) and flushes;
+    the other ranks wait in the closing barrier (a target over tcp serves from there)."""
+    n = b.world_size
+    if n < 2:
+        raise BenchError(f"{collective} needs at least 2 ranks")
+    if not hasattr(b, "window"):
+        raise BenchError(f"{b.name} has no one-sided windows in this runner")
+    kind, test = C.SPECS[collective].rma  # type: ignore[misc]
+    lay = C.layout(collective, size, dtype, n)
+    count = lay.count
+    cd = C.compute_dtype(dtype)
+    per = 1 if test == "latency" else window
+    local = b.alloc(count * per, dtype)
+    exposed = b.alloc(count * per, dtype)
+    b.write(local, np.ones(count * per, dtype=cd))
+    b.write(exposed, np.zeros(count * per, dtype=cd))
+    me = b.rank
+    origin = me == 0 or (test == "bibw" and me == 1)
+    peer = 1 - me if me < 2 else None
+    parts = [local[j * count:(j + 1) * count] for j in range(per)]
+    perf = time.perf_counter
+    win = b.window(exposed)
+
+    def one_round():
+        for j in range(per):
+            b.rma(kind, win, parts[j], peer, j * count)
+        b.flush(win, peer)
+
+    try:
+        if origin:
+            b.lock(win, peer)
+        if time_budget is not None:
+            b.barrier()
+            t0 = perf()
+            if origin:
+                one_round()
+            est = max(float(np.max(b.allgather_floats([perf() - t0])[:, 0])), 1e-7)
+            iters = int(max(min_iters, min(iters, time_budget / est)))
+            warmup = int(max(min(1, warmup), min(warmup, 0.2 * time_budget / est)))
+        b.barrier()
+        elapsed = 0.0
+        if origin:
+            for _ in range(warmup):
+                one_round()
+            t0 = perf()
+            for _ in range(iters):
+                one_round()
+            elapsed = perf() - t0
+        b.barrier()
+        wrong = _check_one_sided(b, kind, test, win, local, exposed, count, count * per, cd,
+                                 dtype, origin, peer, corrupt_rank) if do_validate else 0
+        if origin:
+            b.unlock(win, peer)
+    finally:
+        b.free_window(win)
+    stats = b.allgather_floats([elapsed, float(wrong)])
+    extra = measure_memory(b) if modes.memory else {}
+    elapsed0 = float(stats[0, 0])
+    total_wrong = int(stats[:, 1].sum())
+    nbytes = lay.nbytes
+    if test == "latency":
+        lat = elapsed0 / iters * 1e6
+        bw_mbs = None
+        algbw = nbytes / (lat * 1e-6) / 1e9 if lat > 0 else 0.0
+    else:
+        moved = nbytes * per * iters * (2 if test == "bibw" else 1)
+        lat = elapsed0 / (iters * per) * 1e6
+        bw_mbs = moved / 1e6 / elapsed0 if elapsed0 > 0 else 0.0
+        algbw = bw_mbs / 1e3
+    return {
+        "library": b.name, "collective": collective, "ranks": n,
+        "size": nbytes, "requested_size": size, "count": count, "dtype": dtype,
+        "op": "sum" if kind == "accumulate" else None, "root": -1, "algorithm": None,
+        "timing": "osu", "synchronization": "flush",
+        "iterations": iters, "warmup": warmup, "window": per if test != "latency" else None,
+        "avg_us": lat, "min_us": lat, "max_us": lat, "p50_us": None, "p99_us": None,
+        "iter_min_us": None, "iter_max_us": None,
+        "algbw_GBps": algbw, "busbw_GBps": algbw, "bandwidth_MBps": bw_mbs,
+        "validation": (("Pass" if total_wrong == 0 else "Fail") if do_validate else None),
+        "wrong": total_wrong if do_validate else None,
+        **extra,
+    }
+
+
+def _check_one_sided(b, kind: str, test: str, win, local, exposed, count: int, total: int,
+                     cd, dtype: str, origin: bool, peer: int | None,
+                     corrupt_rank: int | None) -> int:
+    """Once, after the timed loop: patterned data through one operation of the test's kind
+    (an accumulate: two, onto zeros), checked where it landed. Returns wrong elements."""
+    me = b.rank
+    b.write(exposed, np.zeros(total, dtype=cd))
+    if kind == "get":            # the target's data, read by the origin
+        b.write(exposed[:count], C.pattern(me, count, dtype))
+    b.barrier()
+    if origin:
+        b.write(local[:count], C.pattern(me, count, dtype))
+        for _ in range(2 if kind == "accumulate" else 1):
+            b.rma(kind, win, local[:count], peer, 0)
+        b.flush(win, peer)
+    b.barrier()
+    checks = []
+    if kind == "get":
+        if origin:
+            checks.append((local[:count], C.pattern(1 - me, count, dtype)))
+    elif me == 1 or (me == 0 and test == "bibw"):      # what the peer put into me
+        expected = C.pattern(1 - me, count, dtype)
+        checks.append((exposed[:count], expected * 2 if kind == "accumulate" else expected))
+    wrong = 0
+    for buf, expected in checks:
+        got = np.asarray(b.read(buf)).reshape(-1)
+        if corrupt_rank == me:
+            got = C.corrupt(got)
+        wrong += C.count_wrong(got, expected)
+    b.barrier()
+    return wrong
 
 
 def run_sweep(backend, collective: str, sizes: list[int], dtype: str, op: str, *,

@@ -36,7 +36,13 @@ from ..algorithms.primitives import Peers
 from ..algorithms.selection import Selector
 from ..buffers.memops import HostOps
 from ..envvars import env_bool, env_int
-from ..errors import CollectiveMismatch, InvalidArgument, PycollError
+from ..errors import (
+    CollectiveMismatch,
+    CollectiveTimeout,
+    InvalidArgument,
+    PycollError,
+    TransportError,
+)
 from ..fastpath.runner import FastPath
 from ..runtime.execution import Execution
 from ..runtime.failures import Failures
@@ -46,7 +52,8 @@ from ..runtime.status import snapshot
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..timeouts import as_seconds
 from ..transports import registry
-from ..transports.base import Channel
+from ..transports.base import Channel, Request
+from ..transports.progress import WaitTimeout
 from . import lobby, metrics, status
 from .bootstrap import ChannelView, Connections
 from .collectives import Collectives
@@ -59,6 +66,7 @@ from .planning import Planner, reduction_defaults
 from .recovery import Elastic, base_name
 from .topology import hierarchy_members, host_identity, is_uniform, node_layout, ring_crossings
 from .variants import VariantCollectives
+from .windows import Window, open_window
 
 DEFAULT_TIMEOUT = 300.0
 #: how long a failed communicator's finalize tries to reach the store (it may be cut off)
@@ -160,6 +168,10 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         self._metrics: metrics.MetricsServer | None = None
         self._tallies: dict[int, tuple[Execution, Tally]] = {}
         self._straggler_log: status.StragglerLog | None = None
+        #: the open windows (``window``): invalidated when this communicator is finalized
+        #: or replaced by a shrink or grow
+        self._windows: list[Window] = []
+        self._windows_made = 0
 
     def _fast_path(self, watch: Callable[[], None] | None) -> FastPath | None:
         """The compiled one-host path, when every member shares this host and one transport
@@ -418,6 +430,7 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         unless the successor shares them (they pass to it, as the store server it may host
         does: the successor shuts them down at its finalize)."""
         revoked = self._exec.failed
+        self._invalidate_windows("belongs to a communicator that a shrink or grow replaced")
         for child in self._groups.children:
             if child._exec.failed is None:
                 child._exec.failed = revoked
@@ -438,6 +451,76 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         self._close_status()
         if self._lease is not None:
             self._lease.close()
+
+    # -- one-sided windows (docs/windows.md) -------------------------------------------------
+    def window(self, buffer: Any, *, timeout: Timeout = None) -> Window:
+        """Collective: expose ``buffer`` (host memory; every rank the same dtype, sizes
+        may differ) as this rank's part of a one-sided window, and return the ``Window``
+        through which any rank puts into, gets from and accumulates into any rank's part."""
+        self._windows_made += 1
+        win = open_window(self, buffer, self._windows_made, as_seconds(timeout, "timeout"))
+        self._windows.append(win)
+        return win
+
+    def window_progress(self, post: Callable[[], tuple[list[Request], list[Request]]],
+                        deadline: float) -> None:
+        """``transports.base.WindowProgress`` for this communicator's windows: run between
+        its calls (never inside one: a call on the worker thread may be waiting on the same
+        channels), post, progress every transport until the awaited requests are done, and
+        withdraw what of the rest is still pending (a get's bytes a refusal never sent; on
+        a timeout, the reply: a late one is then held and ignored)."""
+        idle = self._exec.idle
+        if not idle.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CollectiveTimeout(f"rank {self.rank}: a window operation waited for a call "
+                                    f"of communicator {self.name} to end past its deadline")
+        engine = self._peers.engine
+        reqs: list[Request] = []
+        try:
+            with engine.lock:
+                reqs, awaited = post()
+            try:
+                engine.wait(awaited, deadline, self._exec.failures.check)
+            except WaitTimeout as e:
+                raise CollectiveTimeout(
+                    f"deadline passed waiting for peer rank(s) {e.peers} to answer: over tcp "
+                    "a target serves window requests only while it is inside a pycoll call "
+                    "(docs/windows.md); is it computing, or stuck?") from None
+        finally:
+            try:
+                with engine.lock:
+                    for req in reqs:
+                        if req.done:
+                            continue
+                        matcher = req.channel.matcher
+                        if req.kind == "recv" and req in matcher.posted:
+                            matcher.posted.remove(req)     # nothing of it landed
+                            req.fail(TransportError("withdrawn", peer=req.channel.peer))
+                        else:       # half moved: the pair is out of step
+                            req.channel.abandon(TransportError(
+                                f"rank {self.rank}: a window operation with peer rank "
+                                f"{req.channel.peer} ended with bytes still in flight; the "
+                                "pair is closed", peer=req.channel.peer))
+            finally:
+                idle.release()
+
+    def serve_windows(self) -> None:
+        """One progress pass, unless a call runs (it progresses already): what a waiting
+        ``Window.wait_signal`` does so that tcp's origins are served meanwhile."""
+        idle = self._exec.idle
+        if idle.acquire(blocking=False):
+            try:
+                self._peers.engine.progress()
+            finally:
+                idle.release()
+
+    def forget_window(self, win: Window) -> None:
+        """A window was closed or invalidated (``Window.invalidate`` calls it)."""
+        if win in self._windows:
+            self._windows.remove(win)
+
+    def _invalidate_windows(self, why: str) -> None:
+        for win in list(self._windows):
+            win.invalidate(why)
 
     def new_group(self, ranks: Sequence[int], *, timeout: Timeout = None) -> Communicator | None:
         """A communicator of ``ranks`` (this communicator's ranks, in that order).
@@ -686,6 +769,7 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         execution = self._exec
         if execution.closed:
             return
+        self._invalidate_windows("belongs to a finalized communicator")
         disagreed = self._settle(min(timeout, SETTLE_AT_FINALIZE_SECONDS), quiet=True)
         execution.close()
         if self._fast is not None:

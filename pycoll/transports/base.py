@@ -28,11 +28,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..buffers.memory import HOST, MemoryType, MemRef
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
 from .matching import AnySource, Request, TagMatcher
+
+if TYPE_CHECKING:
+    from .windows import ExposedWindow, RemoteWindow
+
+#: ``Channel.attach_window``'s ``progress(post, deadline)``: ``post()`` posts requests and
+#: returns (all of them, those to wait for); progress until those are done or ``deadline``
+#: (``time.monotonic``) passes; then withdraw whatever of the others is still pending
+WindowProgress = Callable[[Callable[[], tuple[list[Request], list[Request]]], float], None]
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class Capabilities:
     #: connects only threads of one process: never chosen unless ``PYCOLL_TRANSPORTS``
     #: names it (``registry.allowed_transports``), and what ``testing.run_threads`` uses
     in_process: bool = False
+    #: offers one-sided windows (``Transport.expose_window``, ``Channel.attach_window``;
+    #: ``windows.py``), so ``Communicator.window`` may use it between a pair
+    windows: bool = False
 
     def moves(self, mem_type: MemoryType) -> bool:
         return mem_type in self.memory_types
@@ -155,6 +166,15 @@ class Channel(ABC):
         ``one_sided``; others raise ``TransportError``."""
         raise TransportError(f"{self.transport.name}: one-sided put is not supported",
                              peer=self.peer)
+
+    def attach_window(self, record: dict[str, Any], progress: WindowProgress) -> RemoteWindow:
+        """This rank's handle on the peer's window, from the record the peer's
+        ``Transport.expose_window`` made. ``progress(post, deadline)`` (``WindowProgress``): the
+        communicator's way to post requests on channels and progress until they are done,
+        serialised with its calls (tcp's operations are requests; shm and inproc copy
+        and ignore it). Only transports whose capabilities say ``windows``."""
+        raise TransportError(f"{self.transport.name}: one-sided windows are not supported over "
+                             "this transport yet", peer=self.peer)
 
     def check_alive(self) -> None:
         """Raise PeerLost if the peer is known to be gone (called while idle)."""
@@ -279,6 +299,14 @@ class Transport(ABC):
 
     def deregister(self, record: dict[str, Any]) -> None:
         """Withdraw a registration (peers' later puts into it fail)."""
+
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
+        """Expose host memory ``mem`` (elements of ``dtype``, pycoll's name, which are
+        ``np_dtype`` in numpy) as this rank's window to peers of this transport
+        (``windows.py``). Only transports whose capabilities say ``windows``."""
+        raise TransportError(f"{self.name}: one-sided windows are not supported over this "
+                             "transport yet")
 
     def notifications(self) -> list[tuple[int, int]]:
         """``(peer, notify)`` of every put completed into this rank's memory since the last

@@ -259,3 +259,30 @@ def test_a_peer_that_dies_on_a_tls_channel_is_lost_not_waited_for(tls_store):
                          collective_timeout=30)
     assert time.monotonic() - start < 20, outcomes          # well before the deadline
     _fails_naming(outcomes, 0, "PeerLost", "peer rank 1")
+
+
+def _windows(comm):
+    """One-sided windows over TLS (tcp's emulation: request and reply frames on the TLS
+    lanes; a large put or get is striped over every lane)."""
+    n = (1 << 20) + 3
+    peer = 1 - comm.rank
+    buf = np.zeros(n, dtype=np.float32)
+    with comm.window(buf) as win:
+        win.put(np.arange(n, dtype=np.float32) + comm.rank, peer)
+        win.fence()
+        put_ok = bool(np.array_equal(buf, np.arange(n, dtype=np.float32) + peer))
+        win.fence()
+        got = np.empty(n, dtype=np.float32)
+        win.get(got, peer)
+        win.fence()                      # every get is in before anyone changes a window
+        win.accumulate(np.ones(n, dtype=np.float32), 0)
+        win.fence()
+        acc_ok = comm.rank == 1 or bool(np.array_equal(buf, np.arange(n, dtype=np.float32) + 3))
+    return put_ok, bool(np.array_equal(got, np.arange(n, dtype=np.float32) + comm.rank)), acc_ok
+
+
+@pytest.mark.parametrize("nsocks", ["1", "2"])
+def test_windows_over_tls(tls_store, nsocks):
+    env = _rank_env(tls_store, PYCOLL_TRANSPORTS="tcp", PYCOLL_SOCKET_NSOCKS=nsocks)
+    for rank, res in enumerate(run_ranks(_windows, 2, rank_env=env, timeout=90)):
+        assert all(res), (rank, res)

@@ -14,6 +14,8 @@ from ...buffers.memory import MemRef
 from ...errors import TransportError
 from ..base import ActiveSet, Channel, Request, peer_lost, size_mismatch
 from ..matching import TagMatcher
+from ..windows import RemoteWindow
+from .window import attach as attach_window
 
 EAGER_BYTES = 64 * 1024
 
@@ -165,6 +167,10 @@ class InprocChannel(Channel):
         peer.deliver(self.transport.rank, Message(notify, 0, None, None, notice=True))
         req.complete()
         return req
+
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
+        """The peer's window: copies straight into its memory (``window.py``)."""
+        return attach_window(self.peer, self._remote, record)
 
     # -- progress, liveness, teardown ------------------------------------------------------
     def progress(self) -> bool:

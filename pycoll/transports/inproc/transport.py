@@ -16,7 +16,9 @@ from typing import Any
 
 from ...buffers.memory import MemRef
 from ..base import ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Transport
+from ..windows import ExposedWindow
 from .channel import InprocChannel, Message
+from .window import InprocExposedWindow
 
 #: every open in-process transport of this process, by the key it publishes
 _ENDPOINTS: dict[str, InprocTransport] = {}
@@ -40,7 +42,7 @@ class InprocTransport(Transport):
     name = "inproc"
     capabilities = Capabilities("inproc", latency_us=5.0, bandwidth_gbps=5.0,
                                 same_host_only=True, one_sided=True, segment_bytes=1 << 20,
-                                in_process=True)
+                                in_process=True, windows=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
@@ -52,6 +54,8 @@ class InprocTransport(Transport):
         self.active = ActiveSet()
         self._registered: dict[int, MemRef] = {}
         self.notices: list[tuple[int, int]] = []
+        #: this rank's open windows by id (peers' ``attach_window`` look them up)
+        self.windows: dict[int, InprocExposedWindow] = {}
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
         with _ENDPOINTS_LOCK:
@@ -124,6 +128,13 @@ class InprocTransport(Transport):
 
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
+
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
+        wid = self._next_window = getattr(self, "_next_window", 0) + 1
+        win = self.windows[wid] = InprocExposedWindow(self.key, wid, mem.view, self.rank,
+                                                      self.windows)
+        return win
 
     def held_memory(self) -> dict[str, int]:
         return {"segment": 0, "registered": sum(m.nbytes for m in self._registered.values())}

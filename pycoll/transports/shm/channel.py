@@ -35,6 +35,7 @@ from ...buffers.memory import MemRef
 from ...errors import TransportError
 from ..base import ActiveSet, Channel, Request, peer_left_over, peer_lost
 from ..matching import TagMatcher
+from ..windows import RemoteWindow
 from .cma import cma_read, process_exited
 from .segment import (
     ATTACHED,
@@ -58,6 +59,7 @@ from .segment import (
     ShmSettings,
     seq_span,
 )
+from .window import ShmRemoteWindow
 
 
 class ShmOwner(Protocol):
@@ -292,6 +294,19 @@ class ShmChannel(Channel):
         if self._out is not None:
             self._progress_send()
         return req
+
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
+        """The peer's window, reached with cross-memory attach (``window.py``)."""
+        if int(record.get("pid", -1)) != self._peer_pid:
+            raise TransportError(f"shm: peer rank {self.peer}'s window record names another "
+                                 "process", peer=self.peer)
+        if self._in.ctrl[CMA_STATE] != 1:
+            raise TransportError(
+                f"shm: windows need cross-memory attach to peer rank {self.peer}, which this "
+                "host does not permit (ptrace restrictions: a container's seccomp profile or "
+                "kernel.yama.ptrace_scope); use PYCOLL_TRANSPORTS=tcp for windows here",
+                peer=self.peer)
+        return ShmRemoteWindow(self.peer, record, cma=True)
 
     def _publish(self) -> None:
         self._head += 1

@@ -27,9 +27,11 @@ from ... import debug
 from ...buffers.memory import MemRef
 from ...errors import TransportError
 from ..base import ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Transport
+from ..windows import ExposedWindow
 from .channel import ShmChannel
 from .cma import cma_read
 from .segment import PROBE_MAGIC, SHM_DIR, Segment, ShmSettings, segment_prefix, sweep
+from .window import ShmExposedWindow
 
 
 class ShmTransport(Transport):
@@ -40,7 +42,8 @@ class ShmTransport(Transport):
     #: what ``connect`` makes (the cuda_ipc transport built on this one makes its own)
     channel_class: type[ShmChannel] = ShmChannel
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
-                                one_sided=True, segment_bytes=1 << 20, fast_path=True)
+                                one_sided=True, segment_bytes=1 << 20, fast_path=True,
+                                windows=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
@@ -56,6 +59,7 @@ class ShmTransport(Transport):
         self.notices: list[tuple[int, int]] = []
         self._check_unlink = False
         self._next_finish = 0.0
+        self._windows = 0
 
     def configure(self, crowded: bool) -> None:
         """Adopt the job's rank layout (known after the bootstrap): with more ranks than
@@ -144,6 +148,13 @@ class ShmTransport(Transport):
 
     def deregister(self, record: dict[str, Any]) -> None:
         self._registered.pop(int(record["addr"]), None)
+
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
+        """A window's control file, named like this transport's segments (``window.py``)."""
+        self._windows += 1
+        return ShmExposedWindow(f"{self._prefix}-win{self._windows}", mem.ptr, mem.nbytes,
+                                self.rank)
 
     def held_memory(self) -> dict[str, int]:
         return {"segment": sum(ch.mapped_bytes() for ch in self._channels.values()),

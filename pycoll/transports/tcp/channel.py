@@ -21,8 +21,12 @@ from typing import Any, Protocol
 
 from ...buffers.memory import MemRef
 from ...errors import TransportError
+from ...tags import WINDOW_TAG
 from ..base import ActiveSet, Channel, Request, peer_left_over, peer_lost, stripes
 from ..matching import TagMatcher
+from ..windows import RemoteWindow
+from .window import HEAD as WINDOW_HEAD
+from .window import TcpRemoteWindow, serve_request
 
 HEADER = struct.Struct("<qq")            # tag, payload bytes
 #: the last frame of a channel whose rank leaves because it lost another rank: this tag (no
@@ -37,6 +41,9 @@ class TcpOwner(Protocol):
     farewell: int | None
     size: int
     active: ActiveSet
+    #: this rank's open windows by id: while there are any, every channel reads whatever
+    #: arrives (origins' requests come unasked) and serves them (``window.py``)
+    windows: dict[int, Any]
 
 
 class Lane:
@@ -195,11 +202,14 @@ class TcpChannel(Channel):
         if nbytes < 0 and tag == FAREWELL_TAG and 0 <= -nbytes - 2 < self.transport.size:
             self.break_with(peer_left_over(self.peer, -nbytes - 2))
             return False
-        if nbytes < 0:
+        if nbytes < 0 or tag == WINDOW_TAG and not (
+                WINDOW_HEAD.size <= nbytes <= WINDOW_HEAD.size + max(
+                    (w.nbytes for w in self.transport.windows.values()), default=0)):
             self.break_with(TransportError(f"peer rank {self.peer} sent a malformed "
-                                           f"frame (length {nbytes})", peer=self.peer))
+                                           f"frame (tag {tag}, length {nbytes})",
+                                           peer=self.peer))
             return False
-        req = self.matcher.take(tag)
+        req = self.matcher.take(tag) if tag != WINDOW_TAG else None
         if req is None:   # for another tag: set it aside
             body = bytearray(nbytes)
             self._current = (body, tag, memoryview(body))
@@ -238,7 +248,7 @@ class TcpChannel(Channel):
         match = self.matcher
         lanes = self._lanes
         try:
-            while match.posted or self._current is not None:
+            while match.posted or self._current is not None or self.transport.windows:
                 if self._current is None:
                     complete = self._read_header()   # raises BlockingIOError if nothing came
                     moved = True
@@ -265,6 +275,12 @@ class TcpChannel(Channel):
         if isinstance(target, Request):
             target.complete()
             return
+        if tag >= WINDOW_TAG:
+            if tag == WINDOW_TAG:  # an origin's window request: serve it now
+                serve_request(self.transport.windows, target, self)
+            # else a reply whose operation ended (timed out) before it came, its receive
+            # withdrawn (an origin posts it before sending the request): dropped
+            return
         # A receive for this tag may have been posted while the message was being set
         # aside: it takes the message now, in order.
         late = self.matcher.take(tag)
@@ -283,16 +299,28 @@ class TcpChannel(Channel):
             for lane in self._lanes:
                 if lane.out and lane.sock is not None:
                     moved = self._progress_send(lane) or moved
-        if (self.matcher.posted or self._current is not None) and self._lanes[0].sock is not None:
+        if self._reading() and self._lanes[0].sock is not None:
             moved = self._progress_recv() or moved
         return moved
 
+    def _reading(self) -> bool:
+        """Whether to read what arrives: a receive is posted, a message is half read, or
+        this rank has windows open (origins' requests arrive unasked)."""
+        return bool(self.matcher.posted or self._current is not None or self.transport.windows)
+
     def busy(self) -> bool:
-        return bool(self._sends or self.matcher.posted or self._current is not None)
+        # a pair with windows open stays in the active set: its requests must be read
+        return bool(self._sends or self.matcher.posted or self._current is not None
+                    or self.transport.windows and self._attached and self.broken is None)
+
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
+        """The peer's window: requests on this channel that its progress serves
+        (``window.py``)."""
+        return TcpRemoteWindow(self, record, progress, str(record.get("dtype", "")))
 
     def fds(self) -> list[tuple[int, int]]:
         """(descriptor, epoll events) of each connected socket, for the engine's waits."""
-        reading = bool(self.matcher.posted or self._current is not None)
+        reading = self._reading()
         fds = []
         for i, lane in enumerate(self._lanes):
             if lane.sock is None:

@@ -71,7 +71,7 @@ class TlsChannel(TcpChannel):
     def _progress_recv(self) -> bool:
         moved = super()._progress_recv()
         # bytes TLS decrypted already wake no poll: read them while a receive waits
-        while (self.broken is None and (self.matcher.posted or self._current is not None)
+        while (self.broken is None and self._reading()
                and any(lane.sock is not None and lane.sock.pending()  # type: ignore[attr-defined]
                        for lane in self._lanes)):
             if not super()._progress_recv():

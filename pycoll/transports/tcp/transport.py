@@ -17,12 +17,14 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from ...buffers.memory import MemRef
 from ...envvars import env_text, env_tls
 from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
 from ..netif import choose_bind_address, interface_address, socket_streams
 from ..wireup import Connector, ConnectorTransport
 from .channel import TcpChannel
 from .tls import TlsChannel
+from .window import TcpExposedWindow
 
 
 class TcpTransport(ConnectorTransport, Transport):
@@ -30,7 +32,7 @@ class TcpTransport(ConnectorTransport, Transport):
 
     name = "tcp"
     capabilities = Capabilities("tcp", latency_us=25.0, bandwidth_gbps=3.0, same_host_only=False,
-                                segment_bytes=1 << 20)
+                                segment_bytes=1 << 20, windows=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = ctx.rank
@@ -44,6 +46,9 @@ class TcpTransport(ConnectorTransport, Transport):
                                 streams=socket_streams(), tls=tls)
         self._channels: dict[int, TcpChannel] = self._setup.channels
         self.active = ActiveSet()
+        #: open windows by id (``window.py``); while any is, every channel reads and serves
+        self.windows: dict[int, TcpExposedWindow] = {}
+        self._windows_made = 0
 
     # -- registry ------------------------------------------------------------------------
     @classmethod
@@ -72,6 +77,19 @@ class TcpTransport(ConnectorTransport, Transport):
         if self.active.channels:
             moved = self.active.progress() or moved
         return moved
+
+    # -- windows (served by this rank's progress: window.py) -------------------------------
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> TcpExposedWindow:
+        self._windows_made += 1
+        wid = self._windows_made
+        win = self.windows[wid] = TcpExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
+                                                   self.windows)
+        win.record["dtype"] = dtype
+        for ch in self._channels.values():      # requests arrive unasked: read every pair
+            if ch.broken is None:
+                self.active.channels[ch.peer] = ch
+        return win
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
         fds = self._setup.fds()

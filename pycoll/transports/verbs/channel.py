@@ -45,10 +45,14 @@ from typing import Any
 
 from ...buffers.memory import MemRef
 from ...errors import TransportError
-from ..base import Channel, Request, peer_lost, stripes
+from ...tags import WINDOW_TAG
+from ..base import Channel, Request, WindowProgress, peer_lost, stripes
 from ..matching import TagMatcher
+from ..tcp.window import serve_request
+from ..windows import RemoteWindow
 from .device import E, Registration
 from .queue_pairs import EXCHANGING, QueuePairs, VerbsOwner
+from .window import VerbsRemoteWindow, window_rdma_pieces
 from .wire import (
     CHUNK_BYTES,
     CTS,
@@ -60,6 +64,7 @@ from .wire import (
     WR_PUT,
     WR_RING,
     WR_RNDV,
+    WR_WINDOW,
     ControlMessage,
     PutWrite,
     RndvWrite,
@@ -94,6 +99,7 @@ class VerbsChannel(Channel):
         self._rndv_recvs: dict[int, list] = {}        # recv id -> [req, notices left, reg]
         self._grants: deque[tuple[Request, int]] = deque()      # waiting for data RQ room
         self._puts: dict[int, Request] = {}
+        self._window_ops: dict[int, list] = {}      # op id -> [req, pieces left, reg]
         self._next_id = 1
         self._held_regs: dict[int, Registration] = {}  # registrations of sends and puts
 
@@ -213,6 +219,35 @@ class VerbsChannel(Channel):
             pairs.flush_outbox()
         return req
 
+    # -- windows (window.py) -----------------------------------------------------------------
+    def attach_window(self, record: dict[str, Any], progress: WindowProgress) -> RemoteWindow:
+        return VerbsRemoteWindow(self, record, progress, str(record.get("dtype", "")))
+
+    def window_rdma(self, opcode: int, remote_addr: int, rkey: int, mem: MemRef,
+                    add: int | None = None) -> Request:
+        """One window put (RDMA WRITE) or get (RDMA READ) of ``mem``'s bytes at the peer's
+        ``remote_addr``, or a signal (``add``: a fetch-and-add into the peer's 8-byte word,
+        whose old value lands in ``mem``); the request completes when the adapter says every
+        piece did."""
+        req = Request(self, mem, 0, "window")
+        if self.broken is not None:
+            req.fail(self.broken)
+            return req
+        try:
+            reg, at = self.transport.cache.register(req.view)
+        except TransportError as e:
+            req.fail(e)
+            return req
+        op_id = self._new_id()
+        pieces = window_rdma_pieces(opcode, remote_addr, rkey, at, mem.nbytes, reg.lkey, op_id,
+                                    add)
+        self._window_ops[op_id] = [req, len(pieces), reg]
+        self.pairs.outbox.extend(pieces)
+        self._active[self.peer] = self
+        if self.pairs.ready:
+            self.pairs.flush_outbox()
+        return req
+
     # -- receiving -------------------------------------------------------------------------
     def irecv(self, mem: MemRef, tag: int = 0) -> Request:
         req = self.recv_request(self, mem, tag, "recv")
@@ -265,6 +300,9 @@ class VerbsChannel(Channel):
                                                peer=self.peer))
                 return
             body = ring[off + HDR.size: off + HDR.size + nbytes]
+            if tag == WINDOW_TAG:    # an origin's window request: serve it now
+                serve_request(self.transport.windows, bytearray(body), self)
+                return
             req = match.take(tag)
             if req is None:
                 match.hold(tag, nbytes, bytes(body))
@@ -273,6 +311,11 @@ class VerbsChannel(Channel):
                     req.view[:] = body
                 req.complete()
         elif kind == RTS:
+            if tag == WINDOW_TAG:    # origins send requests eager (window.py): not a peer of ours
+                self.break_with(TransportError(f"verbs: peer rank {self.peer} sent a window "
+                                               f"request of {nbytes} bytes (over the eager "
+                                               "limit)", peer=self.peer))
+                return
             if nbytes <= 0:
                 self.break_with(TransportError(f"verbs: peer rank {self.peer} announced a message "
                                                f"of {nbytes} bytes", peer=self.peer))
@@ -328,6 +371,14 @@ class VerbsChannel(Channel):
                 req.complete()
             else:
                 self._rndv_sends[index] = (req, left - 1)
+        elif kind == WR_WINDOW:
+            entry = self._window_ops.get(index)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._window_ops[index]
+                    self.transport.cache.release(entry[2])
+                    entry[0].complete()
         elif kind == WR_PUT:
             req = self._puts.pop(index, None)
             self._release_held(-index)
@@ -391,7 +442,9 @@ class VerbsChannel(Channel):
         if self.broken is not None:
             return False
         return bool(self.matcher.posted or self._rndv_sends or self._rndv_recvs or self._grants
-                    or self._puts or self.pairs.busy())
+                    or self._puts or self._window_ops or self.pairs.busy()
+                    # a pair with windows open stays active: origins' requests come unasked
+                    or bool(self.transport.windows) and self.pairs.ready)
 
     def check_alive(self) -> None:
         if self.broken is None and self.pairs.sock is not None:
@@ -415,6 +468,10 @@ class VerbsChannel(Channel):
             req.fail(error)
         for req in list(self._puts.values()):
             req.fail(error)
+        for entry in list(self._window_ops.values()):
+            entry[0].fail(error)
+            self.transport.cache.release(entry[2])
+        self._window_ops.clear()
         self.pairs.stop(error)
         self._rndv_sends.clear()
         self._rndv_recvs.clear()

@@ -217,7 +217,7 @@ def create_qp(dev: Device, cq: Any, max_send: int, max_recv: int, inline: int) -
             if size == 0:
                 raise
     attr = QPAttr(port_num=dev.choice.port)
-    attr.qp_access_flags = access_flags(True)
+    attr.qp_access_flags = qp_access_flags()
     attr.pkey_index = 0
     qp.to_init(attr)
     return qp, size
@@ -232,7 +232,7 @@ def connect_qp(qp: Any, port: PortChoice, gid: str, lid: int, qpn: int, psn: int
     from pyverbs.qp import QPAttr
 
     attr = QPAttr(port_num=port.port)
-    attr.qp_access_flags = access_flags(True)
+    attr.qp_access_flags = qp_access_flags()
     attr.pkey_index = 0
     attr.path_mtu = mtu
     attr.dest_qp_num = qpn
@@ -250,6 +250,12 @@ def connect_qp(qp: Any, port: PortChoice, gid: str, lid: int, qpn: int, psn: int
     attr.sq_psn = sq_psn
     attr.max_rd_atomic = 1
     qp.to_rts(attr)
+
+
+def qp_access_flags() -> int:
+    """What a queue pair lets its peer do: RDMA writes and reads, and atomics (a window's
+    signal is a fetch-and-add; only memory registered with ``REMOTE_ATOMIC`` accepts one)."""
+    return access_flags(True) | E.IBV_ACCESS_REMOTE_ATOMIC
 
 
 def access_flags(remote: bool) -> int:

@@ -41,10 +41,12 @@ from .wire import (
     WR_RING,
     WR_RNDV,
     WR_SLOT,
+    WR_WINDOW,
     ControlMessage,
     PutWrite,
     QpAddresses,
     RndvWrite,
+    WindowRdma,
     peer_addresses,
     wr_id,
 )
@@ -106,6 +108,7 @@ class VerbsOwner(Protocol):
     scratch_mr: Any
     notices: list[tuple[int, int]]
     active: ActiveSet
+    windows: dict[int, Any]
 
     def register_own(self, array: np.ndarray) -> Any: ...
 
@@ -171,7 +174,7 @@ class QueuePairs:
         self.eager_max = transport.eager_max
         self.stride = HDR.size + self.eager_max       # of a ring buffer and a send slot
         # work waiting for room
-        self.outbox: deque[ControlMessage | PutWrite] = deque()
+        self.outbox: deque[ControlMessage | PutWrite | WindowRdma] = deque()
         self.writes: deque[RndvWrite] = deque()
         self._slot_of_put: dict[int, int | None] = {}   # put id -> send slot of its notice
 
@@ -338,12 +341,14 @@ class QueuePairs:
 
     def post_send(self, q: int, kind: int, index: int, opcode: int, addr: int, length: int,
                   lkey: int, imm: int = 0, remote: tuple[int, int] | None = None,
-                  inline: bool = False) -> None:
+                  inline: bool = False, add: int | None = None) -> None:
         SGE, _, SendWR = wr_classes()
         flags = E.IBV_SEND_SIGNALED | (E.IBV_SEND_INLINE if inline else 0)
         wr = SendWR(wr_id=wr_id(kind, q, index), opcode=opcode, num_sge=1,
                     sg=[SGE(addr, length, lkey)], send_flags=flags, imm_data=imm)
-        if remote is not None:
+        if remote is not None and add is not None:
+            wr.set_wr_atomic(remote[1], remote[0], add)
+        elif remote is not None:
             wr.set_wr_rdma(remote[1], remote[0])
         self.qps[q].post_send(wr)
         self.sq_free[q] -= 1
@@ -422,6 +427,11 @@ class QueuePairs:
                     break
                 self.post_send(0, WR_PUTDATA, item.put_id, E.IBV_WR_RDMA_WRITE, item.addr,
                                item.length, item.lkey, remote=item.remote)
+            elif isinstance(item, WindowRdma):      # a window's put or get: no notice
+                if self.sq_free[0] <= 1:
+                    break
+                self.post_send(0, WR_WINDOW, item.op_id, item.opcode, item.addr,
+                               item.length, item.lkey, remote=item.remote, add=item.add)
             else:
                 if not self.send_control(item):
                     break

@@ -23,7 +23,15 @@ from ..base import ActiveSet, Capabilities, OpenContext, PeerInfo, Transport
 from ..netif import choose_bind_address
 from ..wireup import Connector, ConnectorTransport
 from .channel import VerbsChannel
-from .device import Device, RegistrationCache, access_flags, exporter_range, probe
+from .device import (
+    Device,
+    RegistrationCache,
+    access_flags,
+    exporter_range,
+    probe,
+    qp_access_flags,
+)
+from .window import VerbsExposedWindow
 from .wire import EAGER_MAX, INLINE_BYTES, MAX_QPS
 
 
@@ -32,7 +40,8 @@ class VerbsTransport(ConnectorTransport, Transport):
 
     name = "verbs"
     capabilities = Capabilities("verbs", latency_us=3.0, bandwidth_gbps=12.0,
-                                same_host_only=False, one_sided=True, segment_bytes=1 << 20)
+                                same_host_only=False, one_sided=True, segment_bytes=1 << 20,
+                                windows=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = ctx.rank
@@ -61,6 +70,9 @@ class VerbsTransport(ConnectorTransport, Transport):
         self.scratch_mr = self.register_own(self._scratch)
         self.notices: list[tuple[int, int]] = []
         self._exposed: dict[int, tuple[Any, MemRef]] = {}
+        #: open windows by id (``window.py``); while there are any, every pair stays active
+        self.windows: dict[int, Any] = {}
+        self._windows_made = 0
         host, family = choose_bind_address(ctx.master_addr)
         self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
                                 lambda peer, streams: VerbsChannel(self, peer))
@@ -123,6 +135,29 @@ class VerbsTransport(ConnectorTransport, Transport):
         self._exposed[mr.rkey] = (mr, mem)
         return {"addr": at, "rkey": mr.rkey, "nbytes": mem.nbytes}
 
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> VerbsExposedWindow:
+        """Register the window's memory for peers' RDMA reads and writes (``window.py``)."""
+        from pyverbs.mr import MR
+
+        _owner, _base, _n, at = exporter_range(mem.view)
+        counter = np.zeros(1, dtype=np.uint64)         # 8-byte aligned, as atomics need
+        try:
+            mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
+            counter_mr = MR(self.device.pd, counter.nbytes, qp_access_flags(),
+                            address=counter.ctypes.data)
+        except Exception as e:   # noqa: BLE001 - pinning limits, bad address...
+            raise TransportError(f"verbs: cannot register the window's {mem.nbytes} bytes ({e}); "
+                                 "raise the locked-memory limit (ulimit -l)") from None
+        self._windows_made += 1
+        wid = self._windows_made
+        win = self.windows[wid] = VerbsExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
+                                                     self.windows, mr, at, counter, counter_mr)
+        for ch in self._channels.values():      # requests arrive unasked: poll every pair
+            if ch.broken is None:
+                self.active.channels[ch.peer] = ch
+        return win
+
     def deregister(self, record: dict[str, Any]) -> None:
         found = self._exposed.pop(int(record["rkey"]), None)
         if found is not None:
@@ -148,6 +183,8 @@ class VerbsTransport(ConnectorTransport, Transport):
         return self.cache.stats()
 
     def close(self) -> None:
+        for win in list(self.windows.values()):     # their registrations go before the PD
+            win.close()
         self._setup.close()
         self.active.channels.clear()
         for mr, _ in self._exposed.values():

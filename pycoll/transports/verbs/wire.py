@@ -27,7 +27,8 @@ FAREWELL = struct.Struct("<8sq")
 FAREWELL_MAGIC = b"PCLEAVE1"
 
 # work request ids: kind << 48 | queue pair << 40 | index
-WR_SLOT, WR_INLINE, WR_CREDIT, WR_RNDV, WR_PUT, WR_RING, WR_DATA, WR_PUTDATA = range(1, 9)
+WR_SLOT, WR_INLINE, WR_CREDIT, WR_RNDV, WR_PUT, WR_RING, WR_DATA, WR_PUTDATA, WR_WINDOW = \
+    range(1, 10)
 INDEX_MASK = (1 << 40) - 1
 
 #: the default eager limit. Eager beats rendezvous at every size up to 256 KiB on Soft-RoCE
@@ -142,3 +143,18 @@ class RndvWrite(NamedTuple):
     remote: tuple[int, int]
     imm: int | None
     send_id: int
+
+
+class WindowRdma(NamedTuple):
+    """A piece of a window's put or get (``window.py``): an RDMA WRITE or READ between this
+    rank's registered buffer and the peer's window, signaled so that the operation completes
+    when its last piece does; or a signal's fetch-and-add on the peer's counter word (the
+    old value lands in this rank's 8 bytes at ``addr``)."""
+
+    opcode: int
+    remote: tuple[int, int]             # (address, rkey) at the peer
+    addr: int
+    length: int
+    lkey: int
+    op_id: int
+    add: int | None = None              # a fetch-and-add of this value (a signal) instead
