@@ -14,6 +14,7 @@ hook's annotations with the real ``GradBucket`` and ``Future`` classes, not with
 import torch
 import torch.distributed as dist
 
+from ..buffers.compression import codec
 from ..comm.communicator import Communicator
 from ..compress import ErrorFeedback
 from ..errors import InvalidArgument
@@ -29,6 +30,7 @@ class CompressHookState:
 
     def __init__(self, compress: str = "bf16", group: dist.ProcessGroup | None = None,
                  error_feedback: bool = False) -> None:
+        codec(compress)                      # an unknown format: refused here, not at step 1
         self.compress = compress
         self.error_feedback = ErrorFeedback(compress) if error_feedback else None
         pg = group if group is not None else dist.GroupMember.WORLD

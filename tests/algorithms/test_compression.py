@@ -472,3 +472,23 @@ def test_ddp_example_compressed_loss_matches_uncompressed():
     for variant, f in finals.items():
         assert f["final"] < 0.5 * f["initial"], (variant, out)
         assert abs(f["ratio"] - 1) <= LOSS_TOLERANCE, (variant, out)
+
+
+@pytest.mark.skipif(torch is None, reason="torch needed")
+def test_the_hook_needs_a_pycoll_group():
+    """CompressHookState names what is wrong when the group is not pycoll's (a world of one,
+    in this process: Gloo)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pycoll.torch import CompressHookState
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=10))
+    try:
+        with pytest.raises(pycoll.InvalidArgument, match="not a \"pycoll\" process group"):
+            CompressHookState("bf16")
+        with pytest.raises(pycoll.InvalidArgument, match="not a wire format"):
+            CompressHookState("fp4")
+    finally:
+        dist.destroy_process_group()
