@@ -554,3 +554,23 @@ def test_the_hook_needs_a_pycoll_group():
             CompressHookState("fp4")
     finally:
         dist.destroy_process_group()
+
+
+def test_without_numba_the_numpy_codec_runs():
+    """A host whose numba cannot load still compresses, with the numpy codec (same bits)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['numba'] = None\n"
+            "import numpy as np\n"
+            "from pycoll.buffers import compression as cz\n"
+            "assert cz.compiled_kernels() is None\n"
+            "x = np.linspace(-3, 3, 1000, dtype=np.float32)\n"
+            "for f in cz.FORMATS:\n"
+            "    c = cz.codec(f); w = np.empty(c.wire_nbytes(x.size), np.uint8)\n"
+            "    c.encode(x, w); y = np.empty_like(x); c.decode(w, y)\n"
+            "    bound = cz.error_bound([x], f, collective='broadcast')\n"
+            "    assert (np.abs(y - x) <= bound).all(), f\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
