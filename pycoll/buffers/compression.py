@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,30 @@ def _e4m3_values() -> np.ndarray:
 
 _E4M3 = _e4m3_values()
 _E4M3_POSITIVE = _E4M3[:0x7F].copy()         # codes 0..126, ascending
+#: the float32 value of each of the 65536 float16 codes (the compiled fp16 decode's table)
+_F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+_kernels: list[Any] = []
+
+
+def compiled_kernels() -> Any:
+    """``codec_kernels`` (the compiled codecs), or None where numba cannot load: then the
+    numpy codec runs, with the same bits. Imported at the first compressed call, not with
+    pycoll, so that a process that never compresses does not pay numba's import."""
+    if not _kernels:
+        found: Any
+        try:
+            from . import codec_kernels
+            found = codec_kernels
+        except Exception:  # noqa: BLE001 - numba missing or broken: the numpy codec
+            found = None
+        _kernels.append(found)
+    return _kernels[0]
+
+
+def _fits(*arrays: np.ndarray) -> bool:
+    """Whether the compiled codec takes these arrays (contiguous float32/float64 data)."""
+    return all(a.flags.c_contiguous for a in arrays)
 
 
 def _encode_e4m3(y: np.ndarray, out: np.ndarray) -> None:
@@ -109,7 +134,25 @@ class Codec:
 
     # -- encode ------------------------------------------------------------------------------
     def encode(self, src: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (uint8, ``wire_nbytes(src.size)``) = ``src`` (float32 or float64) encoded."""
+        """``out`` (uint8, ``wire_nbytes(src.size)``) = ``src`` (float32 or float64) encoded:
+        compiled where numba loads, else ``encode_numpy`` (the same bits)."""
+        k = compiled_kernels()
+        if k is None or src.dtype not in (np.float32, np.float64) or not _fits(src, out):
+            self.encode_numpy(src, out)
+            return
+        src = src.reshape(-1)
+        count = src.size
+        if not self.scaled:
+            k.encode_bf16(src, out.view(np.uint16))
+            return
+        nb = self.blocks(count)
+        if count:
+            k.encode_scaled(src, out[:4 * nb].view(np.float32), out[4 * nb:],
+                            _KERNEL_FORMAT[self.name], self.fmax, BLOCK,
+                            src.dtype == np.float64)
+
+    def encode_numpy(self, src: np.ndarray, out: np.ndarray) -> None:
+        """``encode`` in numpy: the reference the compiled codec equals bit for bit."""
         count = src.size
         if not self.scaled:
             _f32_to_bf16(src.astype(np.float32, copy=False), out.view(np.uint16))
@@ -154,7 +197,25 @@ class Codec:
 
     # -- decode ------------------------------------------------------------------------------
     def decode(self, wire: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (float32 or float64) = the values ``wire`` encodes (``out.size`` of them)."""
+        """``out`` (float32 or float64) = the values ``wire`` encodes (``out.size`` of them):
+        compiled where numba loads, else ``decode_numpy`` (the same bits)."""
+        k = compiled_kernels()
+        if k is None or out.dtype not in (np.float32, np.float64) or not _fits(wire, out):
+            self.decode_numpy(wire, out)
+            return
+        count = out.size
+        flat = out.reshape(-1)
+        if not self.scaled:
+            k.decode_bf16(wire[:2 * count].view(np.uint16), flat)
+            return
+        nb = self.blocks(count)
+        table = _F16 if self.name == "fp16" else _E4M3
+        k.decode_scaled(wire[:4 * nb].view(np.float32),
+                        wire[4 * nb:4 * nb + self.code_bytes * count], flat,
+                        _KERNEL_FORMAT[self.name], table, BLOCK)
+
+    def decode_numpy(self, wire: np.ndarray, out: np.ndarray) -> None:
+        """``decode`` in numpy: the reference the compiled codec equals bit for bit."""
         count = out.size
         if not self.scaled:
             out[...] = _bf16_to_f32(wire[:2 * count].view(np.uint16))
@@ -172,6 +233,9 @@ class Codec:
             values = codes.view(np.float16).astype(np.float32)
         np.multiply(values, np.repeat(scales, BLOCK)[:count], out=out, dtype=out.dtype)
 
+
+#: the compiled codec's number for each scaled format (``codec_kernels``)
+_KERNEL_FORMAT = {"fp16": 0, "fp8": 1, "int8": 2}
 
 CODECS: dict[str, Codec] = {
     "bf16": Codec("bf16", 2, 2.0 ** -8, 2.0 ** -134, 0.0),

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pycoll.fastpath",),                                   # the compiled one-host path
     ("pycoll.comm",),                                       # communicators and collectives
     ("pycoll.launch",),                                     # launchers' environments, joining
-    ("pycoll.world", "pycoll"),                             # the default communicator, the API
+    ("pycoll.world", "pycoll.compress", "pycoll"),          # the default communicator, the API
     ("pycoll.torch", "pycoll.spark", "pycoll.ray", "pycoll.hosted", "pycoll.bench",
      "pycoll.testing", "pycoll.trace", "pycoll.run", "pycoll.info",
      "pycoll.status", "pycoll.top"),                        # integrations and tools

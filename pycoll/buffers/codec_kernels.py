@@ -1,0 +1,210 @@
+"""Compiled encode/decode of the wire formats (numba, GIL released): ``compression.Codec``'s
+fast path.
+
+Each kernel produces exactly the bits of the numpy codec in ``compression.py`` (the
+reference, and the path where numba cannot load): the same float32/float64 arithmetic in the
+same order, without fastmath, so no contraction or reassociation changes a rounding. Where
+numpy goes through an intermediate (fp8's grid search, the repeated scales), the kernel
+computes the same value directly; tests/algorithms/test_compression.py checks every format
+and input dtype bit for bit against the numpy codec.
+
+A scaled format runs one block at a time: the block's largest finite magnitude, its scale,
+then its codes, while the block is in cache (numpy makes about ten passes over the buffer).
+
+Non-finite values follow the numpy codec, including NaN payloads: an arithmetic NaN keeps its
+sign and payload (quieted), which is what x86 and aarch64 multiplication does to a NaN operand.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_jit = njit(nogil=True, cache=True)
+
+#: formats as the kernels number them
+FP16, FP8, INT8 = 0, 1, 2
+_MIN_SCALE = np.float32(2.0 ** -126)
+
+
+@_jit
+def _exponent(a):  # pragma: no cover - compiled
+    """floor(log2(a)) of a finite float64 ``a`` > 0 from its bits (-1023 for subnormals:
+    below every format's grid, where only the "smallest binade" branch matters)."""
+    return np.int64((np.float64(a).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF)) - 1023
+
+
+@_jit
+def _pow2(n):  # pragma: no cover - compiled
+    """2.0 ** n for -1022 <= n <= 1023, exactly, from its bits."""
+    return np.uint64(np.uint64(n + 1023) << np.uint64(52)).view(np.float64)
+
+
+@_jit
+def _half_bits(y):  # pragma: no cover - compiled
+    """IEEE binary16 bits of ``y`` (float32 or float64), nearest even, as numpy's cast
+    (directly from ``y``'s precision: no double rounding). NaN keeps sign and payload."""
+    if y != y:
+        b = np.float64(y).view(np.uint64)
+        sign = np.uint16((b >> np.uint64(48)) & np.uint64(0x8000))
+        h = np.uint16(0x7C00) | np.uint16((b >> np.uint64(42)) & np.uint64(0x3FF))
+        if h == 0x7C00:
+            h += np.uint16(1)
+        return sign | h
+    d = np.float64(y)
+    sign = np.uint16(0x8000) if np.signbit(d) else np.uint16(0)
+    a = abs(d)
+    E = _exponent(a)
+    if E > 15:                               # inf (finite values were saturated before)
+        return sign | np.uint16(0x7C00)
+    if E < -14:                              # subnormal half: multiples of 2**-24
+        return sign | np.uint16(np.rint(a * 2.0 ** 24))
+    k = np.int64(np.rint(a * _pow2(10 - E)))     # 1024..2048: exact scaling
+    code = ((E + 15) << 10) + k - 1024       # k == 2048 carries into the next binade
+    if code >= 0x7C00:
+        code = 0x7C00
+    return sign | np.uint16(code)
+
+
+@_jit
+def _e4m3_code(y):  # pragma: no cover - compiled
+    """e4m3fn code of ``y`` (|y| beyond 448 saturates; NaN and inf -> 0x7F), nearest even."""
+    a = abs(np.float64(y))
+    if not np.isfinite(a):
+        return np.uint8(0x7F)
+    sign = np.uint8(0x80) if np.signbit(y) else np.uint8(0)
+    if a == 0.0:
+        return sign
+    E = max(_exponent(a), -6)                # the binade's exponent (subnormals share -6)
+    if E > 8:
+        return sign | np.uint8(0x7E)
+    k = np.int64(np.rint(a * _pow2(3 - E)))      # multiples of the binade's spacing: exact
+    code = (E + 7) * 8 + k - 8               # k == 16 carries into the next binade
+    if code > 0x7E:                          # 448
+        code = 0x7E
+    return sign | np.uint8(code)
+
+
+@_jit
+def encode_bf16(src, codes):  # pragma: no cover - compiled
+    """``codes`` (uint16) = ``src`` rounded to float32, then to bfloat16, nearest even."""
+    for i in range(src.size):
+        f = np.float32(src[i])
+        u = f.view(np.uint32)
+        if f != f:
+            codes[i] = np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+        else:
+            r = ((u >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+            codes[i] = np.uint16(((u + r) >> np.uint32(16)) & np.uint32(0xFFFF))
+
+
+@_jit
+def decode_bf16(codes, out):  # pragma: no cover - compiled
+    for i in range(out.size):
+        out[i] = np.uint32(np.uint32(codes[i]) << np.uint32(16)).view(np.float32)
+
+
+@_jit
+def _block_scale(src, lo, hi, fmax):  # pragma: no cover - compiled
+    """The scale of ``src[lo:hi]`` as ``Codec.encode_numpy`` computes it: the largest finite
+    magnitude / fmax in float64, rounded up to float32, at least float32's smallest normal,
+    1 for a block of zeros (and non-finite values)."""
+    amax = 0.0                               # float64 holds either dtype exactly
+    for i in range(lo, hi):
+        m = abs(src[i])
+        if m > amax and m != np.inf:         # NaN compares false
+            amax = m
+    wanted = amax / fmax
+    s = np.float32(wanted)
+    if s < wanted:
+        s = np.nextafter(s, np.float32(np.inf))
+    if s < _MIN_SCALE:
+        s = _MIN_SCALE
+    if amax == 0:
+        s = np.float32(1.0)
+    return s
+
+
+@_jit
+def encode_scaled(src, scales, codes, fmt, fmax, block, wide):  # pragma: no cover - compiled
+    """Per block of ``block`` elements of ``src`` (float32 or float64): its scale into
+    ``scales``, then its codes (uint8 bytes; fp16 writes two per element), one block at a
+    time. ``wide``: ``src`` is float64 (scaled in float64, else in float32)."""
+    count = src.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        lo = b * block
+        hi = min(lo + block, count)
+        s = _block_scale(src, lo, hi, fmax)
+        scales[b] = s
+        if fmt == FP8:
+            _fp8_block(src, codes, lo, hi, s, wide)
+        elif fmt == INT8:
+            _int8_block(src, codes, lo, hi, s, wide)
+        else:
+            _fp16_block(src, codes, lo, hi, s, wide, fmax)
+
+
+@_jit
+def _scaled(x, s, wide):  # pragma: no cover - compiled
+    """``x / s`` as the numpy codec computes it: times the inverse, in float64 for float64
+    input and float32 for float32 (widened to float64 exactly); NaN where ``s`` overflowed."""
+    if s == np.inf:
+        return np.nan
+    if wide:
+        return x * (1.0 / np.float64(s))
+    return np.float64(np.float32(x) * (np.float32(1.0) / s))
+
+
+@_jit
+def _fp8_block(src, codes, lo, hi, s, wide):  # pragma: no cover - compiled
+    for i in range(lo, hi):
+        codes[i] = _e4m3_code(_scaled(src[i], s, wide))
+
+
+@_jit
+def _int8_block(src, codes, lo, hi, s, wide):  # pragma: no cover - compiled
+    for i in range(lo, hi):
+        y = _scaled(src[i], s, wide)
+        if y - y == 0.0:                     # finite
+            q = min(max(np.rint(y), -127.0), 127.0)
+            codes[i] = np.uint8(np.int64(q) & 0xFF)
+        else:                                # the NaN code (inf too: int8 has none)
+            codes[i] = np.uint8(0x80)
+
+
+@_jit
+def _fp16_block(src, codes, lo, hi, s, wide, fmax):  # pragma: no cover - compiled
+    for i in range(lo, hi):
+        y = _scaled(src[i], s, wide)
+        if y - y == 0.0:                     # saturate finite values only
+            y = min(max(y, -fmax), fmax)
+        h = _half_bits(y)
+        codes[2 * i] = np.uint8(h & np.uint16(0xFF))
+        codes[2 * i + 1] = np.uint8(h >> np.uint16(8))
+
+
+@_jit
+def decode_scaled(scales, codes, out, fmt, table, block):  # pragma: no cover - compiled
+    """``out`` (float32 or float64) = code value times its block's scale (float32 product
+    for float32 ``out``, exact float64 product for float64). ``table``: float32 value of
+    each code (fp8: 256, fp16: 65536 entries; unused by int8)."""
+    count = out.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        s = np.float64(scales[b])
+        lo = b * block
+        hi = min(lo + block, count)
+        # exact in float64 (24 + 24 bits), so storing into float32 rounds once: the float32
+        # product, bit for bit
+        if fmt == FP8:
+            for i in range(lo, hi):
+                out[i] = np.float64(table[codes[i]]) * s
+        elif fmt == INT8:
+            for i in range(lo, hi):
+                c = np.int64(codes[i])
+                v = np.nan if c == 0x80 else np.float64(c - 256 if c > 127 else c)
+                out[i] = v * s
+        else:
+            for i in range(lo, hi):
+                h = np.int64(codes[2 * i]) | (np.int64(codes[2 * i + 1]) << 8)
+                out[i] = np.float64(table[h]) * s
