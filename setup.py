@@ -1,11 +1,13 @@
-"""Build of the optional C part (everything else is in pyproject.toml).
+"""Build of the optional compiled part (everything else is in pyproject.toml).
 
-``pycoll.fastpath._callpath`` is the small fast calls' Python path in C, and
-``pycoll.runtime._execution_state`` the execution's and flight recorder's per-call fields it
-reads (see their sources). It reads numpy's arrays through numpy's own headers (numpy is a
-build requirement). Both are optional: without a C compiler (or Python's headers) the build
-warns and goes on, and pycoll runs that path in Python, about a microsecond slower per small
-call (docs/algorithms.md#the-compiled-call-path); ``pycoll-info`` says which path runs.
+``pycoll/fastpath/callpath.py`` (the small fast call's Python: the methods' front, the call
+around the kernel) and ``pycoll/runtime/state.py`` (the execution's and flight recorder's
+per-call fields, and the steps that touch only them) are written in Cython's pure-Python
+mode: their ``.pxd`` files type them, and Cython compiles them here (Cython and numpy, whose
+own header the call reads arrays through, are build requirements). Optional: without Cython
+or a C compiler (or Python's headers) the build warns and goes on, and the same modules run
+as the plain Python they are, about a microsecond slower per small call
+(docs/algorithms.md#the-compiled-call-path); ``pycoll-info`` says which form runs.
 ``PYCOLL_REQUIRE_C=1`` makes a failed build fail the install instead.
 """
 import os
@@ -13,7 +15,25 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HEADERS = ["pycoll/object_fields.h", "pycoll/runtime/_execution_state.h"]
+#: the modules compiled, and the .pxd files that type them (in the same folders)
+MODULES = ("pycoll.runtime.state", "pycoll.fastpath.callpath")
+#: only the .pxd is read: what the .py does not say, the module does not do differently
+DIRECTIVES = {"language_level": 3, "annotation_typing": False, "boundscheck": False,
+              "wraparound": False, "warn.unreachable": False}
+
+
+def _required() -> bool:
+    return os.environ.get("PYCOLL_REQUIRE_C", "") not in ("", "0")
+
+
+def _warn(name: str, why: object) -> None:
+    bar = "*" * 78
+    print(f"\n{bar}\nWARNING: pycoll's compiled module {name} did not build ({why}).\n"
+          "pycoll works without it; small collectives run their Python path, about a\n"
+          "microsecond slower each. Install a C compiler and Python's headers (gcc,\n"
+          "python3-dev) and reinstall (Cython and numpy come as build requirements);\n"
+          "PYCOLL_REQUIRE_C=1 makes this an error. See\n"
+          f"docs/troubleshooting.md#the-compiled-call-path.\n{bar}\n", flush=True)
 
 
 class BuildExt(build_ext):
@@ -21,32 +41,44 @@ class BuildExt(build_ext):
     build's output only with -v, or when it fails: ``PYCOLL_REQUIRE_C=1``)."""
 
     def build_extension(self, ext: Extension) -> None:
-        if os.environ.get("PYCOLL_REQUIRE_C", "") not in ("", "0"):
+        if _required():
             ext.optional = False
         try:
             super().build_extension(ext)
         except Exception as e:
             if not ext.optional:
                 raise
-            bar = "*" * 78
-            print(f"\n{bar}\nWARNING: pycoll's C extension {ext.name} did not build ({e}).\n"
-                  "pycoll works without it; small collectives run their Python path, about "
-                  "a\nmicrosecond slower each. Install a C compiler and Python's headers "
-                  "(gcc,\npython3-dev) and reinstall; PYCOLL_REQUIRE_C=1 makes this an error. "
-                  f"See\ndocs/troubleshooting.md#the-compiled-call-path.\n{bar}\n", flush=True)
+            _warn(ext.name, e)
 
 
-def _numpy_include() -> list[str]:
+def _extensions() -> list[Extension]:
+    """The modules as extensions from Cython's C, or none (and the banner) where Cython or
+    numpy is missing: a build without isolation that lacks them."""
     try:
         import numpy
-    except ImportError:     # a build without isolation and without numpy: _callpath fails
+        from Cython.Build import cythonize
+    except ImportError as e:
+        if _required():
+            raise
+        for name in MODULES:
+            _warn(name, e)
         return []
-    return [numpy.get_include()]
+    extensions = [
+        Extension(name, [name.replace(".", "/") + ".py"], include_dirs=[numpy.get_include()],
+                  define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                  extra_compile_args=["-O2"], optional=True)
+        for name in MODULES]
+    try:
+        built = cythonize(extensions, compiler_directives=DIRECTIVES, quiet=True)
+    except Exception as e:      # noqa: BLE001 - Cython's own failure: the same banner
+        if _required():
+            raise
+        for name in MODULES:
+            _warn(name, e)
+        return []
+    for ext in built:           # (cythonize's copies do not keep it)
+        ext.optional = True
+    return built
 
 
-setup(cmdclass={"build_ext": BuildExt}, ext_modules=[
-    Extension(name, [source], depends=HEADERS, include_dirs=includes, extra_compile_args=["-O2"],
-              optional=True)
-    for name, source, includes in (
-        ("pycoll.runtime._execution_state", "pycoll/runtime/_execution_state.c", []),
-        ("pycoll.fastpath._callpath", "pycoll/fastpath/_callpath.c", _numpy_include()))])
+setup(cmdclass={"build_ext": BuildExt}, ext_modules=_extensions())

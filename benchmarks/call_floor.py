@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a small fast call's time goes: the whole ``comm.allreduce`` / ``comm.broadcast`` of
 8 bytes, the bound call alone (``call.run``, what ``FastPath.bind`` made: the compiled
-``BoundCall`` where it is built, else the closure) and the numba-compiled kernel called
+``BoundCall`` where it is built, else its ``run``) and the numba-compiled kernel called
 alone through its entry point, back to back, 20000 calls, best of 3 loops (one for the broadcast
 kernel alone). The gaps are the Python around the kernel: the collective's lookup of the
 call's kind, and the call's claim, numbering, flight record and release.
@@ -50,8 +50,8 @@ def main() -> None:
         def bound(run=run):
             run(a, None, False, a)
 
-        single = fast._entry(np.dtype("float32"),
-                             "broadcast_bound" if call.one_way else "allreduce_bound")
+        single = fast.entry_point(np.dtype("float32"),
+                                   "broadcast_bound" if call.one_way else "allreduce_bound")
         constants = call.constants.ctypes.data
 
         def kernel_alone(call=call, single=single, constants=constants):
@@ -60,7 +60,7 @@ def main() -> None:
             k = fast.k = fast.k + 1
             state = single(a, constants, k, word)
             if state:           # it slept: the runner's own resumption
-                fast._complete(state, call, a, a.view(np.uint8) if call.one_way else a,
+                fast.complete(state, call, a, a.view(np.uint8) if call.one_way else a,
                                ex.seq, word, k, time.monotonic() + 30)
 
         # a barrier after the kernel-alone broadcasts would find them unsettled: one loop
@@ -68,7 +68,7 @@ def main() -> None:
         out[coll] = (min(loop(whole) for _ in range(3)),
                      min(loop(bound) for _ in range(3)),
                      min(loop(kernel_alone) for _ in range(loops)))
-    path = "compiled (C)" if callpath is not None else "Python"
+    path = "compiled (Cython)" if callpath.COMPILED else "Python"
     print(f"rank {comm.rank}, call path {path}: " + "; ".join(
         f"{c} 8 B: whole call {w:.2f} us, "
         + f"bound call {b:.2f} us, kernel alone {k:.2f} us"

@@ -4,7 +4,7 @@ A typo in a tuning variable must not surface as a bare ``ValueError`` from deep 
 transport (or, worse, break ``import pycoll``): every reader here raises
 :class:`pycoll.InvalidArgument` naming the variable, the value and what is accepted.
 Readers are called when the value is needed (communicator setup, transport open), never at
-import time (but ``PYCOLL_FASTPATH_C``: ``runtime/execution.py`` says why and how a bad value
+import time (but ``PYCOLL_FASTPATH_C``: ``runtime/compiled.py`` says why and how a bad value
 still cannot break the import).
 """
 from __future__ import annotations

@@ -91,14 +91,14 @@ def test_fastpath_c_bad_value_does_not_break_import_and_raises_at_init():
         "import pycoll\n"
         "from pycoll import fastpath\n"
         "from pycoll.fastpath.compiled import callpath, unavailable\n"
-        "print('imported', callpath, unavailable)\n"
+        "print('imported', callpath.COMPILED, unavailable)\n"
         "try:\n"
         "    fastpath.probe_record()\n"
         "except pycoll.InvalidArgument as e:\n"
         "    print('InvalidArgument:', e)\n"
     )
     out = _fresh_python(code, PYCOLL_FASTPATH_C="maybe")
-    assert "imported None PYCOLL_FASTPATH_C='maybe'" in out, out
+    assert "imported False PYCOLL_FASTPATH_C='maybe'" in out, out
     assert "InvalidArgument: PYCOLL_FASTPATH_C='maybe'" in out, out
 
 

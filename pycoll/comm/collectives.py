@@ -22,9 +22,9 @@ from ..buffers.compression import Compression
 from ..buffers.memops import HostOps
 from ..buffers.memory import HOST
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op
-from ..buffers.tensors import Buffer, torch_host_view
+from ..buffers.tensors import Buffer
 from ..errors import InvalidArgument
-from ..fastpath.compiled import FastMethod
+from ..fastpath.compiled import callpath
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
 from ..runtime.execution import Body, Execution
@@ -105,64 +105,20 @@ class Collectives:
                 return found
         return self._plan.select(collective, nbytes, algo)
 
-    def allreduce(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
-                  timeout: float | None = None, async_op: bool = False,
-                  deterministic: bool | None = None,
-                  accumulate: str | None = None, integrity: bool | None = None,
-                  compress: str | None = None, out: Any = None) -> Work | None:
-        """Reduce ``tensor`` across all ranks, in place; every rank gets the result.
-
-        ``out``: the result goes there instead and ``tensor`` is left unchanged (same shape,
-        dtype and memory; ``out=tensor`` is the in-place call).
-
-        ``deterministic=True``: the result is the rank-order fold of the inputs, bit for bit
-        whatever the algorithm, size or placement; ``accumulate``: "fp32" (float16 and
-        bfloat16 sums accumulate in float32, rounded once) or "dtype". Both default to the
-        communicator's (docs/numerics.md). ``integrity``: check the result end to end
-        (True), or not (False); None: as ``PYCOLL_INTEGRITY`` says (docs/integrity.md).
-        ``compress``: the wire format ("bf16", "fp16", "fp8", "int8"; default the
-        communicator's): float sums only, accumulated in float32, every rank's result the
-        same bits, within the bound of docs/numerics.md#compressed-collectives."""
-        fast = self._fast
-        if out is not None:             # out of place: never the one-lookup lane below
-            return self._allreduce(tensor, op, algo, timeout, async_op, deterministic,
-                                   accumulate, integrity, compress, out=out)
-        if (fast is not None and algo is None and deterministic is None and accumulate is None
-                and integrity is None and compress is None and (not self._integrity_every
-                                           or (self._exec.seq + 1) % self._integrity_every)):
-            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
-            if arr is not None:
-                # a 1-D array of a kind already validated: no classification needed. The
-                # kind of the previous call is checked first, without a tuple to hash (an op
-                # string read from a command line is equal to the one remembered, not the
-                # same object). broadcast repeats this lookup with its root as the key:
-                # written out in both, since a shared helper costs a call
-                # (docs/algorithms.md#the-fast-path-one-host)
-                last = fast.last_allreduce
-                if (last[2] == arr.nbytes and last[1] is arr.dtype
-                        and (last[0] is op or (type(op) is str and last[0] == op))):
-                    call = last[3]
-                else:
-                    try:
-                        call = fast.host_calls.get(("allreduce", op, arr.dtype, arr.nbytes))
-                    except TypeError:
-                        call = None          # an unhashable op: parse_op says what is wrong
-                    if call is not None:
-                        fast.last_allreduce = (op, arr.dtype, arr.nbytes, call)
-                if call is not None and arr.ndim == 1 and arr.flags.carray:
-                    return call.run(arr, timeout, async_op, tensor)
-        return self._allreduce(tensor, op, algo, timeout, async_op, deterministic, accumulate,
-                               integrity, compress)
+    # allreduce, broadcast and barrier: the calls of kinds the fast path has bound run from
+    # ``fastpath.callpath`` (compiled where built); it hands every other call (``out=``,
+    # ``compress=``, anything not of a bound kind) to the method that classifies it
+    # (``_allreduce``, ``_broadcast``, ``_barrier``)
+    allreduce = callpath.allreduce
+    broadcast = callpath.broadcast
+    barrier = callpath.barrier
 
     def _allreduce(self, tensor: Any, op: OpLike, algo: str | None, timeout: float | None,
                    async_op: bool, deterministic: bool | None = None,
                    accumulate: str | None = None, integrity: bool | None = None,
                    compress: str | None = None, *, out: Any = None) -> Work | None:
-        """allreduce, classified: the fast path's first call of a kind, or an algorithm.
-
-        Apart from ``allreduce`` because its closure makes cells of the variables it uses,
-        and a function with cells allocates them on every entry (a visible share of what a
-        small fast call costs in Python)."""
+        """allreduce, classified: the fast path's first call of a kind, or an algorithm
+        (``allreduce``, ``fastpath.callpath``'s, runs the calls of kinds already bound)."""
         fast = self._fast
         plan = self._plan
         plan.begin()
@@ -241,20 +197,9 @@ class Collectives:
                                      algorithm=name, compress=comp.codec.name), body, timeout,
                             async_op, tensor)
 
-    def barrier(self, *, algo: str | None = None, timeout: float | None = None,
-                async_op: bool = False) -> Work | None:
-        """Return once every rank has entered the barrier."""
-        fast = self._fast
-        if fast is not None and algo is None:
-            call = fast.barrier_call
-            if call is None:
-                call = fast.barrier_call = fast.call("barrier", "uint8", 0, 1, None)
-            return call.run(fast.barrier_buffer, timeout, async_op, None)
-        return self._barrier(algo, timeout, async_op)
-
     def _barrier(self, algo: str | None, timeout: float | None, async_op: bool
                  ) -> Work | None:
-        """barrier by an algorithm (apart: see ``_allreduce``)."""
+        """barrier by an algorithm (see ``_allreduce``)."""
         self._plan.begin()
         name = self._plan.select("barrier", 0, algo)
         fn = ALGORITHMS["barrier"][name].run
@@ -265,42 +210,10 @@ class Collectives:
 
         return self._submit(CallInfo("barrier", 0, algorithm=name), body, timeout, async_op)
 
-    def broadcast(self, tensor: Any, root: int = 0, *, algo: str | None = None,
-                  timeout: float | None = None, async_op: bool = False,
-                  integrity: bool | None = None, compress: str | None = None,
-                  out: Any = None) -> Work | None:
-        """Copy ``tensor`` from ``root`` into ``tensor`` on every other rank.
-
-        ``compress``: the wire format of a float buffer (as for ``allreduce``); every rank,
-        the root too, ends with the values the bytes decode to.
-        ``out``: the data lands in ``out`` on every rank that passes one (the root's too: a
-        copy of its ``tensor``), whose ``tensor`` is left unchanged; a rank other than the
-        root that passes ``out`` does not read its ``tensor``, which may be None."""
-        fast = self._fast
-        if out is not None:             # out of place: never the one-lookup lane below
-            return self._broadcast(tensor, root, algo, timeout, async_op, integrity, compress,
-                                   out=out)
-        if (fast is not None and algo is None and type(root) is int and integrity is None
-                and compress is None
-                and (not self._integrity_every
-                     or (self._exec.seq + 1) % self._integrity_every)):
-            arr = tensor if type(tensor) is np.ndarray else torch_host_view(tensor)
-            if arr is not None:             # as in allreduce: a kind already validated
-                last = fast.last_broadcast
-                if last[0] == root and last[1] is arr.dtype and last[2] == arr.nbytes:
-                    call = last[3]
-                else:
-                    call = fast.host_calls.get(("broadcast", root, arr.dtype, arr.nbytes))
-                    if call is not None:
-                        fast.last_broadcast = (root, arr.dtype, arr.nbytes, call)
-                if call is not None and arr.ndim == 1 and arr.flags.carray:
-                    return call.run(arr, timeout, async_op, tensor)
-        return self._broadcast(tensor, root, algo, timeout, async_op, integrity, compress)
-
     def _broadcast(self, tensor: Any, root: int, algo: str | None, timeout: float | None,
                    async_op: bool, integrity: bool | None = None,
                    compress: str | None = None, *, out: Any = None) -> Work | None:
-        """broadcast, classified (apart: see ``_allreduce``)."""
+        """broadcast, classified (see ``_allreduce``)."""
         fast = self._fast
         self._plan.begin()
         root = self._plan.check_rank(root, "root", "broadcast")
@@ -774,11 +687,3 @@ class Collectives:
                         for is_send, a, p, t in plan])
 
         return self._submit(CallInfo("batch_p2p", total), body, timeout, async_op)
-
-
-# The compiled front of the small calls a loop makes most (``_callpath.FastMethod``): it
-# runs the calls the fast path has bound without the Python method, and hands that every
-# other one. Not installed where the module is not built (or PYCOLL_FASTPATH_C=0).
-if FastMethod is not None:
-    for _name in ("allreduce", "broadcast", "barrier"):
-        setattr(Collectives, _name, FastMethod(getattr(Collectives, _name), _name))

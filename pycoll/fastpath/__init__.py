@@ -217,7 +217,7 @@ def warm(dtypes: tuple[str, ...] = NATIVE_DTYPES) -> float:
                             ordered, False, 0, 1, 1000, np.zeros(5, dtype=np.uint64),
                             np.zeros(512, dtype=np.uint8))
     from .compiled import callpath
-    if callpath is not None:        # the C entry points of the compiled call path
+    if callpath.COMPILED:           # the C entry points of the compiled call path
         for name in dict.fromkeys(dtypes + ("uint8",)):
             K.bound_cfunc("allreduce_bound", name)
         K.bound_cfunc("broadcast_bound", "uint8")

@@ -123,6 +123,6 @@ class FastCall:
         """(stage offset, phase) a kernel's SLEPT_AT + ``position`` status was waiting in."""
         if self.kind == CHUNKED:
             return position // 2, position % 2
-        if self.one_way:        # 0: the previous stage's settling (FastPath._complete), 1
+        if self.one_way:        # 0: the previous stage's settling (FastPath.complete), 1
             return 0, 0
         return position, 0

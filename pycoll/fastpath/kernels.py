@@ -630,7 +630,7 @@ def _entry_of(name, elem):
 def bound_cfunc(name, dtype):
     """A C entry point of the bound kernel ``name`` (``allreduce_bound``, ``broadcast_bound``
     or ``settle_bound``) for arrays of ``dtype``: ``int64 f(data address, bytes, constants
-    address, stage, sequence word)``, for ``_callpath.BoundCall`` to call with no Python in
+    address, stage, sequence word)``, for ``callpath.BoundCall`` to call with no Python in
     between. The caller keeps the returned cfunc alive for as long as it calls its
     ``address``. Compiled once per dtype and kept in numba's cache (``_entry_of``)."""
     key = (name, np.dtype(dtype).name)

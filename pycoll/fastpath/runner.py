@@ -20,7 +20,6 @@ from ..buffers.memops import HostOps
 from ..buffers.reduction import ReduceOp, prepare
 from ..errors import PycollError
 from ..runtime.execution import Execution
-from ..runtime.flight_recorder import COMPLETED
 from ..runtime.work import Work
 from ..tags import SEQ_MASK, SEQ_SHIFT
 from ..transports.progress import WaitPolicy
@@ -44,15 +43,14 @@ from .calls import (
     FastCall,
     wait_policy,
 )
-from .compiled import FastPathState, callpath, warn_if_not_built
+from .compiled import callpath, warn_if_not_built
 from .liveness import Liveness
 from .segment import SharedSlots
 
-#: a ``FastPath.last_allreduce`` that matches no call
-_NO_CALL = (object(), None, -1, None)
+NO_CALL = callpath.NO_CALL
 
 
-class FastPath(FastPathState):
+class FastPath(callpath.FastPathState):
     """A communicator's fast path: its limits (agreed at init), its segment (made when the
     communicator was) and its count of stages run.
 
@@ -65,6 +63,9 @@ class FastPath(FastPathState):
     def __init__(self, execution: Execution, peers: Peers, members: Sequence[int],
                  ops: HostOps, limit: int, chunked_limit: int, cma_bytes: int,
                  slots: SharedSlots) -> None:
+        # the fields every call changes (``callpath.FastPathState``: the stage count, the
+        # one-way broadcast pending, the previous calls' kinds)
+        super().__init__()
         self.execution = execution
         self.rank = execution.rank
         self.size = execution.size
@@ -90,31 +91,16 @@ class FastPath(FastPathState):
         self.piece = np.empty(0, dtype=np.uint8)    # allreduce_cma's 2 pieces (made when needed)
         self.direct_bytes = 1 << 62 if WaitPolicy.crowded else ALLREDUCE_CMA_BYTES
         self.chunk = min(limit, CHUNK_BYTES) // 64 * 64
-        self.slots: SharedSlots | None = slots
-        self.k = 0                      # stages run so far (all ranks count alike)
+        self.slots = slots
         #: the last one-way broadcast's stage, sequence word, signature and bytes, until
         #: every rank is seen to have published it (``kernels.settle``; stage -1: none), and
         #: that call (to name it in errors)
         self.pending = np.array([-1, 0, 0, 0], dtype=np.int64)
-        self.pending_call: FastCall | None = None
-        #: the one-way broadcast a new one-way broadcast settles first (errors name it)
-        self.settling_call: FastCall | None = None
-        self.unsettled = False          # whether ``pending`` may hold a stage
         self._calls: dict[tuple, FastCall] = {}
-        self.barrier_buffer = np.zeros(0, dtype=np.uint8)
-        #: the calls a 1-D numpy array takes without ``as_buffer``: (collective, op or root
-        #: as passed, dtype, bytes) -> FastCall, filled by the first validated call of each
-        #: kind (``remember``)
-        self.host_calls: dict[tuple, FastCall] = {}
-        #: the entry of ``host_calls`` that the previous allreduce (broadcast) took, as (op
-        #: or root, dtype, bytes, FastCall): compared by identity before any hashing
-        self.last_allreduce: tuple = _NO_CALL
-        self.last_broadcast: tuple = _NO_CALL
         self.spin = wait_policy(CROWDED_POLLS if WaitPolicy.crowded else POLLS)
         self.slice_ns = int(WaitPolicy.liveness_seconds * 1e9)
         # the kernels: numba is imported by the first call that needs them, not at init
         self._kernels: Any = None
-        self.barrier_call: FastCall | None = None     # made by the first barrier
         if self.rank == 0:
             warn_if_not_built()
 
@@ -132,13 +118,14 @@ class FastPath(FastPathState):
 
     def remember(self, key: tuple, tensor: np.ndarray, call: FastCall) -> None:
         """Let later calls of ``key`` (collective, op or root as passed) on 1-D numpy arrays
-        of this dtype and size skip the classification (``host_calls``). ``tensor`` is the
-        classified buffer's array; not one that stands for another dtype (bfloat16 as
-        uint16: a real uint16 array must not get bfloat16's reduction)."""
+        of this dtype and length skip the classification (``host_calls``, read by
+        ``callpath``). ``tensor`` is the classified buffer's array; not one that stands for
+        another dtype (bfloat16 as uint16: a real uint16 array must not get bfloat16's
+        reduction)."""
         if (type(tensor) is np.ndarray and tensor.dtype.name == call.dtype
                 and len(self.host_calls) < 256):
-            self.host_calls[key + (tensor.dtype, tensor.nbytes)] = call
-            memo = (key[1], tensor.dtype, tensor.nbytes, call)
+            self.host_calls[key + (tensor.dtype, len(tensor))] = call
+            memo = (key[1], tensor.dtype, len(tensor), call)
             if key[0] == "allreduce":
                 self.last_allreduce = memo
             else:
@@ -198,45 +185,36 @@ class FastPath(FastPathState):
         unaligned view, say)."""
         if type(arr) is np.ndarray and arr.ndim == 1 and arr.flags.carray:
             return call.run(arr, timeout, async_op, output)
-        return self._run_generic(call, arr, timeout, async_op, output)
+        return self.run_generic(call, arr, timeout, async_op, output)
 
     def bind(self, call: FastCall) -> None:
         """Make ``call.run``: ``call`` run inline through the execution's contract
         (``begin_inline``, ``finish_inline``, ``fail_inline``) for the common case (a
         synchronous call without its own timeout, nothing queued), everything else through
-        ``Execution.execute``.
+        ``Execution.execute`` (``callpath.BoundCall``, compiled where built).
 
-        Why a closure: this is the whole cost of a small call beside the kernel. What never
-        changes for the call or the communicator is read once, here, and the single-slot
-        kernel is called through numba's entry point for exactly these argument types
-        (skipping the dispatcher's type check), with the call's constants in one array
-        (``kernels.allreduce_bound``; docs/algorithms.md#the-fast-path-one-host). Where the
-        compiled call path is built (``compiled``), ``call.run`` is a ``BoundCall`` that does
-        the closure's work in C and hands it everything else."""
+        What never changes for the call or the communicator is decided once, here: whether
+        the single-slot kernel is called through its entry point for exactly these argument
+        types (``bound``: skipping the dispatcher's type check), with the call's constants
+        in one array (``kernels.allreduce_bound``; docs/algorithms.md#the-fast-path-one-host),
+        and whether it takes the array or its bytes."""
         execution = self.execution
-        begin, finish, fail = (execution.begin_inline, execution.finish_inline,
-                               execution.fail_inline)
-        run_generic = self._run_generic
-        info, later_stages, seq_bits = call.info, call.stages - 1, call.seq_bits
-        limit = execution.timeout
-        liveness = self.liveness
-        # the bytes go through as bytes: exchange-only calls (Python reduces) and barriers
-        raw = call.op_code < 0 and call.dtype != "uint8"
-        more = call.reduce_here or call.finish
-        one_way = call.one_way
         if call.prepare or execution.detail:     # premul factors, DETAIL's checks
+            run_generic = self.run_generic
             call.run = lambda arr, timeout, async_op, output: run_generic(
                 call, arr, timeout, async_op, output)
             return
+        # the bytes go through as bytes: exchange-only calls (Python reduces) and barriers
+        raw = call.op_code < 0 and call.dtype != "uint8"
+        one_way = call.one_way
         # what the bound kernel takes: the array itself, or its bytes. A one-way broadcast
         # of a dtype the kernels know gets an entry point for that dtype (it copies bytes
-        # either way): ``arr.view(np.uint8)`` is a measurable part of a small call. Its resumption
-        # (``_complete``) still runs the uint8 kernel that ``warm`` compiled
+        # either way): ``arr.view(np.uint8)`` is a measurable part of a small call. Its
+        # resumption (``_complete``) still runs the uint8 kernel that ``warm`` compiled
         entry_raw = raw and not (one_way and call.dtype in NATIVE_DTYPES)
         bound = (call.kind is SMALL or one_way) and self.slots is not None
         name = "broadcast_bound" if one_way else "allreduce_bound"
         entry_dtype = np.dtype("uint8" if (entry_raw if one_way else raw) else call.dtype)
-        single: Any = None      # the entry point, compiled by the first call that needs it
         constants = 0
         if bound:
             assert self.slots is not None
@@ -249,112 +227,10 @@ class FastPath(FastPathState):
                      self.slice_ns, self.pending.ctypes.data]
             call.constants = np.array(words, dtype=np.int64)
             constants = call.constants.ctypes.data
+        call.run = callpath.bind(self, call, bound, raw, entry_raw, (name, entry_dtype),
+                                 constants)
 
-        def end(arr: np.ndarray, state: int, k: int, word: int) -> None:
-            """The rest of a claimed call once its kernel returned: what the kernel left to
-            Python (a sleep, a reduction numpy does, avg's scale, the leftovers of a generic
-            call), then the call's end."""
-            try:
-                if state != 0 or more:
-                    self._complete(state, call, arr, arr.view(np.uint8) if raw else arr,
-                                   execution.seq, word, k, execution.started + limit)
-                if execution.generic_ran:
-                    execution.generic_ran = False
-                    liveness.refuse_leftovers(word)
-            except BaseException as e:  # noqa: BLE001 - reported like any failed call
-                err = fail(info, e)
-                if err is e:
-                    raise
-                raise err from None
-            finish()
-
-        def run(arr: np.ndarray, timeout: Any, async_op: bool, output: Any) -> Work | None:
-            nonlocal single
-            slots = self.slots
-            if async_op or timeout is not None or slots is None:
-                return run_generic(call, arr, timeout, async_op, output)
-            word = begin(info, seq_bits)
-            if not word:
-                return run_generic(call, arr, timeout, async_op, output)
-            try:
-                if one_way:
-                    self.unsettled = True
-                    self.settling_call, self.pending_call = self.pending_call, call
-                elif self.unsettled:
-                    self.settle(execution.started + limit)
-                k = self.k + 1
-                self.k = k + later_stages
-                if bound:
-                    if single is None:
-                        single = self._entry(entry_dtype, name)
-                    # the kernel gets only the segment's address (``constants``): its array
-                    # is held while the kernel runs, so that a finalize on another thread
-                    # cannot unmap it (SharedSlots.close leaves a mapping that is still
-                    # exported), and dropped after, so that a failure's traceback does not
-                    # keep it
-                    mapped = slots.bytes
-                    if mapped is None:      # closed by a finalize while this call settled
-                        self._open(call, word)
-                    state = single(arr.view(np.uint8) if entry_raw else arr, constants, k,
-                                   word)
-                    del mapped
-                else:
-                    state = self.launch(call, arr.view(np.uint8) if raw else arr, k, word,
-                                        False, 0)
-            except BaseException as e:  # noqa: BLE001 - reported like any failed call
-                err = fail(info, e)
-                if err is e:
-                    raise
-                raise err from None
-            if state != 0 or more or execution.generic_ran:
-                end(arr, state, k, word)
-            else:
-                finish()
-            return None
-
-        call.run = run
-        if bound and callpath is not None:
-            self._bind_compiled(call, run, end, constants, later_stages, one_way, more,
-                                "uint8" if one_way or raw else call.dtype)
-
-    def _bind_compiled(self, call: FastCall, run: Any, end: Any, constants: int,
-                       later_stages: int, one_way: bool, more: bool, kernel_dtype: str) -> None:
-        """Make ``call.run`` a ``_callpath.BoundCall`` over ``run`` (the closure, which it
-        hands what it does not take) and ``end`` (the rest of a call after its kernel)."""
-        assert callpath is not None
-        try:
-            descr = np.dtype(call.dtype)    # the arrays it takes: exactly this dtype
-        except TypeError:
-            return                          # a dtype numpy does not name (bfloat16)
-        from .kernels import bound_cfunc
-        kernel = bound_cfunc("broadcast_bound" if one_way else "allreduce_bound",
-                             kernel_dtype)
-        settle = bound_cfunc("settle_bound", "uint8")
-        execution = self.execution
-        recorder = execution.recorder
-        info = call.info
-        try:
-            bound = callpath.BoundCall(
-                fallback=run, after=end, abort=lambda e: execution.fail_inline(info, e),
-                fast=self, execution=execution, call=call, info=info,
-                acquire=execution.idle.acquire, release=execution.idle.release,
-                queued=execution.queued, recorder=recorder,
-                ring=recorder.ring if recorder is not None else None, completed=COMPLETED,
-                ndarray=np.ndarray, descr=descr, count=call.count, nbytes=call.nbytes,
-                capacity=recorder.capacity if recorder is not None else 1,
-                seq_bits=call.seq_bits, later_stages=later_stages, seq_mask=SEQ_MASK,
-                seq_shift=SEQ_SHIFT, one_way=one_way, more=more, kernel=kernel.address,
-                settle=settle.address, settle_after=self.settle_after, constants=constants,
-                keep=(kernel, settle, call.constants))
-        except (TypeError, ValueError, RuntimeError) as e:
-            # a state it cannot read as it expects (the flight recorder's layout, say): the
-            # call keeps the closure, which does the same
-            debug.logger.debug("rank %d: %s: the compiled call path refused this call (%s); "
-                               "it runs in Python", self.rank, execution.name, e)
-            return
-        call.run = bound
-
-    def _entry(self, dtype: np.dtype, name: str) -> Any:
+    def entry_point(self, dtype: np.dtype, name: str) -> Any:
         """The compiled entry point of the bound kernel ``name`` (``kernels.allreduce_bound``
         or ``broadcast_bound``) for a 1-D C-contiguous aligned writable array of ``dtype``
         (loaded from numba's cache, or compiled, now)."""
@@ -365,7 +241,7 @@ class FastPath(FastPathState):
         data = types.Array(from_dtype(dtype), 1, "C")
         return getattr(kernels, name).compile((data, types.int64, types.int64, types.int64))
 
-    def _run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
+    def run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
                      output: Any) -> Work | None:
         """The call as a body of the generic execution (queued, async, DETAIL, timeout=)."""
         execution = self.execution
@@ -382,7 +258,7 @@ class FastPath(FastPathState):
     def execute(self, call: FastCall, arr: np.ndarray, word: int, deadline: float) -> None:
         """The whole call, as the body of a call of the generic execution."""
         seq = (word >> SEQ_SHIFT) & SEQ_MASK
-        self._open(call, word)
+        self.open_slots(call, word)
         if call.prepare:
             prepare(call.rop, call.dtype, arr)      # type: ignore[arg-type]
         if self.unsettled and not call.one_way:
@@ -391,13 +267,13 @@ class FastPath(FastPathState):
         self.k += call.stages
         data = arr if call.op_code >= 0 else arr.view(np.uint8)
         state = self.launch(call, data, k, word, False, 0)
-        self._complete(state, call, arr, data, seq, word, k, deadline)
+        self.complete(state, call, arr, data, seq, word, k, deadline)
 
     def launch(self, call: FastCall, data: np.ndarray, k: int, word: int, resume: bool,
                position: int) -> int:
         """Run ``call``'s kernel from stage ``k`` (``resume``: after a sleep, at
         ``position``); returns its status."""
-        slots = self._open(call, word)
+        slots = self.open_slots(call, word)
         kind = call.kind
         kernel = self._kernels[kind]
         rank, size = self.rank, self.size
@@ -429,11 +305,11 @@ class FastPath(FastPathState):
                       call.code, call.op_code, call.fold is not None, resume, position,
                       self.spin, self.slice_ns)
 
-    def _complete(self, state: int, call: FastCall, arr: np.ndarray, data: np.ndarray,
+    def complete(self, state: int, call: FastCall, arr: np.ndarray, data: np.ndarray,
                   seq: int, word: int, k: int, deadline: float) -> None:
         """Wait on in sleep slices until done, then what the kernel left to Python."""
         while state != 0:
-            slots = self._open(call, word)
+            slots = self.open_slots(call, word)
             if state == CMA_REFUSED:        # the same on every rank: all go on this way
                 call, k = self._without_cma(call)
                 state = self.launch(call, data, k, word, False, 0)
@@ -461,7 +337,7 @@ class FastPath(FastPathState):
         checks, as any wait."""
         settle = self._kernels[SETTLE]
         while True:
-            slots = self._open(self.pending_call, int(self.pending[1]))
+            slots = self.open_slots(self.pending_call, int(self.pending[1]))
             state = settle(slots.bytes, self.rank, self.size, slots.stride, self.pending,
                            self.spin, self.slice_ns)
             if state == 0:
@@ -493,7 +369,7 @@ class FastPath(FastPathState):
         stage disagreed about it)."""
         assert call is not None
         stage, word = int(self.pending[0]), int(self.pending[1])
-        slots = self._open(call, word)
+        slots = self.open_slots(call, word)
         self.liveness.between_slices(slots, state, call, (word >> SEQ_SHIFT) & SEQ_MASK, word,
                                      stage, 2 * stage, deadline)
 
@@ -508,7 +384,7 @@ class FastPath(FastPathState):
         self.cma_bytes = 0
         self._calls.clear()
         self.host_calls.clear()
-        self.last_allreduce = self.last_broadcast = _NO_CALL
+        self.last_allreduce = self.last_broadcast = NO_CALL
         fallback = FastCall(call.collective, call.dtype, call.count, call.nbytes // call.count,
                             call.rop, call.root if call.root >= 0 else None, call.spec,
                             self.execution.comm_id,
@@ -522,13 +398,13 @@ class FastPath(FastPathState):
         """The reduction for dtypes the kernels do not know: the rank-order fold of the
         slots (``folding.Fold``; accumulated in float32 where the call says so), finished."""
         assert call.spec is not None and call.spec.fold is not None
-        slots = self._open(call, word)
+        slots = self.open_slots(call, word)
         fold = call.spec.fold
         sources = [slots.payload(r, k, call.nbytes).view(arr.dtype) for r in range(self.size)]
         acc = np.empty(arr.size, dtype=fold.acc_dtype) if fold.acc_dtype is not None else None
         fold(arr, sources, acc)
 
-    def _open(self, call: FastCall | None, word: int) -> SharedSlots:
+    def open_slots(self, call: FastCall | None, word: int) -> SharedSlots:
         """The segment, while it is mapped. A finalize on another thread can close it between
         two waits of a call (``SharedSlots.close``): no kernel may run on it then, and the call
         (``word``: its sequence word) says why it failed."""

@@ -67,7 +67,7 @@ def fast_path() -> dict[str, Any]:
     run their Python part compiled (``fastpath.compiled``: "c") or not ("python", and why)."""
     from ..fastpath import probe_limit, unavailable_reason
     from ..fastpath.compiled import callpath, unavailable
-    calls = {"call_path": "c" if callpath is not None else "python",
+    calls = {"call_path": "c" if callpath.COMPILED else "python",
              "call_path_reason": unavailable}
     try:
         limit = probe_limit()

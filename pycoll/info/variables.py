@@ -85,7 +85,7 @@ VARIABLES: list[Variable] = [
         "fast path",
         ("PYCOLL_FASTPATH", "1", "0: no compiled one-host path on this rank"),
         ("PYCOLL_FASTPATH_C", "1", "0: the fast path's small calls run their Python part in "
-                                   "Python, not compiled (_callpath)"),
+                                   "Python, not compiled (fastpath/callpath.py)"),
         ("PYCOLL_FASTPATH_BYTES", "262144", "largest allreduce run in one slot"),
         ("PYCOLL_FASTPATH_CMA_BYTES", "16384", "smallest broadcast copied once by "
                                                "cross-memory attach (0: never)"),

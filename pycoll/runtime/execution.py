@@ -14,29 +14,34 @@ it returns on no rank before every rank showed that it runs the same call. Failu
 through ``failures.Failures``.
 
 A body that needs no channels (the fast path's compiled kernels) may run inline without a
-``Peers``: ``begin_inline`` claims the execution and numbers the call, ``finish_inline``
-(or ``fail_inline``) ends it. Everything else goes through ``execute``.
+``Peers``: ``begin_inline`` (``state.ExecutionState``, compiled with the fast path's call)
+claims the execution and numbers the call, ``finish_inline`` (or ``fail_inline``) ends it.
+Everything else goes through ``execute``.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..algorithms import agreement
 from ..algorithms.primitives import Peers
 from ..errors import PycollError, Revoked, TransportError
-from ..tags import SEQ_MASK, SEQ_SHIFT, collective_tag, tag_low_bits
+from ..tags import collective_tag, tag_low_bits
 from ..timeouts import as_seconds
-from .c_state import ExecutionState
 from .calls import CallInfo
+from .compiled import load
 from .failures import Failures
-from .flight_recorder import COMPLETED, T_ENDED, T_SCHEDULED, T_STARTED, FlightRecorder
+from .flight_recorder import T_ENDED, T_SCHEDULED, T_STARTED, FlightRecorder
 from .work import Executor, Work
 
+if TYPE_CHECKING:
+    from .state import ExecutionState
+else:
+    ExecutionState = load("pycoll.runtime.state")[0].ExecutionState
+
 Body = Callable[[Peers], None]
-_monotonic = time.monotonic
 
 
 class Execution(ExecutionState):
@@ -46,8 +51,17 @@ class Execution(ExecutionState):
     overlap, and building a fresh one costs more than a small message takes).
     """
 
+    #: the state's recorder is this communicator's ``FlightRecorder`` (what readers such as
+    #: ``status`` and ``metrics`` use beyond ``RecorderState``)
+    recorder: FlightRecorder | None
+
     def __init__(self, rank: int, size: int, name: str, timeout: float, comm_id: int,
                  peers: Peers, failures: Failures) -> None:
+        self.executor = Executor(name)
+        # the per-call fields, and ``begin_inline`` (``state.ExecutionState``): ``idle`` is
+        # held while a call runs (inline or on the worker); ``queued``: the asynchronous
+        # calls waiting for the worker, which a fast call runs after (the generic path)
+        super().__init__(failures.recorder, self.executor.idle(), self.executor.pending)
         self.rank = rank
         self.size = size
         self.name = name
@@ -56,32 +70,12 @@ class Execution(ExecutionState):
         self.comm_id = comm_id
         self.peers = peers
         self.failures = failures
-        self.recorder: FlightRecorder | None = failures.recorder
         self.detail = failures.detail
-        self.executor = Executor(name)
-        #: collectives started so far (the last one's number) and point-to-point calls
-        self.seq = 0
+        #: point-to-point calls started so far (collectives: ``seq``)
         self.p2p_seq = 0
         self._failed: BaseException | None = None
         self._closed = False
-        self._refusing = False           # failed or closed: what begin_inline checks
-        #: a call sent messages through the channels since the fast path last looked for
-        #: messages nobody received (``fastpath.liveness.refuse_leftovers``)
-        self.generic_ran = False
-        #: the flight record and start time of the call running inline (``begin_inline``)
-        self.current: list | None = None
-        self.started = 0.0
         self._low: dict[str, int] = {}
-        #: held while a call runs (inline or on the worker); the compiled call path
-        #: (``fastpath.runner``) takes and releases it around a fast call
-        self.idle = self.executor.idle()
-        #: the asynchronous calls waiting for the worker: a fast call that finds any runs
-        #: after them, on the generic path (``fastpath.runner`` reads it)
-        self.queued = self.executor.pending
-        #: ``finish_inline()``: the inline call completed. Its flight record was written as
-        #: completed when it began (a fast call takes µs: no second clock read); a dump
-        #: taken while it runs shows it running (``running_inline``)
-        self.finish_inline: Callable[[], None] = self.idle.release
 
     @property
     def failed(self) -> BaseException | None:
@@ -236,28 +230,6 @@ class Execution(ExecutionState):
                 ch.abandon(error)
 
     # -- calls without channels, inline (the fast path) ----------------------------------
-    def begin_inline(self, info: CallInfo, bits: int) -> int:
-        """Claim the execution for ``info``, run by the caller now, or return 0: the caller
-        then goes through ``execute`` (an asynchronous call is queued, a call runs on
-        another thread, or the communicator cannot take calls, which ``execute`` says).
-        Returns the call's word (``tags.call_word`` of its sequence number and ``bits``);
-        ``finish_inline`` or ``fail_inline`` must follow."""
-        if self._refusing or not self.idle.acquire(False):
-            return 0
-        if self.queued:                 # an asynchronous call goes first
-            self.idle.release()
-            return 0
-        seq = self.seq = self.seq + 1
-        self.started = start = _monotonic()
-        fr = self.recorder
-        if fr is not None:      # FlightRecorder.open, written out (a call is a share of a fast one)
-            rec = self.current = [seq, info, COMPLETED, 0.0, start, 0.0, None]
-            i = fr.count
-            fr.count = i + 1
-            fr.ring[i % fr.capacity] = rec
-        return ((seq & SEQ_MASK) << SEQ_SHIFT) | bits     # tags.call_word, written out
-
-
     def fail_inline(self, info: CallInfo, e: BaseException) -> BaseException:
         """The inline call failed with ``e``: the error to raise (see ``fail``)."""
         try:

@@ -29,17 +29,25 @@ import socket
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..envvars import env_int
-from .c_state import RecorderState
 from .calls import CallInfo
+from .compiled import load
+
+# a record's states (``STATE_NAMES``), defined with the class that opens records
+if TYPE_CHECKING:
+    from .state import COMPLETED, FAILED, SCHEDULED, STARTED, RecorderState
+else:
+    _state = load("pycoll.runtime.state")[0]
+    RecorderState = _state.RecorderState
+    SCHEDULED, STARTED, COMPLETED, FAILED = (_state.SCHEDULED, _state.STARTED,
+                                             _state.COMPLETED, _state.FAILED)
 
 FORMAT = "pycoll-flight-recorder"
 FORMAT_VERSION = 1
 DEFAULT_CAPACITY = 500
 
-SCHEDULED, STARTED, COMPLETED, FAILED = 0, 1, 2, 3
 STATE_NAMES = ("scheduled", "started", "completed", "failed")
 
 # Fields of a record (a list reused in place)
@@ -65,30 +73,15 @@ def trace_dir() -> str:
 
 
 class FlightRecorder(RecorderState):
-    """A ring of the last ``capacity`` calls of one communicator. Its fields are those of
-    ``RecorderState`` where that is built (the compiled call path writes its records too)."""
-
-    __slots__ = ("capacity", "ring", "count") if RecorderState is object else ()
+    """A ring of the last ``capacity`` calls of one communicator; ``open`` (a record's start)
+    and the ring are ``state.RecorderState``'s, compiled with the fast path's call."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
-        self.capacity = capacity
-        self.ring: list[list | None] = [None] * capacity
-        self.count = 0                 # records ever opened
+        super().__init__(capacity)
 
-    # -- hot path ------------------------------------------------------------------------
-    def open(self, seq: int, info: CallInfo, started: float = 0.0,
-             state: int = SCHEDULED) -> list:
-        """Start the record of call ``seq`` (state ``scheduled``, or ``started`` at
-        ``started``); its owner updates the times in place. A call run inline by the fast
-        path is opened ``completed`` (``Execution.begin_inline``)."""
-        rec = [seq, info, state, 0.0, started, 0.0, None]
-        i = self.count
-        self.count = i + 1
-        self.ring[i % self.capacity] = rec
-        return rec
-
+    # -- hot path: ``open`` (RecorderState) ----------------------------------------------
     @staticmethod
     def state(rec: list, running: list | None = None) -> int:
         """The state of ``rec``; ``running`` is the record of a call running inline now

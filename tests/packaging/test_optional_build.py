@@ -1,7 +1,8 @@
-"""setup.py without a working C compiler: the optional C call path is left out with a warning
-that says so (pip shows it with -v), or, with ``PYCOLL_REQUIRE_C=1``, the build fails. The
-build runs on a copy of what setup.py builds from, with ``CC`` pointing at ``false`` (a
-compiler that fails every file)."""
+"""setup.py without a working C compiler (or without Cython): the optional compiled call path
+is left out with a warning that says so (pip shows it with -v), or, with
+``PYCOLL_REQUIRE_C=1``, the build fails. The build runs on a copy of what setup.py builds
+from, with ``CC`` pointing at ``false`` (a compiler that fails every file); where Cython is
+not installed it fails before that, and says so the same way."""
 from __future__ import annotations
 
 import os
@@ -15,9 +16,10 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ["setup.py", "pyproject.toml", "README.md", "pycoll/object_fields.h",
-         "pycoll/runtime/_execution_state.h", "pycoll/runtime/_execution_state.c",
-         "pycoll/fastpath/_callpath.c"]
+FILES = ["setup.py", "pyproject.toml", "README.md", "pycoll/__init__.py", "pycoll/_version.py",
+         "pycoll/runtime/__init__.py", "pycoll/runtime/state.py", "pycoll/runtime/state.pxd",
+         "pycoll/fastpath/__init__.py", "pycoll/fastpath/callpath.py",
+         "pycoll/fastpath/callpath.pxd"]
 
 
 def _build(tmp_path: Path, require: bool) -> subprocess.CompletedProcess[str]:
@@ -40,8 +42,8 @@ def test_a_failed_build_warns_and_goes_on(tmp_path):
     r = _build(tmp_path, require=False)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout + r.stderr
-    for name in ("pycoll.runtime._execution_state", "pycoll.fastpath._callpath"):
-        assert f"WARNING: pycoll's C extension {name} did not build" in out, out
+    for name in ("pycoll.runtime.state", "pycoll.fastpath.callpath"):
+        assert f"WARNING: pycoll's compiled module {name} did not build" in out, out
     assert "PYCOLL_REQUIRE_C=1" in out
     assert not list((tmp_path / "lib").rglob("*.so"))
 

@@ -9,7 +9,7 @@ numpy and numba as a user's pip would), and from a directory outside the checkou
 * every module of ``pycoll/`` and ``rendezvous/`` is in the wheel, with ``py.typed``;
 * the console scripts exist, and ``pycoll-info --json`` reports the compiled path usable
   (numba is part of the default install), with its calls compiled where a C compiler is
-  (setup.py builds ``pycoll/fastpath/_callpath.c``);
+  (setup.py compiles ``pycoll/fastpath/callpath.py`` with Cython, a build requirement);
 * README.md's first Python example runs on 2 ranks under ``pycoll-run`` and imports the
   installed package, not the checkout.
 
