@@ -137,7 +137,9 @@ class Collectives:
         if (fast is not None and algo is None and not plan.device_buffers and check is None
                 and fast.takes(buf.nbytes, buf.dtype, rop, fold)):   # (host memory only)
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, rop, fold=fold)
-            if deterministic is None and accumulate is None:   # the communicator's defaults
+            # the communicator's defaults only: a kind bound by ``compress="none"`` would
+            # take the later calls that leave it out past the default compression
+            if deterministic is None and accumulate is None and compress is None:
                 fast.remember(("allreduce", op), buf.array, call)
             if src is not None:
                 self._ops.copy(buf.array, src.array)
@@ -248,7 +250,8 @@ class Collectives:
         if (fast is not None and algo is None and not self._plan.device_buffers
                 and check is None and fast.broadcast_kind(buf.nbytes)):
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
-            fast.remember(("broadcast", root), buf.array, call)
+            if compress is None:        # (as in ``_allreduce``)
+                fast.remember(("broadcast", root), buf.array, call)
             if src is not None:
                 self._ops.copy(buf.array, src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)

@@ -366,18 +366,28 @@ def _defaults(comm):
     comm.allreduce(y, "max")
     z = np.full(600, 0.3, np.float32) * (comm.rank + 1)
     comm.allreduce(z, compress="none")         # this call exact despite the default
-    return comm.compress, x, ints, y, z
+    # ... and only that call: its kind is not bound for the calls that leave compress out
+    # (they would take the fast path's exact lane, the default ignored)
+    w = np.full(600, 0.3, np.float32) * (comm.rank + 1)
+    comm.allreduce(w)
+    b = np.linspace(-3, 3, 600, dtype=np.float32) * (comm.rank + 1)
+    comm.broadcast(b.copy(), 1, compress="none")
+    comm.broadcast(b, 1)
+    return comm.compress, x, ints, y, z, w, b
 
 
 def test_the_communicators_default():
     res = run_ranks(_defaults, 2, env={"PYCOLL_TRANSPORTS": "shm", "PYCOLL_COMPRESS": "int8"})
     xs = [np.full(600, 0.3, np.float32) * (r + 1) for r in range(2)]
-    for fmt, x, ints, y, z in res:
+    b1 = np.linspace(-3, 3, 600, dtype=np.float32) * 2
+    for fmt, x, ints, y, z, w, b in res:
         assert fmt == "int8"
         assert np.array_equal(x, cz.reference(xs, "int8"))
         assert np.array_equal(ints, 2 * np.arange(600))
         assert np.array_equal(y, xs[1])
         assert np.array_equal(z, xs[0] + xs[1])
+        assert np.array_equal(w, x)             # compressed, as x was
+        assert not np.array_equal(b, b1)        # int8 on the wire, not the exact bytes
 
 
 def _persistent(comm):
