@@ -7,10 +7,22 @@ is answered while the caller waits for something else). Waiting escalates:
 
 1. hot spin: progress without reading the clock (a shared-memory message arrives in about a
    microsecond);
-2. spin until ``WaitPolicy.spin_seconds`` of idleness;
+2. spin until ``WaitPolicy.spin_seconds`` of idleness; a spin that ran out with nothing
+   arriving is skipped by the next few idle spells (the peer is not running: the spin only
+   keeps it off this core);
 3. block: when every transport with work exposes file descriptors (sockets, an eventfd), in
-   ``epoll`` with the GIL released, woken by the first readable or writable one; otherwise
-   ``sched_yield`` and then sleeps growing to 1 ms (ranks may outnumber cores).
+   ``epoll`` with the GIL released, woken by the first readable or writable one; when the
+   only transport with work offers a doorbell (``Transport.doorbell``: shm's futex word,
+   rung by every peer that publishes or frees a slot for this rank), asleep on it: announce,
+   one more pass, then sleep unless that pass moved something; otherwise ``sched_yield`` and
+   then sleeps growing to 1 ms.
+
+Why a doorbell for shared memory: under CPU oversubscription (ranks sharing cores with other
+busy processes) a ``sched_yield`` gives the core away for the rest of another task's time
+slice and a timer sleep lasts its whole length, so a message streamed through small slots,
+one hand-off per slot, took a time slice per hand-off (docs/performance.md). A task woken from
+a futex runs at once where the scheduler allows, and a wait that nobody rings still ends at
+its deadline and at every liveness check below.
 
 Every 50 ms of idleness (longer when ranks crowd the cores: each idle rank wakes that often)
 the engine asks the transports whether a peer is gone and calls the communicator's ``check``
@@ -35,7 +47,7 @@ from typing import Any
 
 from ..envvars import env_float
 from ..errors import TransportError
-from .base import Request, Transport
+from .base import Doorbell, Request, Transport
 
 
 class WaitTimeout(TransportError):
@@ -54,6 +66,8 @@ class WaitTimeout(TransportError):
 YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
 LIVENESS_INTERVAL = 0.05
+#: after a spin that ran out without anything arriving, this many idle spells skip it
+SPIN_MISS_SKIPS = 8
 
 
 class WaitPolicy:
@@ -109,6 +123,8 @@ class ProgressEngine:
         self._epoll: select.epoll | None = None
         self._registered: dict[int, int] = {}
         self._block_lock = threading.Lock()
+        #: idle spells left that skip the spin because a recent spin ran out in vain
+        self._spin_misses = 0
 
     def add(self, transport: Transport) -> None:
         self.transports.append(transport)
@@ -146,23 +162,12 @@ class ProgressEngine:
         transports = self.transports
         lock = self.lock
         spins = 0
+        escalated = False     # this idle spell went past the spin
         idle_since = 0.0
         next_liveness = 0.0
         sleep = 20e-6
         while True:
-            moved = False
-            if self.shared:
-                lock.acquire()
-            try:   # hot path: only the channels with work, unless a transport is setting up
-                for t in transports:
-                    if t.setup_pending:
-                        if t.progress():
-                            moved = True
-                    elif t.active.channels and t.active.progress():
-                        moved = True
-            finally:
-                if self.shared:
-                    lock.release()
+            moved = self._pass()
             for r in requests:
                 if not r.done:
                     break
@@ -173,8 +178,11 @@ class ProgressEngine:
                 if r.error is not None:
                     raise r.error
             if moved:
+                if idle_since != 0.0 and not escalated:
+                    self._spin_misses = 0     # the spin caught it: keep spinning
                 spins = 0
                 idle_since = 0.0
+                escalated = False
                 sleep = 20e-6
                 continue
             spins += 1
@@ -188,8 +196,15 @@ class ProgressEngine:
                 if self._refuse_conflicts(requests):
                     continue      # a held message proved a receive wrong: it failed
             idle = now - idle_since
-            if idle < WaitPolicy.spin_seconds:
-                continue
+            if not escalated:
+                if self._spin_misses:
+                    self._spin_misses -= 1        # skip the spin, as the last ones missed
+                else:
+                    if idle < WaitPolicy.spin_seconds:
+                        continue
+                    if WaitPolicy.spin_seconds:
+                        self._spin_misses = SPIN_MISS_SKIPS
+                escalated = True
             if now >= deadline:
                 raise WaitTimeout([r for r in requests if not r.done])
             if now >= next_liveness:
@@ -207,19 +222,50 @@ class ProgressEngine:
                     check()
                 if moved:
                     continue
-            for t in transports:
-                if not t.pollable and t.active.channels:
-                    fds = None        # shared memory has work: poll it, do not block
-                    break
-            else:
+            fds = bell = None
+            busy = [t for t in transports if t.active.channels]
+            if all(t.pollable for t in busy):
                 fds = self._block_fds()
-            if fds is not None:
+            elif len(busy) == 1:      # shared memory alone has work: its doorbell, if any
+                bell = busy[0].doorbell()
+            if bell is not None:
+                self._ring_wait(bell, min(deadline, next_liveness) - now)
+            elif fds is not None:
                 self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))
             elif idle < YIELD_SECONDS:
                 os.sched_yield()
             else:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+
+    def _pass(self) -> bool:
+        """One pass of a wait: only the channels with work, unless a transport is setting
+        up; True if anything moved."""
+        moved = False
+        shared = self.shared
+        if shared:
+            self.lock.acquire()
+        try:
+            for t in self.transports:
+                if t.setup_pending:
+                    if t.progress():
+                        moved = True
+                elif t.active.channels and t.active.progress():
+                    moved = True
+        finally:
+            if shared:
+                self.lock.release()
+        return moved
+
+    def _ring_wait(self, bell: Doorbell, timeout: float) -> None:
+        """Sleep on ``bell`` (``timeout`` seconds at most) unless a pass after announcing
+        the sleep moves something: whatever a peer publishes after that pass rings."""
+        sequence = bell.announce()
+        try:
+            if not self._pass():
+                bell.sleep(sequence, timeout)
+        finally:
+            bell.withdraw()
 
     def _refuse_conflicts(self, requests: Sequence[Request]) -> bool:
         """Idle: let the channels this wait depends on fail receives that a held message
