@@ -8,8 +8,8 @@ is answered while the caller waits for something else). Waiting escalates:
 1. hot spin: progress without reading the clock (a shared-memory message arrives in about a
    microsecond);
 2. spin until ``WaitPolicy.spin_seconds`` of idleness; a spin that ran out with nothing
-   arriving is skipped by the next few idle spells (the peer is not running: the spin only
-   keeps it off this core);
+   arriving is skipped (the hot spin too) by the next few idle spells: the peer is not
+   running, and every pass spent spinning is CPU time it or the rest of the machine lacks;
 3. block: when every transport with work exposes file descriptors (sockets, an eventfd), in
    ``epoll`` with the GIL released, woken by the first readable or writable one; when the
    only transport with work offers a doorbell (``Transport.doorbell``: shm's futex word,
@@ -186,7 +186,7 @@ class ProgressEngine:
                 sleep = 20e-6
                 continue
             spins += 1
-            if spins < WaitPolicy.hot_spins:
+            if spins < WaitPolicy.hot_spins and not self._spin_misses:
                 continue       # hot spin: no clock reads
             now = time.monotonic()
             if idle_since == 0.0:

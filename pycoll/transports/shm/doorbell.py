@@ -55,12 +55,8 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _futex(address: int, op: int, value: int, timeout: _Timespec | None = None) -> int:
-    assert _libc is not None
-    return _libc.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(op),
-                         ctypes.c_uint32(value),
-                         ctypes.byref(timeout) if timeout is not None else None,
-                         None, ctypes.c_int(0))
+_SYS_FUTEX = ctypes.c_long(SYS_FUTEX)
+_WAIT, _WAKE, _ALL = ctypes.c_int(FUTEX_WAIT), ctypes.c_int(FUTEX_WAKE), ctypes.c_uint32(0x7FFFFFFF)
 
 
 class Doorbell:
@@ -71,7 +67,8 @@ class Doorbell:
         self._mm = mm
         self.fd = fd                       # the owner's memfd (peers reach it through /proc)
         self.words = memoryview(mm).cast("I")
-        self._address = view_address(self.words)
+        #: the futex word's address, as the system call takes it
+        self._futex = ctypes.c_void_p(view_address(self.words) + 4 * SEQUENCE)
         self._lock = threading.Lock()      # the owner's threads announce one at a time
 
     @classmethod
@@ -122,7 +119,9 @@ class Doorbell:
         seconds at most (the GIL is released meanwhile)."""
         timeout = max(0.0, timeout)
         ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
-        _futex(self._address + 4 * SEQUENCE, FUTEX_WAIT, sequence, ts)
+        assert _libc is not None
+        _libc.syscall(_SYS_FUTEX, self._futex, _WAIT, ctypes.c_uint32(sequence),
+                      ctypes.byref(ts), None, 0)
 
     def withdraw(self) -> None:
         with self._lock:
@@ -134,7 +133,7 @@ class Doorbell:
         words = self.words
         if words[WAITERS]:
             words[SEQUENCE] = (words[SEQUENCE] + 1) & 0xFFFFFFFF
-            _futex(self._address + 4 * SEQUENCE, FUTEX_WAKE, 0x7FFFFFFF)
+            _libc.syscall(_SYS_FUTEX, self._futex, _WAKE, _ALL, None, None, 0)  # type: ignore[union-attr]
 
     def close(self) -> None:
         self.words.release()
