@@ -7,22 +7,24 @@ is answered while the caller waits for something else). Waiting escalates:
 
 1. hot spin: progress without reading the clock (a shared-memory message arrives in about a
    microsecond);
-2. spin until ``WaitPolicy.spin_seconds`` of idleness; a spin that ran out with nothing
-   arriving is skipped (the hot spin too) by the next few idle spells: the peer is not
-   running, and every pass spent spinning is CPU time it or the rest of the machine lacks;
+2. spin until ``WaitPolicy.spin_seconds`` of idleness;
 3. block: when every transport with work exposes file descriptors (sockets, an eventfd), in
-   ``epoll`` with the GIL released, woken by the first readable or writable one; when the
-   only transport with work offers a doorbell (``Transport.doorbell``: shm's futex word,
-   rung by every peer that publishes or frees a slot for this rank), asleep on it: announce,
-   one more pass, then sleep unless that pass moved something; otherwise ``sched_yield`` and
-   then sleeps growing to 1 ms.
+   ``epoll`` with the GIL released, woken by the first readable or writable one; otherwise
+   ``sched_yield`` for up to 2 ms, and then, when the only transport with work offers a
+   doorbell (``Transport.doorbell``: shm's futex word, rung by every peer that publishes or
+   frees a slot for this rank), asleep on it (announce, one more pass, then sleep unless
+   that pass moved something), else timer sleeps growing to 1 ms. A yield that took longer
+   than ``SLOW_YIELD_SECONDS`` gave the core away for a time slice: the next few idle spells
+   with a doorbell go from the spin straight to it.
 
 Why a doorbell for shared memory: under CPU oversubscription (ranks sharing cores with other
 busy processes) a ``sched_yield`` gives the core away for the rest of another task's time
 slice and a timer sleep lasts its whole length, so a message streamed through small slots,
 one hand-off per slot, took a time slice per hand-off (docs/performance.md). A task woken from
 a futex runs at once where the scheduler allows, and a wait that nobody rings still ends at
-its deadline and at every liveness check below.
+its deadline and at every liveness check below. Yields stay first while they are cheap: a
+reply that comes within the 2 ms (a small call's, the peer running on another core) is
+found sooner than a futex sleep and its wake-up would.
 
 Every 50 ms of idleness (longer when ranks crowd the cores: each idle rank wakes that often)
 the engine asks the transports whether a peer is gone and calls the communicator's ``check``
@@ -66,8 +68,13 @@ class WaitTimeout(TransportError):
 YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
 LIVENESS_INTERVAL = 0.05
-#: after a spin that ran out without anything arriving, this many idle spells skip it
-SPIN_MISS_SKIPS = 8
+#: a ``sched_yield`` that took longer handed the core to another task for a time slice:
+#: the next this many idle spells go from the spin straight to the doorbell (where there is
+#: one). A yield that returns sooner costs less than a futex sleep and its wake-up, and the
+#: spin stays: a small call's reply mostly comes within it, and a woken task may wait for
+#: its core longer than the spin lasts
+SLOW_YIELD_SECONDS = 200e-6
+SLOW_YIELD_SKIPS = 8
 
 
 class WaitPolicy:
@@ -123,8 +130,9 @@ class ProgressEngine:
         self._epoll: select.epoll | None = None
         self._registered: dict[int, int] = {}
         self._block_lock = threading.Lock()
-        #: idle spells left that skip the spin because a recent spin ran out in vain
-        self._spin_misses = 0
+        #: idle spells left that go from the spin straight to the doorbell, because a
+        #: recent yield gave the core to another task for a time slice
+        self._slow_yields = 0
 
     def add(self, transport: Transport) -> None:
         self.transports.append(transport)
@@ -178,15 +186,13 @@ class ProgressEngine:
                 if r.error is not None:
                     raise r.error
             if moved:
-                if idle_since != 0.0 and not escalated:
-                    self._spin_misses = 0     # the spin caught it: keep spinning
                 spins = 0
                 idle_since = 0.0
                 escalated = False
                 sleep = 20e-6
                 continue
             spins += 1
-            if spins < WaitPolicy.hot_spins and not self._spin_misses:
+            if spins < WaitPolicy.hot_spins:
                 continue       # hot spin: no clock reads
             now = time.monotonic()
             if idle_since == 0.0:
@@ -196,15 +202,12 @@ class ProgressEngine:
                 if self._refuse_conflicts(requests):
                     continue      # a held message proved a receive wrong: it failed
             idle = now - idle_since
+            if idle < WaitPolicy.spin_seconds:
+                continue
             if not escalated:
-                if self._spin_misses:
-                    self._spin_misses -= 1        # skip the spin, as the last ones missed
-                else:
-                    if idle < WaitPolicy.spin_seconds:
-                        continue
-                    if WaitPolicy.spin_seconds:
-                        self._spin_misses = SPIN_MISS_SKIPS
                 escalated = True
+                if self._slow_yields:
+                    self._slow_yields -= 1        # see SLOW_YIELD_SECONDS
             if now >= deadline:
                 raise WaitTimeout([r for r in requests if not r.done])
             if now >= next_liveness:
@@ -228,12 +231,14 @@ class ProgressEngine:
                 fds = self._block_fds()
             elif len(busy) == 1:      # shared memory alone has work: its doorbell, if any
                 bell = busy[0].doorbell()
-            if bell is not None:
-                self._ring_wait(bell, min(deadline, next_liveness) - now)
-            elif fds is not None:
+            if fds is not None:
                 self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))
-            elif idle < YIELD_SECONDS:
+            elif idle < YIELD_SECONDS and not (bell is not None and self._slow_yields):
                 os.sched_yield()
+                if bell is not None and time.monotonic() - now > SLOW_YIELD_SECONDS:
+                    self._slow_yields = SLOW_YIELD_SKIPS    # the core went to another task
+            elif bell is not None:
+                self._ring_wait(bell, min(deadline, next_liveness) - now)
             else:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
