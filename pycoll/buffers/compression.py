@@ -61,6 +61,10 @@ _E4M3_POSITIVE = _E4M3[:0x7F].copy()         # codes 0..126, ascending
 #: the float32 value of each of the 65536 float16 codes (the compiled fp16 decode's table)
 _F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
+#: the float32 value of each int8 code (-128: NaN), as ``decode_numpy`` gives it
+_INT8 = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.float32)
+_INT8[0x80] = np.nan
+
 _kernels: list[Any] = []
 
 
@@ -209,7 +213,7 @@ class Codec:
             k.decode_bf16(wire[:2 * count].view(np.uint16), flat)
             return
         nb = self.blocks(count)
-        table = _F16 if self.name == "fp16" else _E4M3
+        table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
         k.decode_scaled(wire[:4 * nb].view(np.float32),
                         wire[4 * nb:4 * nb + self.code_bytes * count], flat,
                         _KERNEL_FORMAT[self.name], table, BLOCK)

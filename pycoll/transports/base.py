@@ -10,7 +10,8 @@ Shape (Gloo's Device/Pair/UnboundBuffer, UCX's md/iface/ep, NCCL's ``ncclTranspo
   at once, which finishes connecting in the background of ``progress()`` (lazy and parallel:
   no rank waits for another to connect first); ``progress()`` moves every channel that has
   work; ``wait_fds()`` gives the file descriptors the progress engine may block on (None when
-  the transport can only be polled: shared memory).
+  the transport can only be polled: shared memory); ``doorbell()`` what a transport without
+  descriptors offers instead (shm: a futex word its peers ring).
 * ``Channel``: ordered, tagged, non-blocking ``isend(mem, tag)`` / ``irecv(mem, tag)`` of a
   ``MemRef`` to one peer, returning ``Request`` objects. Messages with the same tag match in
   order (``matching.TagMatcher``); a receive must be posted with exactly the size that was
@@ -28,7 +29,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..buffers.memory import HOST, MemoryType, MemRef
 from ..errors import MessageSizeMismatch, PeerLost, TransportError
@@ -68,6 +69,18 @@ class Capabilities:
 
     def moves(self, mem_type: MemoryType) -> bool:
         return mem_type in self.memory_types
+
+
+class Doorbell(Protocol):
+    """What a waiter sleeps on when a transport's work cannot be waited for with ``epoll``
+    (``Transport.doorbell``): announce, re-check the condition, sleep, withdraw. A peer that
+    gives this rank work after the announcement wakes the sleep (or keeps it from starting)."""
+
+    def announce(self) -> int: ...
+
+    def sleep(self, sequence: int, timeout: float) -> None: ...
+
+    def withdraw(self) -> None: ...
 
 
 class Channel(ABC):
@@ -290,6 +303,12 @@ class Transport(ABC):
 
     def wait_fds(self) -> list[tuple[int, int]] | None:
         """(fd, select.EPOLL* events) the engine may block on (``pollable`` transports)."""
+        return None
+
+    def doorbell(self) -> Doorbell | None:
+        """For a transport that is not ``pollable``: a doorbell that every channel with work
+        rings whenever it moves (so the engine may sleep on it instead of polling while this
+        transport alone has work), or None: the engine polls."""
         return None
 
     def register(self, mem: MemRef) -> dict[str, Any]:

@@ -10,7 +10,21 @@ is answered while the caller waits for something else). Waiting escalates:
 2. spin until ``WaitPolicy.spin_seconds`` of idleness;
 3. block: when every transport with work exposes file descriptors (sockets, an eventfd), in
    ``epoll`` with the GIL released, woken by the first readable or writable one; otherwise
-   ``sched_yield`` and then sleeps growing to 1 ms (ranks may outnumber cores).
+   ``sched_yield`` for up to 2 ms, and then, when the only transport with work offers a
+   doorbell (``Transport.doorbell``: shm's futex word, rung by every peer that publishes or
+   frees a slot for this rank), asleep on it (announce, one more pass, then sleep unless
+   that pass moved something), else timer sleeps growing to 1 ms. A yield that took longer
+   than ``SLOW_YIELD_SECONDS`` gave the core away for a time slice: the next few idle spells
+   with a doorbell go from the spin straight to it.
+
+Why a doorbell for shared memory: under CPU oversubscription (ranks sharing cores with other
+busy processes) a ``sched_yield`` gives the core away for the rest of another task's time
+slice and a timer sleep lasts its whole length, so a message streamed through small slots,
+one hand-off per slot, took a time slice per hand-off (docs/performance.md). A task woken from
+a futex runs at once where the scheduler allows, and a wait that nobody rings still ends at
+its deadline and at every liveness check below. Yields stay first while they are cheap: a
+reply that comes within the 2 ms (a small call's, the peer running on another core) is
+found sooner than a futex sleep and its wake-up would.
 
 Every 50 ms of idleness (longer when ranks crowd the cores: each idle rank wakes that often)
 the engine asks the transports whether a peer is gone and calls the communicator's ``check``
@@ -35,7 +49,7 @@ from typing import Any
 
 from ..envvars import env_float
 from ..errors import TransportError
-from .base import Request, Transport
+from .base import Doorbell, Request, Transport
 
 
 class WaitTimeout(TransportError):
@@ -54,6 +68,15 @@ class WaitTimeout(TransportError):
 YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
 LIVENESS_INTERVAL = 0.05
+#: a ``sched_yield`` that took longer handed the core to another task for a time slice:
+#: the next this many idle spells go from the spin straight to the doorbell (where there is
+#: one). A yield that returns sooner costs less than a futex sleep and its wake-up, and the
+#: spin stays: a small call's reply mostly comes within it, and a woken task may wait for
+#: its core longer than the spin lasts. Many spells: each yield that probes whether the
+#: core is still contended costs a time slice when it is (with 8, one per 9 slot hand-offs
+#: kept the tiny-slot stream past a minute)
+SLOW_YIELD_SECONDS = 200e-6
+SLOW_YIELD_SKIPS = 256
 
 
 class WaitPolicy:
@@ -109,6 +132,9 @@ class ProgressEngine:
         self._epoll: select.epoll | None = None
         self._registered: dict[int, int] = {}
         self._block_lock = threading.Lock()
+        #: idle spells left that go from the spin straight to the doorbell, because a
+        #: recent yield gave the core to another task for a time slice
+        self._slow_yields = 0
 
     def add(self, transport: Transport) -> None:
         self.transports.append(transport)
@@ -146,23 +172,12 @@ class ProgressEngine:
         transports = self.transports
         lock = self.lock
         spins = 0
+        escalated = False     # this idle spell went past the spin
         idle_since = 0.0
         next_liveness = 0.0
         sleep = 20e-6
         while True:
-            moved = False
-            if self.shared:
-                lock.acquire()
-            try:   # hot path: only the channels with work, unless a transport is setting up
-                for t in transports:
-                    if t.setup_pending:
-                        if t.progress():
-                            moved = True
-                    elif t.active.channels and t.active.progress():
-                        moved = True
-            finally:
-                if self.shared:
-                    lock.release()
+            moved = self._pass()
             for r in requests:
                 if not r.done:
                     break
@@ -175,6 +190,7 @@ class ProgressEngine:
             if moved:
                 spins = 0
                 idle_since = 0.0
+                escalated = False
                 sleep = 20e-6
                 continue
             spins += 1
@@ -190,6 +206,10 @@ class ProgressEngine:
             idle = now - idle_since
             if idle < WaitPolicy.spin_seconds:
                 continue
+            if not escalated:
+                escalated = True
+                if self._slow_yields:
+                    self._slow_yields -= 1        # see SLOW_YIELD_SECONDS
             if now >= deadline:
                 raise WaitTimeout([r for r in requests if not r.done])
             if now >= next_liveness:
@@ -207,19 +227,52 @@ class ProgressEngine:
                     check()
                 if moved:
                     continue
-            for t in transports:
-                if not t.pollable and t.active.channels:
-                    fds = None        # shared memory has work: poll it, do not block
-                    break
-            else:
+            fds = bell = None
+            busy = [t for t in transports if t.active.channels]
+            if all(t.pollable for t in busy):
                 fds = self._block_fds()
+            elif len(busy) == 1:      # shared memory alone has work: its doorbell, if any
+                bell = busy[0].doorbell()
             if fds is not None:
                 self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))
-            elif idle < YIELD_SECONDS:
+            elif idle < YIELD_SECONDS and not (bell is not None and self._slow_yields):
                 os.sched_yield()
+                if bell is not None and time.monotonic() - now > SLOW_YIELD_SECONDS:
+                    self._slow_yields = SLOW_YIELD_SKIPS    # the core went to another task
+            elif bell is not None:
+                self._ring_wait(bell, min(deadline, next_liveness) - now)
             else:
                 time.sleep(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+
+    def _pass(self) -> bool:
+        """One pass of a wait: only the channels with work, unless a transport is setting
+        up; True if anything moved."""
+        moved = False
+        shared = self.shared
+        if shared:
+            self.lock.acquire()
+        try:
+            for t in self.transports:
+                if t.setup_pending:
+                    if t.progress():
+                        moved = True
+                elif t.active.channels and t.active.progress():
+                    moved = True
+        finally:
+            if shared:
+                self.lock.release()
+        return moved
+
+    def _ring_wait(self, bell: Doorbell, timeout: float) -> None:
+        """Sleep on ``bell`` (``timeout`` seconds at most) unless a pass after announcing
+        the sleep moves something: whatever a peer publishes after that pass rings."""
+        sequence = bell.announce()
+        try:
+            if not self._pass():
+                bell.sleep(sequence, timeout)
+        finally:
+            bell.withdraw()
 
     def _refuse_conflicts(self, requests: Sequence[Request]) -> bool:
         """Idle: let the channels this wait depends on fail receives that a held message

@@ -29,12 +29,11 @@ def run(transport, fn, n, *args, **kw):
 
 
 _VERBS, _NO_VERBS = probe()
-#: verbs needs an RDMA device: run these with ``bash tests/verbs/run_in_vm.sh
-#: tests/core/test_windows.py -k verbs`` (the Soft-RoCE VM); elsewhere they skip
+#: verbs needs an RDMA device (elsewhere its cases skip): the Soft-RoCE VM runs them
+NO_VERBS = (f"verbs is not usable here: {_NO_VERBS}; run bash tests/verbs/run_in_vm.sh --cmd "
+            "'python3 -m pytest -q tests/core/test_windows.py -k verbs' (Soft-RoCE VM)")
 WINDOWED = ["shm", "inproc", "tcp",
-            pytest.param("verbs", marks=pytest.mark.skipif(
-                _VERBS is None, reason=f"verbs is not usable here: {_NO_VERBS}; run "
-                "tests/verbs/run_in_vm.sh tests/core/test_windows.py -k verbs (Soft-RoCE VM)"))]
+            pytest.param("verbs", marks=pytest.mark.skipif(_VERBS is None, reason=NO_VERBS))]
 
 
 # -- put, get, signal -------------------------------------------------------------------------
@@ -542,8 +541,7 @@ def test_large_operations_over_verbs():
     """Over verbs: a 4 MiB put and get (RDMA WRITE and READ in several pieces of at most
     CHUNK_BYTES) and accumulates larger than one window request."""
     if _VERBS is None:
-        pytest.skip(f"verbs is not usable here: {_NO_VERBS}; run tests/verbs/run_in_vm.sh "
-                    "tests/core/test_windows.py -k verbs (Soft-RoCE VM)")
+        pytest.skip(NO_VERBS)
     assert run("verbs", _large, 2, timeout=500) == [(True, True)] * 2
     assert run("verbs", _large_accumulate, 2, timeout=500) == [True, True]
 

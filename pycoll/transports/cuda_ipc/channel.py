@@ -11,7 +11,7 @@ from ...buffers.memory import view_address
 from ...errors import TransportError
 from ..base import Request
 from ..shm.channel import ShmChannel, ShmOwner
-from ..shm.segment import DONE_BASE, FIRST_EXTENSION_KIND, RNDV_WINDOW, SLOT_HEADER, Segment
+from ..shm.segment import FIRST_EXTENSION_KIND, SLOT_HEADER, Segment
 from .ipc import DEVICE_BODY, DeviceIpc
 
 #: the slot kinds of device messages (after shm's own): a large buffer's announcement
@@ -164,7 +164,7 @@ class CudaIpcChannel(ShmChannel):
             done, seq, req = reads.popleft()
             if wait and done is not None:
                 self._device.wait(done)
-            self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+            self._read_done(seq)
             req.complete()
             moved = True
         return moved

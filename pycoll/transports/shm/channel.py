@@ -20,6 +20,10 @@ The channel moves host memory. ``cuda_ipc.CudaIpcChannel`` extends it with devic
 through its hooks (``_send_unaddressable``, ``_memory_fits``, ``_start_message``,
 ``_deliver_held``, ``message_kinds``).
 
+Waking: whatever a peer may wait for (a published slot, a freed slot, a completion word, a
+close) is followed by a ring of the peer's doorbell (``doorbell.py``), which costs one read
+of shared memory unless the peer sleeps on it; ``RINGS`` in an inbox says its sender rings.
+
 Memory ordering: every control word has one writer and is written after the data it
 publishes; that is enough on x86-64 (total store order). Weakly ordered CPUs need fences
 this transport does not issue, so its probe refuses them (tcp is used instead).
@@ -37,6 +41,7 @@ from ..base import ActiveSet, Channel, Request, peer_left_over, peer_lost
 from ..matching import TagMatcher
 from ..windows import RemoteWindow
 from .cma import cma_read, process_exited
+from .doorbell import Doorbell
 from .segment import (
     ATTACHED,
     CMA_STATE,
@@ -48,6 +53,7 @@ from .segment import (
     NOTIFY,
     PAGE,
     RECEIVER_CLOSED,
+    RINGS,
     RNDV,
     RNDV_BODY,
     RNDV_WINDOW,
@@ -94,6 +100,9 @@ class ShmChannel(Channel):
         self._out_path = f"{address['prefix']}-from{transport.rank}"
         self._out_geometry = (int(address["slots"]), int(address["slot_bytes"]))
         self._peer_pid = int(address["pid"])
+        self._peer_bell_fd = int(address.get("bell", -1))
+        #: the peer's doorbell, rung after anything it may wait for (None: it polls)
+        self._bell: Doorbell | None = None
         self._use_cma = False
         self._pidfd: int | None = None
         self._pid_poll: select.poll | None = None
@@ -135,6 +144,10 @@ class ShmChannel(Channel):
         self._use_cma = out.ctrl[CMA_STATE] == 1
         self._payload = out.slot_bytes - SLOT_HEADER.size
         self._out = out
+        self._bell = Doorbell.attach(self._peer_pid, self._peer_bell_fd)
+        if self._bell is not None:
+            out.ctrl[RINGS] = 1
+            self._bell.ring()       # the peer may wait for this channel to become ready
         try:   # both sides have it mapped now: drop the name (a crash leaves nothing behind)
             os.unlink(self._out_path)
         except OSError:
@@ -229,6 +242,8 @@ class ShmChannel(Channel):
                     self._sends.popleft()
                     req.complete()
             moved = True
+        if moved and self._bell is not None:
+            self._bell.ring()
         return moved
 
     def _send_unaddressable(self, req: Request, out: Segment, off: int) -> bool:
@@ -340,8 +355,14 @@ class ShmChannel(Channel):
             self.break_with(err)
             req.fail(err)       # already matched, so no longer among the posted receives
             return
-        self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+        self._read_done(seq)
         req.complete()
+
+    def _read_done(self, seq: int) -> None:
+        """Tell the sender that rendezvous ``seq`` was read: its send completes."""
+        self._in.ctrl[DONE_BASE + seq % RNDV_WINDOW] = seq + 1
+        if self._bell is not None:
+            self._bell.ring()
 
     def _refuse(self, req: Request, err: TransportError) -> None:
         """The matched receive ``req`` cannot take its message: the pair is out of step."""
@@ -411,6 +432,8 @@ class ShmChannel(Channel):
             self._tail += 1
             seg.ctrl[TAIL] = self._tail
             moved = True
+        if moved and self._bell is not None:
+            self._bell.ring()       # slots are free again
         return moved
 
     def _start_message(self, req: Request | None, tag: int, total: int, kind: int, aux: int,
@@ -450,6 +473,10 @@ class ShmChannel(Channel):
     def busy(self) -> bool:
         return bool(self._sends or self._rndv_pending or self.matcher.posted or self._assembling)
 
+    def rings_me(self) -> bool:
+        """Whether the peer rings this rank's doorbell after whatever it does for us."""
+        return bool(self._in.ctrl[RINGS])
+
     def mapped_by_peer(self) -> bool:
         return bool(self._in.ctrl[ATTACHED])
 
@@ -459,8 +486,12 @@ class ShmChannel(Channel):
         return sum(seg.size for seg in (self._in, self._out) if seg is not None)
 
     def unmap(self) -> None:
-        """Release the mappings of both segments; the transport's ``close`` calls it last,
-        once every channel is closed and every path unlinked."""
+        """Release the mappings of both segments (and of the peer's doorbell); the
+        transport's ``close`` calls it last, once every channel is closed and every path
+        unlinked."""
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
         for seg in (self._in, self._out):
             if seg is None:
                 continue
@@ -525,6 +556,8 @@ class ShmChannel(Channel):
                 self._out.ctrl[SENDER_CLOSED] = flag
         except ValueError:
             pass  # already released
+        if self._bell is not None:
+            self._bell.ring()          # a peer waiting on us learns it at once
         self.break_with(TransportError(f"channel to peer rank {self.peer} was closed",
                                        peer=self.peer))
         if self._pidfd is not None:

@@ -27,6 +27,7 @@ ATTACHED = 16       # S: sender has mapped the segment
 SENDER_CLOSED = 24  # S
 RECEIVER_CLOSED = 32  # R
 CMA_STATE = 40      # R: 1 = receiver can read sender's memory, 2 = it cannot
+RINGS = 48          # S: 1 = the sender rings the receiver's doorbell (``doorbell.py``)
 DONE_BASE = 64      # R: rendezvous completion words, RNDV_WINDOW of them
 RNDV_WINDOW = 64
 

@@ -11,6 +11,10 @@ even if a process is killed afterwards. One killed before its peer mapped its in
 that inbox: ``open`` and ``close`` sweep the segments whose creator is dead (and the launcher
 does once it has reaped its ranks). Peer death is noticed through a pidfd.
 
+Each rank has a doorbell (``doorbell.py``) that its peers' channels ring when they publish
+or free slots for it; the progress engine sleeps on it (``Transport.doorbell``) instead of
+polling, once every channel with work is known to ring it.
+
 The probe refuses weakly ordered CPUs: the channel relies on x86 store order (``channel.py``).
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..base import ActiveSet, Capabilities, Channel, OpenContext, PeerInfo, Tran
 from ..windows import ExposedWindow
 from .channel import ShmChannel
 from .cma import cma_read
+from .doorbell import Doorbell
 from .segment import PROBE_MAGIC, SHM_DIR, Segment, ShmSettings, segment_prefix, sweep
 from .window import ShmExposedWindow
 
@@ -60,6 +65,7 @@ class ShmTransport(Transport):
         self._check_unlink = False
         self._next_finish = 0.0
         self._windows = 0
+        self.bell = Doorbell.create()
 
     def configure(self, crowded: bool) -> None:
         """Adopt the job's rank layout (known after the bootstrap): with more ranks than
@@ -98,7 +104,8 @@ class ShmTransport(Transport):
     def address(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
                 "prefix": self._prefix, "slots": self.settings.num_slots,
-                "slot_bytes": self.settings.slot_bytes}
+                "slot_bytes": self.settings.slot_bytes,
+                "bell": -1 if self.bell is None or self.bell.fd is None else self.bell.fd}
 
     def _cma_works(self, pid: int, probe: int) -> bool:
         if not self.settings.cma:
@@ -172,6 +179,17 @@ class ShmTransport(Transport):
             self._finish_connections()
         return self.active.progress() if self.active.channels else False
 
+    def doorbell(self) -> Doorbell | None:
+        """This rank's bell once every channel with work rings it (its peer mapped the bell
+        and said so); None while a channel connects or a peer could not map it: poll."""
+        bell = self.bell
+        if bell is None or self.setup_pending:
+            return None
+        for ch in self.active.channels.values():
+            if not ch.rings_me():   # type: ignore[attr-defined]
+                return None
+        return bell
+
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
@@ -181,6 +199,9 @@ class ShmTransport(Transport):
         for ch in self._channels.values():
             ch.unmap()
         self._channels.clear()
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
         # A peer killed after it made its inbox for us, before we mapped it (and so before
         # anyone unlinked it), left that inbox behind; without a launcher to sweep (a fork
         # harness, an MPI job), the survivors are the last to know.

@@ -142,17 +142,21 @@ class VerbsTransport(ConnectorTransport, Transport):
 
         _owner, _base, _n, at = exporter_range(mem.view)
         counter = np.zeros(1, dtype=np.uint64)         # 8-byte aligned, as atomics need
+        mrs: list[Any] = []
         try:
-            mr = MR(self.device.pd, max(mem.nbytes, 1), access_flags(True), address=at or None)
-            counter_mr = MR(self.device.pd, counter.nbytes, qp_access_flags(),
-                            address=counter.ctypes.data)
+            mrs.append(MR(self.device.pd, max(mem.nbytes, 1), access_flags(True),
+                          address=at or None))
+            mrs.append(MR(self.device.pd, counter.nbytes, qp_access_flags(),
+                          address=counter.ctypes.data))
         except Exception as e:   # noqa: BLE001 - pinning limits, bad address...
+            for mr in mrs:
+                mr.close()
             raise TransportError(f"verbs: cannot register the window's {mem.nbytes} bytes ({e}); "
                                  "raise the locked-memory limit (ulimit -l)") from None
         self._windows_made += 1
         wid = self._windows_made
         win = self.windows[wid] = VerbsExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
-                                                     self.windows, mr, at, counter, counter_mr)
+                                                     self.windows, mrs[0], at, counter, mrs[1])
         for ch in self._channels.values():      # requests arrive unasked: poll every pair
             if ch.broken is None:
                 self.active.channels[ch.peer] = ch

@@ -1,0 +1,146 @@
+"""A rank's doorbell: a futex word its same-host peers ring when they give it something to do.
+
+Why: shared memory cannot be waited on with ``epoll``, so a waiter without a doorbell can
+only poll: spin, ``sched_yield`` and timer sleeps. When ranks share cores with other busy
+processes, a ``sched_yield`` hands the core to them for the rest of their time slice and a
+timer sleep lasts its whole length, so every slot hand-off of a message streamed through
+small slots cost up to a time slice. Blocked on a futex instead, the waiter is woken the
+moment a peer publishes, and the scheduler runs a task that just woke ahead of busy loops.
+
+Protocol (one page: a wake sequence word and a waiter count, both 32-bit):
+
+* the waiter (only the owner of the bell) announces itself (``announce``: the count goes up
+  and it reads the sequence), *then* re-checks its condition (a progress pass), and only if
+  nothing moved sleeps with ``sleep(sequence, timeout)``, which returns at once if the
+  sequence changed since ``announce``; ``withdraw`` ends the announcement;
+* a ringer (a peer's channel) that published something (a slot, a freed slot, a completion
+  word, its close) calls ``ring``: only when the count says someone waits does it bump the
+  sequence and ``FUTEX_WAKE``, so the path without a waiter costs one read of shared memory.
+
+A ring that lands between the announcement and the sleep changes the sequence, so the
+``FUTEX_WAIT`` (which compares it in the kernel) does not sleep; a ring before the
+announcement comes after the publication the re-check then sees. Every sleep has a timeout
+(the caller's liveness and deadline checks): a wake-up lost anyway (the ringer's store of
+its publication still in its CPU's store buffer while it read a stale count: Python issues
+no fence there) costs one sleep, never a hang.
+
+The page is a ``memfd`` of the owner; peers map it through ``/proc/<pid>/fd/<fd>`` (the
+same-user access cross-memory attach needs, so nothing is ever left in /dev/shm). Not the
+``FUTEX_PRIVATE`` operations: the word is shared between processes. Where futexes, memfd or
+that access are missing, ``create``/``attach`` return None and waiting polls as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import sys
+import threading
+
+from ...buffers.memory import view_address
+
+#: futex(2) system call numbers (the shm transport runs on x86 only, see its probe)
+SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98}.get(platform.machine().lower(), -1)
+FUTEX_WAIT = 0
+FUTEX_WAKE = 1
+SEQUENCE, WAITERS = 0, 1        # uint32 indices into the page
+PAGE = 4096
+
+SUPPORTED = sys.platform == "linux" and SYS_FUTEX > 0 and hasattr(os, "memfd_create")
+_libc = ctypes.CDLL(None, use_errno=True) if SUPPORTED else None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_SYS_FUTEX = ctypes.c_long(SYS_FUTEX)
+_WAIT, _WAKE, _ALL = ctypes.c_int(FUTEX_WAIT), ctypes.c_int(FUTEX_WAKE), ctypes.c_uint32(0x7FFFFFFF)
+
+
+class Doorbell:
+    """One mapping of a rank's doorbell page: the owner's (``create``: it waits) or a
+    peer's (``attach``: it rings)."""
+
+    def __init__(self, mm: mmap.mmap, fd: int | None) -> None:
+        self._mm = mm
+        self.fd = fd                       # the owner's memfd (peers reach it through /proc)
+        self.words = memoryview(mm).cast("I")
+        #: the futex word's address, as the system call takes it
+        self._futex = ctypes.c_void_p(view_address(self.words) + 4 * SEQUENCE)
+        self._lock = threading.Lock()      # the owner's threads announce one at a time
+
+    @classmethod
+    def create(cls) -> Doorbell | None:
+        """The owner's bell, or None where futexes or memfd are missing."""
+        if not SUPPORTED:
+            return None
+        try:
+            fd = os.memfd_create("pycoll-doorbell", os.MFD_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            os.ftruncate(fd, PAGE)
+            return cls(mmap.mmap(fd, PAGE), fd)
+        except OSError:
+            os.close(fd)
+            return None
+
+    @classmethod
+    def attach(cls, pid: int, fd: int) -> Doorbell | None:
+        """A peer's bell, to ring; None where it cannot be mapped (another user, ptrace
+        forbidden, not Linux): that peer then polls for this rank's work."""
+        if not SUPPORTED or fd < 0:
+            return None
+        try:
+            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if os.fstat(own).st_size != PAGE:
+                return None
+            return cls(mmap.mmap(own, PAGE), None)
+        except OSError:
+            return None
+        finally:
+            os.close(own)
+
+    # -- the owner ---------------------------------------------------------------------------
+    def announce(self) -> int:
+        """Say a waiter is about to sleep; returns the sequence to pass to ``sleep``. The
+        caller re-checks its condition after this and before sleeping."""
+        with self._lock:
+            self.words[WAITERS] += 1
+        return self.words[SEQUENCE]
+
+    def sleep(self, sequence: int, timeout: float) -> None:
+        """Sleep until a ring after ``announce`` (at once if one came already), ``timeout``
+        seconds at most (the GIL is released meanwhile)."""
+        timeout = max(0.0, timeout)
+        ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
+        assert _libc is not None
+        _libc.syscall(_SYS_FUTEX, self._futex, _WAIT, ctypes.c_uint32(sequence),
+                      ctypes.byref(ts), None, 0)
+
+    def withdraw(self) -> None:
+        with self._lock:
+            self.words[WAITERS] -= 1
+
+    # -- a peer ------------------------------------------------------------------------------
+    def ring(self) -> None:
+        """Wake the owner if it waits (called after publishing what it waits for)."""
+        words = self.words
+        if words[WAITERS]:
+            words[SEQUENCE] = (words[SEQUENCE] + 1) & 0xFFFFFFFF
+            _libc.syscall(_SYS_FUTEX, self._futex, _WAKE, _ALL, None, None, 0)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.words.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass   # a view is still exported; the mapping goes with the process
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
