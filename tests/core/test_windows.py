@@ -595,3 +595,94 @@ def test_transport_without_windows_refuses_on_every_rank(monkeypatch):
         monkeypatch.setenv(key, value)
     for message in run("cuda_ipc", _refused, 2):
         assert message is not None and "(cuda_ipc) has no window support yet" in message
+
+
+# -- a target that released its window alone (issue 43, review finding 1) ---------------------
+def _released_target(comm):
+    """Rank 1 leaves the window on an exception (no barrier, as at finalize or shrink): its
+    buffer is its own again; rank 0's operations on it must fail, naming rank 1, and write
+    nothing."""
+    buf = np.zeros(N)
+    win = comm.window(buf)
+    comm.barrier()
+    if comm.rank == 1:
+        try:
+            with win:
+                raise RuntimeError("user code failed")
+        except RuntimeError:
+            pass
+        comm.barrier()
+        comm.barrier()                                   # rank 0 has tried
+        return bool((buf == 0).all())
+    comm.barrier()                                       # rank 1 has released its window
+    errors = []
+    for attempt in (lambda: win.put(np.ones(N), 1),
+                    lambda: win.accumulate(np.ones(N), 1),
+                    lambda: win.get(np.zeros(N), 1),
+                    lambda: win.signal(1)):
+        try:
+            attempt()
+            errors.append(None)
+        except pycoll.PycollError as e:
+            errors.append((type(e).__name__, e.peer, str(e)))
+    comm.barrier()
+    win.invalidate("the test ends")
+    return errors
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "inproc"])
+def test_origin_refused_by_a_target_that_released_its_window(transport):
+    errors, untouched = run(transport, _released_target, 2)
+    assert untouched is True
+    for error in errors:
+        assert error is not None, errors
+        kind, peer, message = error
+        assert peer == 1 and "target rank 1" in message and "rank 0" in message, error
+
+
+def _invalidate_then_close(comm):
+    win = comm.window(np.zeros(N))
+    win.invalidate("the communicator ends")     # as finalize does; then the user closes it
+    win.close()
+    return win.closed
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_closing_an_invalidated_window_is_harmless(transport):
+    assert run(transport, _invalidate_then_close, 2) == [True, True]
+
+
+# -- accumulates from several threads of one process (review finding 2) -----------------------
+THREADS, THREAD_ROUNDS = 4, 150
+
+
+def _threaded_accumulates(comm):
+    import threading
+    buf = np.zeros(N, dtype=np.int64)
+    win = comm.window(buf)
+    errors = []
+
+    def adder():
+        try:
+            for _ in range(THREAD_ROUNDS):                # rank 0's threads: its own window
+                win.accumulate(np.ones(N, dtype=np.int64), 0)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+    threads = [threading.Thread(target=adder) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    win.fence()
+    out = buf.copy()
+    win.close()
+    return errors, out.tolist()
+
+
+@pytest.mark.parametrize("transport", ["shm", "shm,tcp"])
+def test_accumulates_from_threads_of_one_process_are_atomic(transport):
+    results = run_ranks(_threaded_accumulates, 2, env={"PYCOLL_TRANSPORTS": transport},
+                        timeout=300)
+    errors, out = results[0]
+    assert errors == []
+    assert out == [2 * THREADS * THREAD_ROUNDS] * N

@@ -8,6 +8,14 @@ authenticated store, mode 0600, swept by ``segment.sweep`` when its creator dies
 unlinked once every peer has opened it:
 
 * the signal counter (word 0), which origins add to under a lock and the target reads;
+* the closed word (word 1): the target sets it when it releases the window, collectively
+  or not (an exception leaving the ``with`` block, finalize, shrink). Origins check it under
+  a lock before every copy, so an origin never writes into memory that is the user's again
+  (or freed): a put or get holds a shared lock over its bytes while it checks and copies,
+  an accumulate its exclusive one, and the target, after setting the word, takes an
+  exclusive lock over everything before its release returns: a copy that saw the window
+  open has finished by then, and every later one sees it closed. The price per put or get
+  is two ``fcntl`` calls and one load;
 * the accumulate locks: open-file-description byte-range locks (``F_OFD_SETLK``) on the
   control file, over the very bytes of the window an accumulate changes. Overlapping
   accumulates serialise, disjoint ones run in parallel, and the kernel drops the locks of a
@@ -21,11 +29,14 @@ import fcntl
 import mmap
 import os
 import struct
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ... import debug
 from ...buffers.memory import view_address
-from ...errors import TransportError
+from ...errors import CollectiveTimeout, TransportError
 from ..base import peer_lost
 from ..windows import ExposedWindow, RemoteWindow, wait_until
 from .cma import cma_read, process_exited
@@ -35,10 +46,16 @@ from .segment import PAGE
 _FLOCK = struct.Struct("hhxxxxqqi4x")
 #: the byte range locked while the signal counter changes: far beyond any window's bytes
 _SIGNAL_LOCK = 1 << 62
+#: the control page's words: the signal counter, the closed word
+_SIGNALS, _CLOSED = 0, 1
+#: how long a target's release waits for origins' copies in flight (each holds its lock for
+#: one copy; only a stopped origin process holds it longer)
+RELEASE_WAIT_SECONDS = 30.0
 
 
-def _lock(fd: int, start: int, length: int, deadline: float, peer: int) -> None:
-    request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+def _lock(fd: int, start: int, length: int, deadline: float, peer: int,
+          kind: int = fcntl.F_WRLCK) -> None:
+    request = _FLOCK.pack(kind, os.SEEK_SET, start, length, 0)
 
     def taken() -> bool:
         try:
@@ -73,9 +90,13 @@ class _Control:
         self.words = memoryview(self.mm).cast("Q")
 
     def close(self) -> None:
+        """Idempotent: a window invalidated and then closed releases its handles twice."""
+        if self.fd < 0:
+            return
         self.words.release()
         self.mm.close()
         os.close(self.fd)
+        self.fd = -1
 
 
 class ShmExposedWindow(ExposedWindow):
@@ -87,7 +108,7 @@ class ShmExposedWindow(ExposedWindow):
         self.record = {"pid": os.getpid(), "addr": ptr, "nbytes": nbytes, "path": path}
 
     def signals(self) -> int:
-        return int(self._control.words[0])    # an aligned 8-byte load: atomic on x86-64
+        return int(self._control.words[_SIGNALS])   # an aligned 8-byte load: atomic on x86-64
 
     def local(self) -> RemoteWindow:
         return ShmRemoteWindow(self.rank, self.record, cma=False)
@@ -99,7 +120,22 @@ class ShmExposedWindow(ExposedWindow):
             pass
 
     def close(self) -> None:
+        """Set the closed word, then wait for the copies that saw it open (their shared or
+        exclusive locks) by taking an exclusive lock over every byte: once this returns, no
+        origin reaches the buffer any more."""
         self.seal()
+        if self._control.fd < 0:
+            return
+        fd = self._control.fd
+        self._control.words[_CLOSED] = 1
+        try:
+            _lock(fd, 0, 0, time.monotonic() + RELEASE_WAIT_SECONDS, self.rank)
+            _unlock(fd, 0, 0)
+        except CollectiveTimeout:
+            debug.logger.warning(
+                "shm window of rank %d: an origin held its lock past %.0f s while the window "
+                "was released (a stopped process?): its copy may still land in the buffer",
+                self.rank, RELEASE_WAIT_SECONDS)
         self._control.close()
 
 
@@ -112,6 +148,9 @@ class ShmRemoteWindow(RemoteWindow):
         self.addr = int(record["addr"])
         self.nbytes = int(record["nbytes"])
         self.cma = cma
+        #: OFD locks belong to the open file description, which this handle's threads share:
+        #: they take their locks (and change the counter) one at a time
+        self._mutex = threading.Lock()
         try:
             self._control = _Control(str(record["path"]), create=False)
         except FileNotFoundError:
@@ -119,11 +158,20 @@ class ShmRemoteWindow(RemoteWindow):
                                  "peer closed the window or died while it was made",
                                  peer=peer) from None
 
-    def _copy(self, offset: int, view: memoryview, write: bool) -> None:
-        if offset < 0 or offset + view.nbytes > self.nbytes:   # a lying record: never copy
-            raise TransportError(f"shm: {view.nbytes} bytes at offset {offset} outside peer "
+    def _check(self, offset: int, nbytes: int) -> None:
+        if offset < 0 or offset + nbytes > self.nbytes:   # a lying record: never copy
+            raise TransportError(f"shm: {nbytes} bytes at offset {offset} outside peer "
                                  f"rank {self.peer}'s window of {self.nbytes} bytes",
                                  peer=self.peer)
+
+    def _open(self) -> None:
+        """Under a lock: refuse if the target released its window (nothing moves)."""
+        if self._control.words[_CLOSED]:
+            raise TransportError(f"shm: peer rank {self.peer} released its window (closed, "
+                                 "left by an exception, finalized or shrunk): nothing was "
+                                 "moved; close the window on every rank", peer=self.peer)
+
+    def _copy(self, offset: int, view: memoryview, write: bool) -> None:
         if not view.nbytes:
             return
         if self.cma:
@@ -135,33 +183,64 @@ class ShmRemoteWindow(RemoteWindow):
         else:
             ctypes.memmove(here, there, view.nbytes)
 
+    def _held(self, start: int, length: int, deadline: float, kind: int) -> None:
+        """Take this handle's mutex and the byte-range lock (``_release`` gives both back)."""
+        if not self._mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CollectiveTimeout(f"deadline passed waiting for peer rank {self.peer}'s "
+                                    "window lock (another thread of this rank holds it)")
+        try:
+            _lock(self._control.fd, start, length, deadline, self.peer, kind)
+        except BaseException:
+            self._mutex.release()
+            raise
+
+    def _release(self, start: int, length: int) -> None:
+        try:
+            _unlock(self._control.fd, start, length)
+        finally:
+            self._mutex.release()
+
+    def _locked_copy(self, offset: int, view: memoryview, deadline: float,
+                     write: bool) -> None:
+        self._check(offset, view.nbytes)
+        length = max(view.nbytes, 1)
+        self._held(offset, length, deadline, fcntl.F_RDLCK)
+        try:
+            self._open()
+            self._copy(offset, view, write)
+        finally:
+            self._release(offset, length)
+
     def write(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
-        self._copy(offset, view, write=True)
+        self._locked_copy(offset, view, deadline, write=True)
 
     def read(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
-        self._copy(offset, view, write=False)
+        self._locked_copy(offset, view, deadline, write=False)
 
     def update(self, offset: int, nbytes: int, fn: Callable[[memoryview], None],
                deadline: float) -> None:
+        self._check(offset, nbytes)
         scratch = memoryview(bytearray(nbytes))
-        fd = self._control.fd
-        _lock(fd, offset, max(nbytes, 1), deadline, self.peer)
+        length = max(nbytes, 1)
+        self._held(offset, length, deadline, fcntl.F_WRLCK)
         try:
+            self._open()
             self._copy(offset, scratch, write=False)
             fn(scratch)
             self._copy(offset, scratch, write=True)
         finally:
-            _unlock(fd, offset, max(nbytes, 1))
+            self._release(offset, length)
 
     def add_signal(self, value: int, deadline: float) -> None:
         if self.cma and process_exited(self.pid):   # the counter would take it silently
             raise peer_lost(self.peer, f"process {self.pid} exited; its window is gone")
-        fd = self._control.fd
-        _lock(fd, _SIGNAL_LOCK, 1, deadline, self.peer)
+        self._held(_SIGNAL_LOCK, 1, deadline, fcntl.F_WRLCK)
         try:
-            self._control.words[0] = (int(self._control.words[0]) + value) % (1 << 64)
+            self._open()
+            words = self._control.words
+            words[_SIGNALS] = (int(words[_SIGNALS]) + value) % (1 << 64)
         finally:
-            _unlock(fd, _SIGNAL_LOCK, 1)
+            self._release(_SIGNAL_LOCK, 1)
 
     def close(self) -> None:
         self._control.close()

@@ -44,6 +44,8 @@ class TcpOwner(Protocol):
     #: this rank's open windows by id: while there are any, every channel reads whatever
     #: arrives (origins' requests come unasked) and serves them (``window.py``)
     windows: dict[int, Any]
+    #: the largest window exposed so far: the longest well-formed request frame's data
+    window_bytes: int
 
 
 class Lane:
@@ -203,8 +205,7 @@ class TcpChannel(Channel):
             self.break_with(peer_left_over(self.peer, -nbytes - 2))
             return False
         if nbytes < 0 or tag == WINDOW_TAG and not (
-                WINDOW_HEAD.size <= nbytes <= WINDOW_HEAD.size + max(
-                    (w.nbytes for w in self.transport.windows.values()), default=0)):
+                WINDOW_HEAD.size <= nbytes <= WINDOW_HEAD.size + self.transport.window_bytes):
             self.break_with(TransportError(f"peer rank {self.peer} sent a malformed "
                                            f"frame (tag {tag}, length {nbytes})",
                                            peer=self.peer))

@@ -48,6 +48,10 @@ class TcpTransport(ConnectorTransport, Transport):
         self.active = ActiveSet()
         #: open windows by id (``window.py``); while any is, every channel reads and serves
         self.windows: dict[int, TcpExposedWindow] = {}
+        #: the largest window exposed so far: a request up to it is well-formed even after
+        #: the window closed (an origin whose target released its window alone gets a
+        #: refusal, not a broken pair)
+        self.window_bytes = 0
         self._windows_made = 0
 
     # -- registry ------------------------------------------------------------------------
@@ -86,6 +90,7 @@ class TcpTransport(ConnectorTransport, Transport):
         win = self.windows[wid] = TcpExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
                                                    self.windows)
         win.record["dtype"] = dtype
+        self.window_bytes = max(self.window_bytes, win.nbytes)
         for ch in self._channels.values():      # requests arrive unasked: read every pair
             if ch.broken is None:
                 self.active.channels[ch.peer] = ch
