@@ -686,3 +686,42 @@ def test_accumulates_from_threads_of_one_process_are_atomic(transport):
     errors, out = results[0]
     assert errors == []
     assert out == [2 * THREADS * THREAD_ROUNDS] * N
+
+
+# -- a tcp target whose window lock is held keeps progressing (review finding 5) --------------
+def _held_lock(comm):
+    """Rank 1 holds its window's lock (as its own long accumulate would) while it progresses:
+    rank 0's tcp accumulate is answered busy, not left waiting inside rank 1's progress; it
+    goes through once the lock is free."""
+    buf = np.zeros(N, dtype=np.int64)
+    win = comm.window(buf)
+    exposed = win._exposed["tcp"]
+    if comm.rank == 1:
+        exposed.lock.acquire()     # before rank 0 can send: its request finds the lock held
+    comm.barrier()
+    if comm.rank == 0:
+        try:
+            win.accumulate(np.ones(N, dtype=np.int64), 1, timeout=120)
+            outcome = None
+        except pycoll.PycollError as e:
+            outcome = str(e)
+        win.fence(timeout=120)
+        win.close()
+        return outcome
+    deadline = time.monotonic() + 45
+    while getattr(exposed, "busy", 0) == 0 and time.monotonic() < deadline:
+        comm.serve_windows()                    # progress: rank 0's request is answered
+        time.sleep(0.001)
+    busy = getattr(exposed, "busy", 0)
+    exposed.lock.release()
+    win.fence(timeout=120)
+    out = buf.tolist()
+    win.close()
+    return busy, out
+
+
+def test_tcp_target_answers_busy_instead_of_waiting_for_its_window_lock():
+    outcome, (busy, out) = run("tcp", _held_lock, 2, timeout=180)
+    assert outcome is None, outcome
+    assert busy > 0
+    assert out == [1] * N

@@ -16,8 +16,12 @@ against the target's window before sending (``comm/windows.py``); the target che
 field again (a peer could be buggy) and refuses what does not fit with an error status,
 writing nothing. Accumulates are applied one at a time, under the window's lock (the same
 lock as this rank's own accumulates, or shm's byte-range locks when the window also spans
-shm peers: ``apply_through``). A request frame longer than any open window's bytes breaks
-the channel (``channel.py``) instead of being read into memory.
+shm peers: ``apply_through``). The target never waits for that lock inside its progress
+(its own calls, deadlines and liveness checks would stall behind it): it tries once and, if
+another thread or an shm origin holds it, answers *busy* with nothing applied, and the
+origin sends the request again, with growing pauses, until its own deadline. A request frame
+longer than any open window's bytes breaks the channel (``channel.py``)
+instead of being read into memory.
 """
 from __future__ import annotations
 
@@ -47,10 +51,9 @@ REFUSALS = {1: "the window is not open there (closed, or never made)",
             2: "the bytes fall outside its window",
             3: "the dtype differs from its window's",
             4: "the request is malformed (kind, op or length)",
-            5: "its window lock stayed held past the deadline"}
-#: how long the target waits for its own window lock while serving (its own accumulate holds
-#: it for one copy; shm origins for theirs)
-SERVE_LOCK_SECONDS = 30.0
+            5: "its window lock stayed held until the origin's deadline"}
+#: the refusal that only means "the window lock is held right now": the origin retries
+BUSY = 5
 _replies = itertools.count()
 
 
@@ -72,6 +75,8 @@ class TcpExposedWindow(MemoryWindow):
         self.record = {"id": wid}
         #: what served operations go through (``apply_through``)
         self.apply: RemoteWindow = self.local()
+        #: requests answered busy so far (diagnostics: lock contention seen by tcp origins)
+        self.busy = 0
 
     def apply_through(self, local: RemoteWindow) -> None:
         self.apply = local
@@ -101,16 +106,19 @@ class TcpExposedWindow(MemoryWindow):
             try:
                 status = self._apply(kind, op, offset, nbytes, value, data, channel, data_tag)
             except PycollError as e:
-                debug.logger.warning("tcp window: a request from peer rank %d failed: %s",
-                                     channel.peer, e)
-                status = 5 if isinstance(e, CollectiveTimeout) else 4
+                status = BUSY if isinstance(e, CollectiveTimeout) else 4
+                if status == BUSY:
+                    self.busy += 1
+                else:
+                    debug.logger.warning("tcp window: a request from peer rank %d failed: "
+                                         "%s", channel.peer, e)
         channel.isend(MemRef.of(STATUS.pack(status, 0)), status_tag)
 
     def _apply(self, kind: int, op: int, offset: int, nbytes: int, value: int,
                data: memoryview, channel: Any, data_tag: int) -> int:
-        deadline = time.monotonic() + SERVE_LOCK_SECONDS
+        deadline = time.monotonic()    # one try at the lock: a held one answers BUSY
         if kind == PUT:
-            self.apply.write(offset, data)
+            self.apply.write(offset, data, deadline)
         elif kind == GET:
             # straight from the window (the slice keeps the user's buffer alive until sent)
             channel.isend(MemRef(self.view[offset:offset + nbytes]), data_tag)
@@ -165,7 +173,31 @@ class TcpRemoteWindow(RemoteWindow):
     def request(self, kind: int, offset: int, nbytes: int, deadline: float,
                 payload: memoryview | None = None, into: memoryview | None = None,
                 op: int = 0, value: int = 0, code: int | None = None) -> None:
-        """Send one request and wait for its reply (a get's bytes land in ``into``)."""
+        """Send one request and wait for its reply (a get's bytes land in ``into``); while
+        the target answers busy (nothing applied), send it again until ``deadline``."""
+        pause = 10e-6
+        while True:
+            code_back = self._once(kind, offset, nbytes, deadline, payload, into, op, value,
+                                   code)
+            if code_back != BUSY:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                raise CollectiveTimeout(f"tcp: peer rank {self.peer}'s window lock stayed "
+                                        f"held until the deadline of the "
+                                        f"{KINDS.get(kind, kind)}; nothing was written")
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 1e-3)
+        if code_back:
+            raise TransportError(f"tcp: peer rank {self.peer} refused the window's "
+                                 f"{KINDS.get(kind, kind)}: "
+                                 f"{REFUSALS.get(code_back, f'code {code_back}')}; nothing "
+                                 "was written", peer=self.peer)
+
+    def _once(self, kind: int, offset: int, nbytes: int, deadline: float,
+              payload: memoryview | None, into: memoryview | None, op: int, value: int,
+              code: int | None) -> int:
+        """One request and its reply: the status code."""
         number = next(_replies)
         data_tag, status_tag = reply_tags(number)
         head = HEAD.pack(kind, op, self._code if code is None else code, self.wid, number,
@@ -184,12 +216,7 @@ class TcpRemoteWindow(RemoteWindow):
             # refusal sends no bytes, and the progress withdraws their receive
             return reqs, reqs[-2:]
         self._progress(post, deadline)
-        code_back = STATUS.unpack(status)[0]
-        if code_back:
-            raise TransportError(f"tcp: peer rank {self.peer} refused the window's "
-                                 f"{KINDS.get(kind, kind)}: "
-                                 f"{REFUSALS.get(code_back, f'code {code_back}')}; nothing "
-                                 "was written", peer=self.peer)
+        return int(STATUS.unpack(status)[0])
 
     def write(self, offset: int, view: memoryview, deadline: float = 0.0) -> None:
         self.request(PUT, offset, view.nbytes, deadline, payload=view.cast("B"))
