@@ -725,3 +725,45 @@ def test_tcp_target_answers_busy_instead_of_waiting_for_its_window_lock():
     assert outcome is None, outcome
     assert busy > 0
     assert out == [1] * N
+
+
+# -- a lying window record (review finding 12) -------------------------------------------------
+def _lying_record(comm, victims):
+    """Rank 0 attaches to rank 1 with records naming other files of the same user (4096
+    bytes, as a control file): refused before anything is opened or written."""
+    if comm.rank == 1:
+        comm.barrier()
+        return None
+    ch = comm.channel(1)
+    outcomes = []
+    for victim in victims:
+        record = {"pid": ch._peer_pid, "addr": 0, "nbytes": 8, "path": victim}
+        try:
+            remote = ch.attach_window(record)
+        except pycoll.TransportError as e:
+            outcomes.append(str(e))
+            continue
+        try:
+            remote.add_signal(7, time.monotonic() + 10)
+        finally:
+            remote.close()
+        outcomes.append(None)
+    comm.barrier()
+    return outcomes
+
+
+def test_shm_window_record_naming_a_foreign_file_is_refused(tmp_path):
+    from pycoll.transports.shm.segment import SHM_DIR, name_prefix
+    victims = [str(tmp_path / "victim"), f"{SHM_DIR}/{name_prefix()}-victim-{os.getpid()}"]
+    for victim in victims:
+        with open(victim, "wb") as f:
+            f.write(bytes(4096))
+    try:
+        outcomes = run("shm", _lying_record, 2, victims)[0]
+        contents = [open(v, "rb").read() for v in victims]
+    finally:
+        for victim in victims:
+            os.unlink(victim)
+    assert all(c == bytes(4096) for c in contents)
+    for outcome in outcomes:
+        assert outcome is not None and "peer rank 1" in outcome and "refused" in outcome

@@ -65,7 +65,7 @@ from .segment import (
     ShmSettings,
     seq_span,
 )
-from .window import ShmRemoteWindow
+from .window import ShmRemoteWindow, check_path
 
 
 class ShmOwner(Protocol):
@@ -100,6 +100,7 @@ class ShmChannel(Channel):
         self._out_path = f"{address['prefix']}-from{transport.rank}"
         self._out_geometry = (int(address["slots"]), int(address["slot_bytes"]))
         self._peer_pid = int(address["pid"])
+        self._peer_prefix = str(address["prefix"])
         self._peer_bell_fd = int(address.get("bell", -1))
         #: the peer's doorbell, rung after anything it may wait for (None: it polls)
         self._bell: Doorbell | None = None
@@ -321,6 +322,7 @@ class ShmChannel(Channel):
                 "host does not permit (ptrace restrictions: a container's seccomp profile or "
                 "kernel.yama.ptrace_scope); use PYCOLL_TRANSPORTS=tcp for windows here",
                 peer=self.peer)
+        check_path(str(record.get("path", "")), self._peer_prefix, self.peer)
         return ShmRemoteWindow(self.peer, record, cma=True)
 
     def _publish(self) -> None:

@@ -28,6 +28,7 @@ import errno
 import fcntl
 import mmap
 import os
+import re
 import struct
 import threading
 import time
@@ -40,7 +41,7 @@ from ...errors import CollectiveTimeout, TransportError
 from ..base import peer_lost
 from ..windows import ExposedWindow, RemoteWindow, wait_until
 from .cma import cma_read, process_exited
-from .segment import PAGE
+from .segment import PAGE, SHM_DIR
 
 #: ``struct flock`` on x86-64 Linux: type, whence, start, len, pid (OFD locks need pid 0)
 _FLOCK = struct.Struct("hhxxxxqqi4x")
@@ -51,6 +52,19 @@ _SIGNALS, _CLOSED = 0, 1
 #: how long a target's release waits for origins' copies in flight (each holds its lock for
 #: one copy; only a stopped origin process holds it longer)
 RELEASE_WAIT_SECONDS = 30.0
+
+
+def check_path(path: str, prefix: str, peer: int) -> str:
+    """A peer's window record names its control file: accept only ``<prefix>-win<n>`` of the
+    peer's own (store-published) prefix, directly under the shm directory, so that a lying
+    record cannot make this rank map and write some other file of its user."""
+    if (os.path.dirname(path) != SHM_DIR or os.path.normpath(path) != path
+            or not prefix.startswith(SHM_DIR + "/")
+            or re.fullmatch(re.escape(prefix) + r"-win[0-9]+", path) is None):
+        raise TransportError(f"shm: peer rank {peer}'s window record names the control file "
+                             f"{path!r}, not one of its own under {SHM_DIR} (prefix "
+                             f"{prefix!r}): refused", peer=peer)
+    return path
 
 
 def _lock(fd: int, start: int, length: int, deadline: float, peer: int,
@@ -76,7 +90,7 @@ class _Control:
     """An open, mapped control file: the descriptor the locks are taken on, the counter."""
 
     def __init__(self, path: str, create: bool) -> None:
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = os.open(path, flags, 0o600)
         try:
             if create:
