@@ -29,6 +29,7 @@ from ..buffers.tensors import is_torch_tensor
 from ..errors import InvalidArgument, InvalidDtype
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
+from ..runtime.execution import Execution
 from ..runtime.work import Work
 from .planning import Planner
 
@@ -111,13 +112,17 @@ class Plan:
                     f"sent. A plan is bound to its buffers: make a new one with "
                     f"{self.collective}_init on every rank")
 
+    def generic_run(self, async_op: bool) -> Work | None:
+        """The call made through the communicator's method (as the user would make it)."""
+        return self._call(*self.args, async_op=async_op, **self.options)
+
     def run(self) -> None:
         """Run the call once, synchronously."""
         self._check_binding()
         if self.fast_run is not None:
             self.fast_run(False)
         else:
-            self._call(*self.args, **self.options)
+            self.generic_run(False)
 
     __call__ = run
 
@@ -127,7 +132,7 @@ class Plan:
         if self.fast_run is not None:
             work = self.fast_run(True)
         else:
-            work = self._call(*self.args, async_op=True, **self.options)
+            work = self.generic_run(True)
         assert work is not None
         return work
 
@@ -151,6 +156,9 @@ class PersistentCollectives:
     _fast: FastPath | None
     #: ``Collectives._planning``: while set, ``_submit`` raises ``Planned``
     _planning: bool
+    _exec: Execution
+    #: ``PYCOLL_INTEGRITY``'s sampling (``Collectives._checked``)
+    _integrity_every: int
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                        timeout: float | None = None, deterministic: bool | None = None,
@@ -169,8 +177,16 @@ class PersistentCollectives:
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, info.op,
                              fold=info.fold)
             arr = buf.array
+            # ``PYCOLL_INTEGRITY=sample:N`` checks every N-th call by sequence number on every
+            # rank: a run numbered so goes through the method (which checks it), as a direct
+            # call would on a rank that makes it without the plan (``fastpath.callpath``)
+            every = self._integrity_every if options.get("integrity") is None else 0
+            execution = self._exec
+            generic = plan.generic_run
 
             def fast_run(async_op: bool) -> Work | None:
+                if every and (execution.seq + 1) % every == 0:
+                    return generic(async_op)
                 return fast.run(call, arr, timeout, async_op, tensor)
 
             plan.fast_run = fast_run
