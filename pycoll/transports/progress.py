@@ -231,7 +231,9 @@ class ProgressEngine:
             busy = [t for t in transports if t.active.channels]
             if all(t.pollable for t in busy):
                 fds = self._block_fds()
-            elif len(busy) == 1:      # shared memory alone has work: its doorbell, if any
+            elif len(busy) == 1 and not any(t.setup_pending for t in transports):
+                # shared memory alone has work: its doorbell, if any. Not while a transport
+                # sets up: its handshakes progress only in passes, which the sleep would stop
                 bell = busy[0].doorbell()
             if fds is not None:
                 self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))

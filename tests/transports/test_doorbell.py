@@ -144,3 +144,27 @@ def _woken_by_the_sender(comm):
 def test_the_progress_engine_sleeps_on_the_doorbell_and_the_sender_wakes_it():
     assert run_ranks(_woken_by_the_sender, 2, env={"PYCOLL_TRANSPORTS": "shm"},
                      timeout=55) == [28, 28]
+
+
+def _offered_doorbells(comm):
+    """The doorbell each transport of this rank offers its waits, once its channel is up."""
+    comm.allreduce(np.ones(4, np.float32))
+    return {t.name: t.doorbell() is not None for t in comm._peers.engine.transports}
+
+
+def test_cuda_ipc_offers_no_doorbell(monkeypatch):
+    """A cuda_ipc receive completes when its CUDA copy event finishes, which rings no bell:
+    a wait on its channels polls (on pycoll's CUDA simulator where no GPU is), while shm's
+    channels, the same otherwise, offer theirs."""
+    from pycoll.testing import cuda_env
+    from pycoll.transports import registry
+    env = cuda_env()
+    for key, value in env.items():          # cuda_ipc's probe reads them
+        monkeypatch.setenv(key, value)
+    record, why = registry.transport_class("cuda_ipc").probe()
+    if record is None:
+        pytest.skip(f"cuda_ipc is not usable here: {why}")
+    assert run_ranks(_offered_doorbells, 2, env=dict(env, PYCOLL_TRANSPORTS="cuda_ipc"),
+                     timeout=55) == [{"cuda_ipc": False}] * 2
+    assert run_ranks(_offered_doorbells, 2, env={"PYCOLL_TRANSPORTS": "shm"},
+                     timeout=55) == [{"shm": True}] * 2
