@@ -45,7 +45,7 @@ def _blocked_in_futex_wait(pid: int, tid: int) -> bool:
 def _pair() -> tuple[Doorbell, Doorbell]:
     own = Doorbell.create()
     assert own is not None and own.fd is not None
-    peer = Doorbell.attach(os.getpid(), own.fd)     # a second mapping, as a peer has
+    peer = Doorbell.attach(os.getpid(), own.fd, own.token)   # a second mapping, as a peer's
     assert peer is not None
     return own, peer
 
@@ -83,8 +83,8 @@ import os, sys, time
 sys.path.insert(0, sys.argv[3])
 from pycoll.transports.shm.doorbell import Doorbell
 from tests.transports.test_doorbell import _blocked_in_futex_wait
-pid, fd = int(sys.argv[1]), int(sys.argv[2])
-bell = Doorbell.attach(pid, fd)
+pid, fd, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
+bell = Doorbell.attach(pid, fd, token)
 assert bell is not None, "cannot map the waiter's doorbell"
 while not _blocked_in_futex_wait(pid, pid):    # the waiter is asleep in the futex now
     time.sleep(0.001)
@@ -99,7 +99,7 @@ def test_a_waiter_asleep_in_another_process_is_woken_by_a_ring():
     os.set_inheritable(own.fd, True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ringer = subprocess.Popen([sys.executable, "-c", RINGER, str(os.getpid()), str(own.fd),
-                               str(ROOT)], env=env, stdout=subprocess.PIPE, text=True,
+                               str(ROOT), own.token], env=env, stdout=subprocess.PIPE, text=True,
                               pass_fds=(own.fd,))
     try:
         sequence = own.announce()
@@ -113,6 +113,31 @@ def test_a_waiter_asleep_in_another_process_is_woken_by_a_ring():
             ringer.kill()
             ringer.wait()
         own.close()
+
+
+def test_attach_maps_only_the_doorbell_the_owner_published(tmp_path):
+    """``attach`` checks that ``/proc/<pid>/fd/<fd>`` is a pycoll doorbell memfd holding the
+    published token: a reused pid may name any file of the same user there, which ``ring``
+    would write into."""
+    own = Doorbell.create()
+    assert own is not None and own.fd is not None
+    other = tmp_path / "page"
+    other.write_bytes(bytes(doorbell.PAGE))          # a same-sized file, not a doorbell
+    fd = os.open(other, os.O_RDWR)
+    stranger = Doorbell.create()                     # another pycoll doorbell
+    assert stranger is not None and stranger.fd is not None
+    try:
+        assert Doorbell.attach(os.getpid(), fd, own.token) is None
+        assert Doorbell.attach(os.getpid(), stranger.fd, own.token) is None
+        assert Doorbell.attach(os.getpid(), own.fd, "") is None
+        peer = Doorbell.attach(os.getpid(), own.fd, own.token)
+        assert peer is not None
+        peer.close()
+        assert other.read_bytes() == bytes(doorbell.PAGE)    # nothing written into it
+    finally:
+        os.close(fd)
+        own.close()
+        stranger.close()
 
 
 def _woken_by_the_sender(comm):
