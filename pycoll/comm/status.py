@@ -494,6 +494,50 @@ def job_stragglers(address: tuple[str, int], name: str, token: str | None,
     return stragglers(rows, size)
 
 
+#: how old rank 0's metrics page lets its straggler scores get (``SurveyCache``)
+METRICS_SURVEY_SECONDS = 10.0
+
+
+class SurveyCache:
+    """The job's stragglers for rank 0's metrics page: surveyed on a thread of its own, at
+    most once per ``every`` seconds. A scrape reads the last result and never waits for a
+    survey: one takes every rank's GIL for a moment and a store connection and status query
+    that may each take seconds, and the metrics port asks no secret, so a local client that
+    scraped in a loop would otherwise keep the whole job surveying and the port's other
+    scrapes waiting. ``survey()`` returns the stragglers (``job_stragglers``)."""
+
+    def __init__(self, survey: Callable[[], list[dict[str, Any]]], every: float) -> None:
+        self._survey = survey
+        self.every = every
+        self._lock = threading.Lock()
+        self._found: list[dict[str, Any]] | None = None
+        self._due = 0.0
+        self._running = False
+
+    def get(self) -> list[dict[str, Any]] | None:
+        """The last survey's stragglers (None before the first has finished); starts the
+        next survey when the last is older than ``every`` seconds and none runs."""
+        with self._lock:
+            now = time.monotonic()
+            if not self._running and now >= self._due:
+                self._running = True
+                self._due = now + self.every
+                threading.Thread(target=self._run, name="pycoll-metrics-survey",
+                                 daemon=True).start()
+            return self._found
+
+    def _run(self) -> None:
+        found = None
+        try:
+            found = self._survey()
+        except Exception as e:  # noqa: BLE001 - the counts still answer
+            debug.logger.info("metrics: no straggler survey (%s)", e)
+        with self._lock:
+            if found is not None:
+                self._found = found
+            self._running = False
+
+
 class StragglerLog:
     """``PYCOLL_STRAGGLER_LOG=SECONDS``: rank 0 surveys the job every SECONDS from a thread
     of its own and logs a warning per persistent straggler (off by default: the survey
