@@ -28,6 +28,7 @@ cost a closed socket and nothing else.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -91,6 +92,24 @@ def secret_bytes(token: str | bytes | None) -> bytes:
     if token is None:
         return b""
     return token.encode() if isinstance(token, str) else bytes(token)
+
+
+def unauthenticated_warning(host: str, token: str | bytes | None, rank: int) -> str | None:
+    """What a rank warns at start when its status port answers anyone who reaches it (no job
+    secret: the empty HMAC key) on an address other hosts reach; None when it asks a secret
+    or listens on the loopback only. A warning, not a loopback bind: a job of several hosts
+    without a secret is surveyed from the other hosts too, as its store is reached."""
+    if token:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        if host == "localhost":
+            return None
+    return (f"rank {rank}: the status port on {host} asks no secret (no PYCOLL_TOKEN) and "
+            "other hosts reach it: anyone there can read this rank's state; set PYCOLL_TOKEN "
+            "(python -m pycoll.run makes one) or PYCOLL_STATUS=0")
 
 
 class _Conn:
@@ -294,6 +313,9 @@ def start(store: Store, address: tuple[str, int], root_name: str, rank: int, siz
     except OSError as e:
         debug.logger.info("no status responder: %s", e)
         return None
+    warning = unauthenticated_warning(responder.host, token, rank)
+    if warning is not None:
+        debug.logger.warning("%s", warning)
     record = {"host": responder.host, "port": responder.port, "pid": os.getpid(),
               "hostname": socket.gethostname(), "boot_id": boot_id(), "size": size}
     try:
