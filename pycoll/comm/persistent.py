@@ -225,17 +225,21 @@ class PersistentCollectives:
         whether it passed device buffers. The method runs on a planning copy of this
         communicator (``_planning_copy``), never on the communicator itself, so that a call
         another thread makes on it meanwhile runs as usual."""
+        planning = self._planning_copy()
+        planner = planning._plan
         try:
-            getattr(self._planning_copy(), collective)(*args, **options)
+            getattr(planning, collective)(*args, **options)
         except Planned as planned:
-            return planned.info, bool(self._plan.device_buffers)
+            return planned.info, bool(planner.device_buffers)
         finally:
-            self._plan.begin()          # what was staged for the planned call, given back
+            planner.begin()             # what was staged for the planned call, given back
         raise AssertionError(f"{collective} returned without reaching _submit")
 
     def _planning_copy(self) -> Any:
-        """A shallow copy of this communicator that plans one call: the same parts (planner,
-        execution, transports), with its own two flags: ``_fast`` None, so that the call is
+        """A shallow copy of this communicator that plans one call: the same parts (execution,
+        transports), a twin of the planner with its own staging (``Planner.twin``: what the
+        planned call stages, and gives back, is never another thread's call's), and its own
+        two flags: ``_fast`` None, so that the call is
         planned by the method's generic half, which checks everything (the fast lanes run
         calls of kinds they already know), and ``_planning`` set, so that ``_submit`` raises
         ``Planned`` instead of running it. The flags travel with the copy the method runs
@@ -244,6 +248,7 @@ class PersistentCollectives:
         copy.__dict__.update(self.__dict__)
         copy._fast = None
         copy._planning = True
+        copy._plan = self._plan.twin()
         return copy
 
     def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:
