@@ -73,8 +73,9 @@ LIVENESS_INTERVAL = 0.05
 #: one). A yield that returns sooner costs less than a futex sleep and its wake-up, and the
 #: spin stays: a small call's reply mostly comes within it, and a woken task may wait for
 #: its core longer than the spin lasts. Many spells: each yield that probes whether the
-#: core is still contended costs a time slice when it is (with 8, one per 9 slot hand-offs
-#: kept the tiny-slot stream past a minute)
+#: core is still contended costs a time slice when it is, so probing often gives back what
+#: skipping the yields won (docs/performance.md, "Waiting on shared memory when ranks share
+#: cores")
 SLOW_YIELD_SECONDS = 200e-6
 SLOW_YIELD_SKIPS = 256
 
