@@ -22,9 +22,10 @@ A ring that lands between the announcement and the sleep changes the sequence, s
 announcement comes after the publication the re-check then sees. ``ring`` fences between
 the publication and its read of the count (a lock's locked instruction), so that the read
 cannot pass the store still in the CPU's store buffer. Every sleep has a timeout (the
-caller's liveness and deadline checks): a wake-up lost anyway (two ringers bumping the
-sequence at once can move it back to a value a waiter announced: the bump is not atomic)
-costs one sleep, never a hang.
+caller's liveness and deadline checks): a wake-up lost anyway costs one sleep, never a hang.
+The bump is not atomic: a ringer descheduled between its read and its write writes a value
+from the past. Each mapping bumps by a random odd step of its own, so that value is not
+the one a waiter announced after another ringer's bump (unless two steps are equal).
 
 The page is a ``memfd`` of the owner; peers map it through ``/proc/<pid>/fd/<fd>`` (the
 same-user access cross-memory attach needs, so nothing is ever left in /dev/shm). A peer
@@ -79,6 +80,8 @@ class Doorbell:
         #: the futex word's address, as the system call takes it
         self._futex = ctypes.c_void_p(view_address(self.words) + 4 * SEQUENCE)
         self._lock = threading.Lock()      # the owner's threads announce one at a time
+        #: this mapping's sequence step (``ring``; see the module docstring)
+        self._step = int.from_bytes(os.urandom(4), "little") | 1
 
     @property
     def token(self) -> str:
@@ -162,7 +165,7 @@ class Doorbell:
         with _FENCE:
             pass
         if words[WAITERS]:
-            words[SEQUENCE] = (words[SEQUENCE] + 1) & 0xFFFFFFFF
+            words[SEQUENCE] = (words[SEQUENCE] + self._step) & 0xFFFFFFFF
             _libc.syscall(_SYS_FUTEX, self._futex, _WAKE, _ALL, None, None, 0)  # type: ignore[union-attr]
 
     def close(self) -> None:
