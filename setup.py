@@ -9,6 +9,11 @@ or a C compiler (or Python's headers) the build warns and goes on, and the same 
 as the plain Python they are, about a microsecond slower per small call
 (docs/algorithms.md#the-compiled-call-path); ``pycoll-info`` says which form runs.
 ``PYCOLL_REQUIRE_C=1`` makes a failed build fail the install instead.
+
+Without Cython: with pip's build isolation (the default) Cython is a build requirement that
+pip fetches (pyproject.toml), so an offline install, or one where no Cython wheel fits, fails
+as a whole before this file runs; ``pip install --no-build-isolation`` into an environment
+without Cython gets the warning and the interpreted path (docs/install.md).
 """
 import os
 

@@ -141,8 +141,9 @@ class Collectives:
             # take the later calls that leave it out past the default compression
             if deterministic is None and accumulate is None and compress is None:
                 fast.remember(("allreduce", op), buf.array, call)
-            if src is not None:
-                self._ops.copy(buf.array, src.array)
+            if src is not None:     # copied once the call is claimed (``run_generic``)
+                return fast.run_generic(call, buf.array, timeout, async_op, tensor,
+                                        src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = plan.select("allreduce", buf.nbytes, algo, ordered=fold is not None)
         algorithm = ALGORITHMS["allreduce"][name].run
@@ -252,8 +253,9 @@ class Collectives:
             call = fast.call("broadcast", buf.dtype, buf.count, buf.itemsize, None, root)
             if compress is None:        # (as in ``_allreduce``)
                 fast.remember(("broadcast", root), buf.array, call)
-            if src is not None:
-                self._ops.copy(buf.array, src.array)
+            if src is not None:     # copied once the call is claimed (``run_generic``)
+                return fast.run_generic(call, buf.array, timeout, async_op, tensor,
+                                        src.array)
             return fast.run(call, buf.array, timeout, async_op, tensor)
         name = self._plan.select("broadcast", buf.nbytes, algo)
         fn = ALGORITHMS["broadcast"][name].run

@@ -167,6 +167,8 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         self._status: status.Responder | None = None
         self._metrics: metrics.MetricsServer | None = None
         self._tallies: dict[int, tuple[Execution, Tally]] = {}
+        #: rank 0's straggler survey for the metrics page (``_metrics_text``)
+        self._survey_cache: status.SurveyCache | None = None
         self._straggler_log: status.StragglerLog | None = None
         #: the open windows (``window``): invalidated when this communicator is finalized
         #: or replaced by a shrink or grow
@@ -587,16 +589,23 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
     def _metrics_text(self) -> str:
         """The metrics endpoint's page (``comm/metrics.py``): this communicator and its
         groups, tallied now from their flight recorders; on rank 0, the job's stragglers."""
-        for ex in [self._exec] + [child._exec for child in list(self._groups.children)]:
-            self._tallies.setdefault(id(ex), (ex, Tally()))
+        # the live communicators only: a group finalized or dropped leaves the page (and
+        # its execution is not kept alive by it)
+        tallies = {}
+        for ex in [self._exec] + [c._exec for c in list(self._groups.children) if not c.closed]:
+            kept = self._tallies.get(id(ex))
+            tallies[id(ex)] = kept if kept is not None and kept[0] is ex else (ex, Tally())
+        self._tallies = tallies
         found = None
         address = self.store_address
         if self.rank == 0 and address is not None and env_bool("PYCOLL_STATUS", True):
-            try:
-                found = status.job_stragglers(address, self._root_name, self._token)
-            except Exception as e:  # noqa: BLE001 - the counts still answer
-                debug.logger.info("metrics: no straggler survey (%s)", e)
-        return openmetrics(self.rank, list(self._tallies.values()), found)
+            if self._survey_cache is None:
+                root, token = self._root_name, self._token
+                self._survey_cache = status.SurveyCache(
+                    lambda: status.job_stragglers(address, root, token),
+                    status.METRICS_SURVEY_SECONDS)
+            found = self._survey_cache.get()
+        return openmetrics(self.rank, list(tallies.values()), found)
 
     def _close_status(self) -> None:
         log, self._straggler_log = self._straggler_log, None

@@ -29,6 +29,7 @@ from ..buffers.tensors import is_torch_tensor
 from ..errors import InvalidArgument, InvalidDtype
 from ..fastpath.runner import FastPath
 from ..runtime.calls import CallInfo
+from ..runtime.execution import Execution
 from ..runtime.work import Work
 from .planning import Planner
 
@@ -111,13 +112,17 @@ class Plan:
                     f"sent. A plan is bound to its buffers: make a new one with "
                     f"{self.collective}_init on every rank")
 
+    def generic_run(self, async_op: bool) -> Work | None:
+        """The call made through the communicator's method (as the user would make it)."""
+        return self._call(*self.args, async_op=async_op, **self.options)
+
     def run(self) -> None:
         """Run the call once, synchronously."""
         self._check_binding()
         if self.fast_run is not None:
             self.fast_run(False)
         else:
-            self._call(*self.args, **self.options)
+            self.generic_run(False)
 
     __call__ = run
 
@@ -127,7 +132,7 @@ class Plan:
         if self.fast_run is not None:
             work = self.fast_run(True)
         else:
-            work = self._call(*self.args, async_op=True, **self.options)
+            work = self.generic_run(True)
         assert work is not None
         return work
 
@@ -151,6 +156,9 @@ class PersistentCollectives:
     _fast: FastPath | None
     #: ``Collectives._planning``: while set, ``_submit`` raises ``Planned``
     _planning: bool
+    _exec: Execution
+    #: ``PYCOLL_INTEGRITY``'s sampling (``Collectives._checked``)
+    _integrity_every: int
 
     def allreduce_init(self, tensor: Any, op: OpLike = "sum", *, algo: str | None = None,
                        timeout: float | None = None, deterministic: bool | None = None,
@@ -169,8 +177,16 @@ class PersistentCollectives:
             call = fast.call("allreduce", buf.dtype, buf.count, buf.itemsize, info.op,
                              fold=info.fold)
             arr = buf.array
+            # ``PYCOLL_INTEGRITY=sample:N`` checks every N-th call by sequence number on every
+            # rank: a run numbered so goes through the method (which checks it), as a direct
+            # call would on a rank that makes it without the plan (``fastpath.callpath``)
+            every = self._integrity_every if options.get("integrity") is None else 0
+            execution = self._exec
+            generic = plan.generic_run
 
             def fast_run(async_op: bool) -> Work | None:
+                if every and (execution.seq + 1) % every == 0:
+                    return generic(async_op)
                 return fast.run(call, arr, timeout, async_op, tensor)
 
             plan.fast_run = fast_run
@@ -209,17 +225,21 @@ class PersistentCollectives:
         whether it passed device buffers. The method runs on a planning copy of this
         communicator (``_planning_copy``), never on the communicator itself, so that a call
         another thread makes on it meanwhile runs as usual."""
+        planning = self._planning_copy()
+        planner = planning._plan
         try:
-            getattr(self._planning_copy(), collective)(*args, **options)
+            getattr(planning, collective)(*args, **options)
         except Planned as planned:
-            return planned.info, bool(self._plan.device_buffers)
+            return planned.info, bool(planner.device_buffers)
         finally:
-            self._plan.begin()          # what was staged for the planned call, given back
+            planner.begin()             # what was staged for the planned call, given back
         raise AssertionError(f"{collective} returned without reaching _submit")
 
     def _planning_copy(self) -> Any:
-        """A shallow copy of this communicator that plans one call: the same parts (planner,
-        execution, transports), with its own two flags: ``_fast`` None, so that the call is
+        """A shallow copy of this communicator that plans one call: the same parts (execution,
+        transports), a twin of the planner with its own staging (``Planner.twin``: what the
+        planned call stages, and gives back, is never another thread's call's), and its own
+        two flags: ``_fast`` None, so that the call is
         planned by the method's generic half, which checks everything (the fast lanes run
         calls of kinds they already know), and ``_planning`` set, so that ``_submit`` raises
         ``Planned`` instead of running it. The flags travel with the copy the method runs
@@ -228,6 +248,7 @@ class PersistentCollectives:
         copy.__dict__.update(self.__dict__)
         copy._fast = None
         copy._planning = True
+        copy._plan = self._plan.twin()
         return copy
 
     def broadcast_init(self, tensor: Any, root: int = 0, **options: Any) -> Plan:

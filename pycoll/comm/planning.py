@@ -6,6 +6,7 @@ communicator.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,18 @@ class Planner:
     #: the collectives that run on device buffers directly where every transport moves
     #: device memory; the others are staged through host memory (``pycoll.cuda.staging``)
     DIRECT = frozenset({"allreduce", "broadcast", "reduce", "send", "recv"})
+
+    def twin(self) -> Planner:
+        """A planner for a plan's planning copy (``PersistentCollectives._planning_copy``):
+        the same settings and choices, its own staging state, so that what it stages and
+        gives back never touches a call another thread makes on this planner meanwhile."""
+        twin = copy.copy(self)
+        twin.device_buffers = []
+        devices = self.__dict__.get("_device_calls")
+        if devices is not None:
+            twin._device_calls = devices.twin()
+            twin.device_buffers = twin._device_calls.pending
+        return twin
 
     def begin(self) -> None:
         """A call starts being planned (staging left by a refused call is given back)."""

@@ -28,6 +28,7 @@ cost a closed socket and nothing else.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -91,6 +92,24 @@ def secret_bytes(token: str | bytes | None) -> bytes:
     if token is None:
         return b""
     return token.encode() if isinstance(token, str) else bytes(token)
+
+
+def unauthenticated_warning(host: str, token: str | bytes | None, rank: int) -> str | None:
+    """What a rank warns at start when its status port answers anyone who reaches it (no job
+    secret: the empty HMAC key) on an address other hosts reach; None when it asks a secret
+    or listens on the loopback only. A warning, not a loopback bind: a job of several hosts
+    without a secret is surveyed from the other hosts too, as its store is reached."""
+    if token:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        if host == "localhost":
+            return None
+    return (f"rank {rank}: the status port on {host} asks no secret (no PYCOLL_TOKEN) and "
+            "other hosts reach it: anyone there can read this rank's state; set PYCOLL_TOKEN "
+            "(python -m pycoll.run makes one) or PYCOLL_STATUS=0")
 
 
 class _Conn:
@@ -294,6 +313,9 @@ def start(store: Store, address: tuple[str, int], root_name: str, rank: int, siz
     except OSError as e:
         debug.logger.info("no status responder: %s", e)
         return None
+    warning = unauthenticated_warning(responder.host, token, rank)
+    if warning is not None:
+        debug.logger.warning("%s", warning)
     record = {"host": responder.host, "port": responder.port, "pid": os.getpid(),
               "hostname": socket.gethostname(), "boot_id": boot_id(), "size": size}
     try:
@@ -492,6 +514,50 @@ def job_stragglers(address: tuple[str, int], name: str, token: str | None,
     with TCPStore(*address, token=token, timeout=5.0) as store:
         size, rows = survey(store, name, token, timeout)
     return stragglers(rows, size)
+
+
+#: how old rank 0's metrics page lets its straggler scores get (``SurveyCache``)
+METRICS_SURVEY_SECONDS = 10.0
+
+
+class SurveyCache:
+    """The job's stragglers for rank 0's metrics page: surveyed on a thread of its own, at
+    most once per ``every`` seconds. A scrape reads the last result and never waits for a
+    survey: one takes every rank's GIL for a moment and a store connection and status query
+    that may each take seconds, and the metrics port asks no secret, so a local client that
+    scraped in a loop would otherwise keep the whole job surveying and the port's other
+    scrapes waiting. ``survey()`` returns the stragglers (``job_stragglers``)."""
+
+    def __init__(self, survey: Callable[[], list[dict[str, Any]]], every: float) -> None:
+        self._survey = survey
+        self.every = every
+        self._lock = threading.Lock()
+        self._found: list[dict[str, Any]] | None = None
+        self._due = 0.0
+        self._running = False
+
+    def get(self) -> list[dict[str, Any]] | None:
+        """The last survey's stragglers (None before the first has finished); starts the
+        next survey when the last is older than ``every`` seconds and none runs."""
+        with self._lock:
+            now = time.monotonic()
+            if not self._running and now >= self._due:
+                self._running = True
+                self._due = now + self.every
+                threading.Thread(target=self._run, name="pycoll-metrics-survey",
+                                 daemon=True).start()
+            return self._found
+
+    def _run(self) -> None:
+        found = None
+        try:
+            found = self._survey()
+        except Exception as e:  # noqa: BLE001 - the counts still answer
+            debug.logger.info("metrics: no straggler survey (%s)", e)
+        with self._lock:
+            if found is not None:
+                self._found = found
+            self._running = False
 
 
 class StragglerLog:

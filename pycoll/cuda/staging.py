@@ -26,6 +26,7 @@ in when it runs, after the call before it copied back.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -170,6 +171,15 @@ class DeviceCalls:
         self._device: int | None = None
         self._caller = 0
         self._ops: Any = None
+
+    def twin(self) -> DeviceCalls:
+        """A copy that plans one call beside the calls made on this one: its own pending
+        buffers and device, the same page-locked pool (thread-safe) and device ops."""
+        twin = copy.copy(self)
+        twin.pending = []
+        twin._device = None
+        twin._caller = 0
+        return twin
 
     def begin(self) -> None:
         """A new call is being planned: anything left from a refused one goes back."""

@@ -242,11 +242,18 @@ class FastPath(callpath.FastPathState):
         return getattr(kernels, name).compile((data, types.int64, types.int64, types.int64))
 
     def run_generic(self, call: FastCall, arr: np.ndarray, timeout: Any, async_op: bool,
-                     output: Any) -> Work | None:
-        """The call as a body of the generic execution (queued, async, DETAIL, timeout=)."""
+                     output: Any, src: np.ndarray | None = None) -> Work | None:
+        """The call as a body of the generic execution (queued, async, DETAIL, timeout=).
+        ``src``: the input of an out-of-place call, copied into ``arr`` (its ``out``) only
+        once the execution has claimed the call, so that a refused call (a failed or
+        finalized communicator) leaves ``out`` untouched and a queued asynchronous one reads
+        its input when it runs, as the generic path does."""
         execution = self.execution
+        ops = self.ops
 
         def body(peers: Peers) -> None:
+            if src is not None:
+                ops.copy(arr, src)
             word = -peers.tag - 1
             self.execute(call, arr, word, peers.deadline)
             if execution.generic_ran:

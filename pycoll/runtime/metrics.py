@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .flight_recorder import COMPLETED, FAILED, INFO, SEQ, STATE, T_ENDED, T_STARTED
+from .flight_recorder import COMPLETED, FAILED, INFO, SEQ, STARTED, STATE, T_ENDED, T_STARTED
 
 if TYPE_CHECKING:
     from .execution import Execution
@@ -51,8 +51,12 @@ class Tally:
     def _update(self, ex: Execution) -> None:
         fr = ex.recorder
         busy = ex.idle.locked()
+        # an inline call is recorded completed when it begins: while it runs its record is
+        # judged running, else one that then fails would be counted a success
+        running = ex.running_inline()
         # a record is a list reused in place: copy the fields before judging them
-        recs = [(r[SEQ], r[INFO], r[STATE], r[T_STARTED], r[T_ENDED])
+        recs = [(r[SEQ], r[INFO], STARTED if r is running else r[STATE], r[T_STARTED],
+                 r[T_ENDED])
                 for r in (fr.records() if fr is not None else [])]
         recs = [r for r in recs if not r[1].p2p and r[0] > self.folded]
         recs.sort(key=lambda r: r[0])

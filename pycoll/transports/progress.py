@@ -73,8 +73,9 @@ LIVENESS_INTERVAL = 0.05
 #: one). A yield that returns sooner costs less than a futex sleep and its wake-up, and the
 #: spin stays: a small call's reply mostly comes within it, and a woken task may wait for
 #: its core longer than the spin lasts. Many spells: each yield that probes whether the
-#: core is still contended costs a time slice when it is (with 8, one per 9 slot hand-offs
-#: kept the tiny-slot stream past a minute)
+#: core is still contended costs a time slice when it is, so probing often gives back what
+#: skipping the yields won (docs/performance.md, "Waiting on shared memory when ranks share
+#: cores")
 SLOW_YIELD_SECONDS = 200e-6
 SLOW_YIELD_SKIPS = 256
 
@@ -231,7 +232,9 @@ class ProgressEngine:
             busy = [t for t in transports if t.active.channels]
             if all(t.pollable for t in busy):
                 fds = self._block_fds()
-            elif len(busy) == 1:      # shared memory alone has work: its doorbell, if any
+            elif len(busy) == 1 and not any(t.setup_pending for t in transports):
+                # shared memory alone has work: its doorbell, if any. Not while a transport
+                # sets up: its handshakes progress only in passes, which the sleep would stop
                 bell = busy[0].doorbell()
             if fds is not None:
                 self._block(fds, max(0.0, min(deadline - now, WaitPolicy.liveness_seconds)))

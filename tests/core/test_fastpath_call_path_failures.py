@@ -3,8 +3,8 @@ on goes away under it: a segment closed by a finalize while a call settles, an a
 that fails inside a claimed call. Each must end the call with an error that says what
 happened, never crash the interpreter or leave the call claimed.
 
-Found by a review of the former C call path on 2026-11-28; each case crashed (SIGSEGV) or
-hung before its fix. The cases that could crash run in child processes.
+Each case crashed (SIGSEGV) or hung before its fix, so the cases that could crash run in
+child processes.
 """
 from __future__ import annotations
 

@@ -150,6 +150,34 @@ def test_sampled_integrity_checks_take_the_classifying_method():
     assert out == [([True, False], 32.0), ([True, False], 32.0)], out
 
 
+def _sampled_plan(comm):
+    """As ``_sampled``, but rank 0 runs a persistent plan while rank 1 makes the calls."""
+    import sys
+    a = np.ones(8, np.float32)
+    plan = comm.allreduce_init(a)
+    run = plan.run if comm.rank == 0 else (lambda: comm.allreduce(a))
+    for _ in range(3):
+        run()
+    classified = []
+    for _ in range(2):          # the 4th call is checked (sample:4), the 5th is not
+        frames: list = []
+        sys.setprofile(lambda frame, event, arg, _into=frames:
+                       _into.append(frame.f_code.co_name) if event == "call" else None)
+        try:
+            run()
+        finally:
+            sys.setprofile(None)
+        classified.append("_allreduce" in frames)
+    return classified, float(a[0])
+
+
+def test_sampled_integrity_checks_a_plans_run_as_a_direct_call():
+    """A plan's bound fast call gives way to the method on the runs ``sample:N`` checks,
+    so that a rank running the plan and one making the call agree on which are checked."""
+    out = run_ranks(_sampled_plan, 2, env={"PYCOLL_INTEGRITY": "sample:4"}, timeout=150)
+    assert out == [([True, False], 32.0), ([True, False], 32.0)], out
+
+
 def test_the_methods_have_their_names_docs_and_signatures():
     from pycoll.comm.communicator import Communicator
     for name in ("allreduce", "broadcast", "barrier"):

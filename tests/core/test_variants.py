@@ -78,6 +78,31 @@ def test_out_of_place_against_numpy(size, transport):
             assert result_ok and input_kept, (rank, name, result_ok, input_kept)
 
 
+def _out_after_finalize(comm):
+    """out= of a kind the fast path runs, on a finalized communicator: refused, and out
+    keeps its bytes (the input is copied into it only once the call is claimed)."""
+    n = 64
+    comm.allreduce(np.ones(n, F32))
+    comm.broadcast(np.ones(n, F32), 0)
+    comm.finalize()
+    got = {}
+    for name, call in (("allreduce", lambda t, o: comm.allreduce(t, out=o)),
+                       ("broadcast", lambda t, o: comm.broadcast(t, 0, out=o))):
+        t, o = _inputs(comm.rank, n), np.full(n, -1, F32)
+        try:
+            call(t, o)
+            got[name] = "NO ERROR"
+        except pycoll.PycollError as e:
+            got[name] = "out kept" if (o == -1).all() else f"out overwritten ({e})"
+    return got
+
+
+def test_refused_out_of_place_call_leaves_out_untouched():
+    for rank, got in enumerate(run_ranks(_out_after_finalize, 2,
+                                         env={"PYCOLL_TRANSPORTS": "shm"})):
+        assert got == {"allreduce": "out kept", "broadcast": "out kept"}, (rank, got)
+
+
 def _bad_out(comm):
     """Every rank passes the same bad out: refused before a sequence number is taken."""
     n = 8

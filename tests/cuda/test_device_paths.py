@@ -256,3 +256,25 @@ def test_a_device_send_that_cannot_be_exported_names_its_cause():
     the cause. The pair now breaks at once with the cause."""
     outcomes = run_ranks(_unsharable, 2, timeout=120, collective_timeout=20)
     assert all("cuMemGetAddressRange" in o and "Timeout" not in o for o in outcomes), outcomes
+
+
+def _plan_beside_a_staged_call(comm):
+    """A call's device buffer staged on the communicator's planner (as between its planning
+    and its execution taking it, on another thread), then a plan made of another buffer:
+    planning runs on a twin of the planner, so the call keeps its staging."""
+    cp = _cp()
+    comm._plan.buffer(cp.asarray(np.ones(16, dtype=np.float32)), "allgather")
+    before = len(comm._plan.device_buffers)
+    plan = comm.allgather_init(cp.asarray(np.zeros(8 * comm.size, dtype=np.float32)),
+                               cp.asarray(np.ones(8, dtype=np.float32)))
+    kept = len(comm._plan.device_buffers)
+    comm._plan.begin()                                   # the staged call, given back
+    plan.run()
+    return before, kept
+
+
+def test_planning_a_plan_leaves_another_calls_staging_alone():
+    """A plan's planning copy shared the Planner: its ``finally: begin()`` gave back the
+    page-locked staging of a call another thread had staged but not yet run."""
+    out = run_ranks(_plan_beside_a_staged_call, 2, env={"PYCOLL_TRANSPORTS": "shm"})
+    assert out == [(1, 1)] * 2, out

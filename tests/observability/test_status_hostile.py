@@ -202,3 +202,15 @@ def test_sixty_four_ports_answer_at_once() -> None:
         for p in ports:
             p.close()
         server.close()
+
+
+def test_a_status_port_without_a_secret_reachable_from_other_hosts_is_warned_of():
+    """No PYCOLL_TOKEN means the empty HMAC key: a port on an address other hosts reach then
+    answers anyone there, which the rank says at start (the loopback, or a secret: silent)."""
+    from pycoll.comm.status import unauthenticated_warning
+    said = unauthenticated_warning("10.1.2.3", None, 3)
+    assert said is not None and "rank 3" in said and "PYCOLL_TOKEN" in said, said
+    assert unauthenticated_warning("10.1.2.3", "", 3) is not None
+    assert unauthenticated_warning("10.1.2.3", "secret", 3) is None
+    for loopback in ("127.0.0.1", "127.0.1.1", "::1", "localhost"):
+        assert unauthenticated_warning(loopback, None, 3) is None, loopback

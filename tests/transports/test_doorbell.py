@@ -45,7 +45,7 @@ def _blocked_in_futex_wait(pid: int, tid: int) -> bool:
 def _pair() -> tuple[Doorbell, Doorbell]:
     own = Doorbell.create()
     assert own is not None and own.fd is not None
-    peer = Doorbell.attach(os.getpid(), own.fd)     # a second mapping, as a peer has
+    peer = Doorbell.attach(os.getpid(), own.fd, own.token)   # a second mapping, as a peer's
     assert peer is not None
     return own, peer
 
@@ -72,7 +72,7 @@ def test_a_ring_between_the_announcement_and_the_sleep_is_not_lost():
         peer.ring()                  # the re-check missed it; the futex compares in the kernel
         own.sleep(sequence, LONG)    # returns at once (a lost wake-up: the pytest timeout)
         own.withdraw()
-        assert own.words[SEQUENCE] == sequence + 1
+        assert own.words[SEQUENCE] == (sequence + peer._step) & 0xFFFFFFFF
     finally:
         peer.close()
         own.close()
@@ -83,8 +83,8 @@ import os, sys, time
 sys.path.insert(0, sys.argv[3])
 from pycoll.transports.shm.doorbell import Doorbell
 from tests.transports.test_doorbell import _blocked_in_futex_wait
-pid, fd = int(sys.argv[1]), int(sys.argv[2])
-bell = Doorbell.attach(pid, fd)
+pid, fd, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
+bell = Doorbell.attach(pid, fd, token)
 assert bell is not None, "cannot map the waiter's doorbell"
 while not _blocked_in_futex_wait(pid, pid):    # the waiter is asleep in the futex now
     time.sleep(0.001)
@@ -99,7 +99,7 @@ def test_a_waiter_asleep_in_another_process_is_woken_by_a_ring():
     os.set_inheritable(own.fd, True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ringer = subprocess.Popen([sys.executable, "-c", RINGER, str(os.getpid()), str(own.fd),
-                               str(ROOT)], env=env, stdout=subprocess.PIPE, text=True,
+                               str(ROOT), own.token], env=env, stdout=subprocess.PIPE, text=True,
                               pass_fds=(own.fd,))
     try:
         sequence = own.announce()
@@ -113,6 +113,31 @@ def test_a_waiter_asleep_in_another_process_is_woken_by_a_ring():
             ringer.kill()
             ringer.wait()
         own.close()
+
+
+def test_attach_maps_only_the_doorbell_the_owner_published(tmp_path):
+    """``attach`` checks that ``/proc/<pid>/fd/<fd>`` is a pycoll doorbell memfd holding the
+    published token: a reused pid may name any file of the same user there, which ``ring``
+    would write into."""
+    own = Doorbell.create()
+    assert own is not None and own.fd is not None
+    other = tmp_path / "page"
+    other.write_bytes(bytes(doorbell.PAGE))          # a same-sized file, not a doorbell
+    fd = os.open(other, os.O_RDWR)
+    stranger = Doorbell.create()                     # another pycoll doorbell
+    assert stranger is not None and stranger.fd is not None
+    try:
+        assert Doorbell.attach(os.getpid(), fd, own.token) is None
+        assert Doorbell.attach(os.getpid(), stranger.fd, own.token) is None
+        assert Doorbell.attach(os.getpid(), own.fd, "") is None
+        peer = Doorbell.attach(os.getpid(), own.fd, own.token)
+        assert peer is not None
+        peer.close()
+        assert other.read_bytes() == bytes(doorbell.PAGE)    # nothing written into it
+    finally:
+        os.close(fd)
+        own.close()
+        stranger.close()
 
 
 def _woken_by_the_sender(comm):
@@ -144,3 +169,27 @@ def _woken_by_the_sender(comm):
 def test_the_progress_engine_sleeps_on_the_doorbell_and_the_sender_wakes_it():
     assert run_ranks(_woken_by_the_sender, 2, env={"PYCOLL_TRANSPORTS": "shm"},
                      timeout=55) == [28, 28]
+
+
+def _offered_doorbells(comm):
+    """The doorbell each transport of this rank offers its waits, once its channel is up."""
+    comm.allreduce(np.ones(4, np.float32))
+    return {t.name: t.doorbell() is not None for t in comm._peers.engine.transports}
+
+
+def test_cuda_ipc_offers_no_doorbell(monkeypatch):
+    """A cuda_ipc receive completes when its CUDA copy event finishes, which rings no bell:
+    a wait on its channels polls (on pycoll's CUDA simulator where no GPU is), while shm's
+    channels, the same otherwise, offer theirs."""
+    from pycoll.testing import cuda_env
+    from pycoll.transports import registry
+    env = cuda_env()
+    for key, value in env.items():          # cuda_ipc's probe reads them
+        monkeypatch.setenv(key, value)
+    record, why = registry.transport_class("cuda_ipc").probe()
+    if record is None:
+        pytest.skip(f"cuda_ipc is not usable here: {why}")
+    assert run_ranks(_offered_doorbells, 2, env=dict(env, PYCOLL_TRANSPORTS="cuda_ipc"),
+                     timeout=55) == [{"cuda_ipc": False}] * 2
+    assert run_ranks(_offered_doorbells, 2, env={"PYCOLL_TRANSPORTS": "shm"},
+                     timeout=55) == [{"shm": True}] * 2

@@ -5,6 +5,7 @@ from typing import Any
 
 from ...buffers.memory import CUDA, HOST
 from ..base import Capabilities, OpenContext, PeerInfo
+from ..shm.doorbell import Doorbell
 from ..shm.transport import ShmTransport
 from .channel import CudaIpcChannel
 from .ipc import DeviceIpc
@@ -45,6 +46,12 @@ class CudaIpcTransport(ShmTransport):
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:
         return ShmTransport.can_connect(a, b)
+
+    def doorbell(self) -> Doorbell | None:
+        """None: a device receive completes when its CUDA copy event has finished, and
+        nothing rings the bell for that, so a waiter asleep on it would sleep until its
+        liveness check; the engine polls instead."""
+        return None
 
     def close(self) -> None:
         super().close()

@@ -102,6 +102,7 @@ class ShmChannel(Channel):
         self._peer_pid = int(address["pid"])
         self._peer_prefix = str(address["prefix"])
         self._peer_bell_fd = int(address.get("bell", -1))
+        self._peer_bell_token = str(address.get("bell_token", ""))
         #: the peer's doorbell, rung after anything it may wait for (None: it polls)
         self._bell: Doorbell | None = None
         self._use_cma = False
@@ -145,7 +146,8 @@ class ShmChannel(Channel):
         self._use_cma = out.ctrl[CMA_STATE] == 1
         self._payload = out.slot_bytes - SLOT_HEADER.size
         self._out = out
-        self._bell = Doorbell.attach(self._peer_pid, self._peer_bell_fd)
+        self._bell = Doorbell.attach(self._peer_pid, self._peer_bell_fd,
+                                     self._peer_bell_token)
         if self._bell is not None:
             out.ctrl[RINGS] = 1
             self._bell.ring()       # the peer may wait for this channel to become ready

@@ -19,13 +19,19 @@ Protocol (one page: a wake sequence word and a waiter count, both 32-bit):
 
 A ring that lands between the announcement and the sleep changes the sequence, so the
 ``FUTEX_WAIT`` (which compares it in the kernel) does not sleep; a ring before the
-announcement comes after the publication the re-check then sees. Every sleep has a timeout
-(the caller's liveness and deadline checks): a wake-up lost anyway (the ringer's store of
-its publication still in its CPU's store buffer while it read a stale count: Python issues
-no fence there) costs one sleep, never a hang.
+announcement comes after the publication the re-check then sees. ``ring`` fences between
+the publication and its read of the count (a lock's locked instruction), so that the read
+cannot pass the store still in the CPU's store buffer. Every sleep has a timeout (the
+caller's liveness and deadline checks): a wake-up lost anyway costs one sleep, never a hang.
+The bump is not atomic: a ringer descheduled between its read and its write writes a value
+from the past. Each mapping bumps by a random odd step of its own, so that value is not
+the one a waiter announced after another ringer's bump (unless two steps are equal).
 
 The page is a ``memfd`` of the owner; peers map it through ``/proc/<pid>/fd/<fd>`` (the
-same-user access cross-memory attach needs, so nothing is ever left in /dev/shm). Not the
+same-user access cross-memory attach needs, so nothing is ever left in /dev/shm). A peer
+maps it only if that link names a pycoll doorbell memfd and the page holds the random token
+the owner published with the fd (``token``): a reused pid, or a pid of another namespace,
+may name any file of the same user there, and ``ring`` writes into what it maps. Not the
 ``FUTEX_PRIVATE`` operations: the word is shared between processes. Where futexes, memfd or
 that access are missing, ``create``/``attach`` return None and waiting polls as before.
 """
@@ -45,7 +51,9 @@ SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98}.get(platform.machine().
 FUTEX_WAIT = 0
 FUTEX_WAKE = 1
 SEQUENCE, WAITERS = 0, 1        # uint32 indices into the page
+TOKEN = slice(16, 32)           # the bytes of the owner's random token
 PAGE = 4096
+NAME = "pycoll-doorbell"
 
 SUPPORTED = sys.platform == "linux" and SYS_FUTEX > 0 and hasattr(os, "memfd_create")
 _libc = ctypes.CDLL(None, use_errno=True) if SUPPORTED else None
@@ -56,6 +64,8 @@ class _Timespec(ctypes.Structure):
 
 
 _SYS_FUTEX = ctypes.c_long(SYS_FUTEX)
+#: acquired and released in ``ring`` for its locked instruction (a full memory barrier)
+_FENCE = threading.Lock()
 _WAIT, _WAKE, _ALL = ctypes.c_int(FUTEX_WAIT), ctypes.c_int(FUTEX_WAKE), ctypes.c_uint32(0x7FFFFFFF)
 
 
@@ -70,6 +80,14 @@ class Doorbell:
         #: the futex word's address, as the system call takes it
         self._futex = ctypes.c_void_p(view_address(self.words) + 4 * SEQUENCE)
         self._lock = threading.Lock()      # the owner's threads announce one at a time
+        #: this mapping's sequence step (``ring``; see the module docstring)
+        self._step = int.from_bytes(os.urandom(4), "little") | 1
+
+    @property
+    def token(self) -> str:
+        """The page's random token (hex), published with the owner's fd: what ``attach``
+        checks it mapped."""
+        return bytes(self._mm[TOKEN]).hex()
 
     @classmethod
     def create(cls) -> Doorbell | None:
@@ -77,34 +95,45 @@ class Doorbell:
         if not SUPPORTED:
             return None
         try:
-            fd = os.memfd_create("pycoll-doorbell", os.MFD_CLOEXEC)
+            fd = os.memfd_create(NAME, os.MFD_CLOEXEC)
         except OSError:
             return None
         try:
             os.ftruncate(fd, PAGE)
-            return cls(mmap.mmap(fd, PAGE), fd)
+            mm = mmap.mmap(fd, PAGE)
+            mm[TOKEN] = os.urandom(TOKEN.stop - TOKEN.start)
+            return cls(mm, fd)
         except OSError:
             os.close(fd)
             return None
 
     @classmethod
-    def attach(cls, pid: int, fd: int) -> Doorbell | None:
+    def attach(cls, pid: int, fd: int, token: str) -> Doorbell | None:
         """A peer's bell, to ring; None where it cannot be mapped (another user, ptrace
-        forbidden, not Linux): that peer then polls for this rank's work."""
-        if not SUPPORTED or fd < 0:
+        forbidden, not Linux): that peer then polls for this rank's work. Also None where
+        ``/proc/<pid>/fd/<fd>`` is not a pycoll doorbell memfd or its page does not hold
+        ``token``: not the bell the peer published (see the module docstring)."""
+        if not SUPPORTED or fd < 0 or not token:
             return None
+        path = f"/proc/{pid}/fd/{fd}"
         try:
-            own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            if not os.readlink(path).startswith(f"/memfd:{NAME}"):
+                return None
+            own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError:
             return None
         try:
             if os.fstat(own).st_size != PAGE:
                 return None
-            return cls(mmap.mmap(own, PAGE), None)
+            bell = cls(mmap.mmap(own, PAGE), None)
         except OSError:
             return None
         finally:
             os.close(own)
+        if bell.token != token:
+            bell.close()
+            return None
+        return bell
 
     # -- the owner ---------------------------------------------------------------------------
     def announce(self) -> int:
@@ -131,8 +160,12 @@ class Doorbell:
     def ring(self) -> None:
         """Wake the owner if it waits (called after publishing what it waits for)."""
         words = self.words
+        # a full fence between the caller's publication and the read of the count: x86 may
+        # let that load pass the store, read a stale zero, and lose the wake (one sleep)
+        with _FENCE:
+            pass
         if words[WAITERS]:
-            words[SEQUENCE] = (words[SEQUENCE] + 1) & 0xFFFFFFFF
+            words[SEQUENCE] = (words[SEQUENCE] + self._step) & 0xFFFFFFFF
             _libc.syscall(_SYS_FUTEX, self._futex, _WAKE, _ALL, None, None, 0)  # type: ignore[union-attr]
 
     def close(self) -> None:

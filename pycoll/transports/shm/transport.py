@@ -105,7 +105,8 @@ class ShmTransport(Transport):
         return {"pid": os.getpid(), "probe": ctypes.addressof(self._probe),
                 "prefix": self._prefix, "slots": self.settings.num_slots,
                 "slot_bytes": self.settings.slot_bytes,
-                "bell": -1 if self.bell is None or self.bell.fd is None else self.bell.fd}
+                "bell": -1 if self.bell is None or self.bell.fd is None else self.bell.fd,
+                "bell_token": "" if self.bell is None else self.bell.token}
 
     def _cma_works(self, pid: int, probe: int) -> bool:
         if not self.settings.cma:
