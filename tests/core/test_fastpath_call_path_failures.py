@@ -72,7 +72,13 @@ def _is_closed_error(text: str, rank: int) -> bool:
             and "segment is closed (communicator finalized)" in text)
 
 
-@pytest.mark.parametrize("path", ["compiled", "python"])
+@pytest.mark.parametrize("path", [
+    pytest.param("compiled", marks=pytest.mark.xfail(
+        strict=False, reason="open (issue 45): on the Cython call path rank 0's settle of the "
+        "late broadcast mostly ends inside the cfunc, so the close this test makes inside "
+        "FastPath.settle is not reached on an idle host (it was, beside busy loops); the "
+        "python case below covers the close")),
+    "python"])
 def test_a_segment_closed_while_a_call_settles_fails_that_call(monkeypatch, path):
     """A call refuses to run its kernel on a segment closed while it settled (it crashed),
     compiled or not. Where compiled, the first wait of a settle runs in the kernel's cfunc:
