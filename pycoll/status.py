@@ -167,22 +167,27 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that name a job and how to ask it (``pycoll.status``, ``pycoll.top``)."""
+    p.add_argument("address", metavar="HOST:PORT", help="the job's store "
+                   "(PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT)")
+    p.add_argument("--name", default="world", help="the root communicator (default world)")
+    p.add_argument("--timeout", type=float, default=2.0,
+                   help="seconds to wait for each rank's answer (default 2)")
+    p.add_argument("--hung-after", type=float, default=HUNG_AFTER_S,
+                   help="seconds a call must wait before the job counts as hung (default 1)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m pycoll.status",
         description="Show every rank of a running pycoll job: in which call, for how long, "
                     "whom it waits for; who is hung, dead or a straggler. The job secret "
                     "comes from PYCOLL_TOKEN.")
-    p.add_argument("address", metavar="HOST:PORT", help="the job's store "
-                   "(PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT)")
+    add_job_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until interrupted")
-    p.add_argument("--name", default="world", help="the root communicator (default world)")
-    p.add_argument("--timeout", type=float, default=2.0,
-                   help="seconds to wait for each rank's answer (default 2)")
-    p.add_argument("--hung-after", type=float, default=HUNG_AFTER_S,
-                   help="seconds a call must wait before the job counts as hung (default 1)")
     args = p.parse_args(argv)
     from rendezvous import AuthError, StoreError
     while True:

@@ -21,7 +21,14 @@ import time
 from typing import Any
 
 from .comm.status import Refused
-from .status import HEADER, HUNG_AFTER_S, collect, row_line, straggler_lines, verdict_line
+from .status import (
+    HEADER,
+    add_job_arguments,
+    collect,
+    row_line,
+    straggler_lines,
+    verdict_line,
+)
 
 #: how each kind of line is drawn: (colour, attributes)
 _STYLE = {"hold": (curses.COLOR_RED, curses.A_BOLD | curses.A_REVERSE),
@@ -132,15 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         description="A live view of a running pycoll job: a row per rank, the hung and the "
                     "slow highlighted (q quits). The job secret comes from PYCOLL_TOKEN. "
                     "Without a terminal, use python -m pycoll.status --watch.")
-    p.add_argument("address", metavar="HOST:PORT", help="the job's store "
-                   "(PYCOLL_MASTER_ADDR:PYCOLL_MASTER_PORT)")
+    add_job_arguments(p)
     p.add_argument("--interval", type=float, default=1.0,
                    help="seconds between refreshes (default 1)")
-    p.add_argument("--name", default="world", help="the root communicator (default world)")
-    p.add_argument("--timeout", type=float, default=2.0,
-                   help="seconds to wait for each rank's answer (default 2)")
-    p.add_argument("--hung-after", type=float, default=HUNG_AFTER_S,
-                   help="seconds a call must wait before the job counts as hung (default 1)")
     args = p.parse_args(argv)
     if not sys.stdout.isatty():
         print("pycoll.top: needs a terminal; use python -m pycoll.status --watch",
