@@ -128,15 +128,7 @@ class VariantCollectives:
         self._own_block(what, "input", input, inp, counts)
         out = bounds = None
         if self.rank == root:
-            out = plan.buffer(output, what, name="output", reads=False)
-            plan.same_dtype(out, inp, what)
-            bounds = plan.split_bounds(output, out, counts, "counts", what)
-            a, b = bounds[root]
-            if b - a != inp.count:
-                raise InvalidArgument(
-                    f"rank {self.rank}: {what}: output rows hold {b - a} elements for "
-                    f"counts[{root}] but input has {inp.count}: output and input rows differ "
-                    "in size (nothing was sent)")
+            out, bounds = self._root_rows(what, output, "output", inp, "input", counts, root)
         fn = ALGORITHMS["gather"]["linear"].run
         check = self._move_check(what, integrity, inp.mem_type,
                                  *((out.mem_type,) if out is not None else ()))
@@ -160,6 +152,25 @@ class VariantCollectives:
                             body, timeout, async_op, output if self.rank == root else None,
                             check)
 
+    def _root_rows(self, what: str, whole: Any, whole_name: str, own: Any, own_name: str,
+                   counts: Sequence[int], root: int) -> tuple[Any, Any]:
+        """The root's buffer of every rank's rows (gatherv's output, scatterv's input), checked
+        against ``own`` (the root's own block): same dtype, rows split by ``counts``, the
+        root's rows the size of its block. Returns the buffer and each rank's bounds."""
+        plan = self._plan
+        buf = (plan.buffer(whole, what, name=whole_name, reads=False) if whole_name == "output"
+               else plan.buffer(whole, what, name=whole_name, writable=False))
+        plan.same_dtype(buf if whole_name == "output" else own,
+                        own if whole_name == "output" else buf, what)
+        bounds = plan.split_bounds(whole, buf, counts, "counts", what)
+        a, b = bounds[root]
+        if b - a != own.count:
+            raise InvalidArgument(
+                f"rank {self.rank}: {what}: {whole_name} rows hold {b - a} elements for "
+                f"counts[{root}] but {own_name} has {own.count}: {whole_name} and {own_name} "
+                "rows differ in size (nothing was sent)")
+        return buf, bounds
+
     def scatterv(self, output: Any, input: Any, counts: Sequence[int], root: int = 0, *,
                  timeout: float | None = None, async_op: bool = False,
                  integrity: bool | None = None) -> Work | None:
@@ -175,15 +186,7 @@ class VariantCollectives:
         self._own_block(what, "output", output, out, counts)
         inp = bounds = None
         if self.rank == root:
-            inp = plan.buffer(input, what, name="input", writable=False)
-            plan.same_dtype(out, inp, what)
-            bounds = plan.split_bounds(input, inp, counts, "counts", what)
-            a, b = bounds[root]
-            if b - a != out.count:
-                raise InvalidArgument(
-                    f"rank {self.rank}: {what}: input rows hold {b - a} elements for "
-                    f"counts[{root}] but output has {out.count}: input and output rows differ "
-                    "in size (nothing was sent)")
+            inp, bounds = self._root_rows(what, input, "input", out, "output", counts, root)
         fn = ALGORITHMS["scatter"]["linear"].run
         check = self._move_check(what, integrity, out.mem_type,
                                  *((inp.mem_type,) if inp is not None else ()))
