@@ -61,6 +61,15 @@ def _get(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
+def _timed(samples: dict, timing: str | None = None, **labels: str) -> float:
+    """The latency histogram's ``_count`` for ``labels``, summed over its timings (or of
+    one ``timing``); 0 where it has no series."""
+    want = set(labels.items())
+    return sum(v for (name, lab), v in samples.items()
+               if name == "pycoll_collective_latency_seconds_count" and want <= set(lab)
+               and (timing is None or ("timing", timing) in lab))
+
+
 def test_metrics_count_the_calls_made_and_survive_hostile_clients(job: Any,
                                                                   tmp_path: Path) -> None:
     start = tmp_path / "start"
@@ -98,8 +107,12 @@ def test_metrics_count_the_calls_made_and_survive_hostile_clients(job: Any,
             for c, k in (("allreduce", "le1KiB"), ("broadcast", "le1MiB")):
                 assert _get(samples, "pycoll_collective_errors_total", **lab,
                             collective=c, size_class=k) == 0
-                assert _get(samples, "pycoll_collective_latency_seconds_count", **lab,
-                            collective=c, size_class=k) <= CALLS
+                assert _timed(samples, **lab, collective=c, size_class=k) <= CALLS
+            # every call timed: measured, or a fast call by its successor's start; only the
+            # job's last call (a broadcast) may wait for a successor it never has
+            assert _timed(samples, **lab, collective="allreduce", size_class="le1KiB") == CALLS
+            assert _timed(samples, **lab, collective="broadcast",
+                          size_class="le1MiB") >= CALLS - 1
             assert _get(samples, "pycoll_collectives_numbered_total", **lab) >= 2 * CALLS
             assert _get(samples, "pycoll_communicator_failed", **lab) == 0
             again = _scrape(target)                # a second scrape counts nothing twice
@@ -158,6 +171,64 @@ def test_calls_that_left_the_ring_are_counted_as_unrecorded() -> None:
                 for s in family.samples:
                     samples[s.name + s.labels.get("collective", "")] = s.value
             recorded = samples["pycoll_collective_calls_totalallreduce"]
+            # the histogram samples what the ring held: at most the calls it counted
+            assert samples.get("pycoll_collective_latency_seconds_countallreduce", 0) \
+                <= recorded
             assert recorded < samples["pycoll_collectives_numbered_total"]
             assert recorded + samples["pycoll_collectives_unrecorded_total"] \
                 == samples["pycoll_collectives_numbered_total"], samples
+
+
+def _small_fast_calls(comm: Any) -> dict[str, Any]:
+    import numpy as np
+
+    def scrape() -> str:
+        where = comm._metrics.host, comm._metrics.port
+        with urllib.request.urlopen(f"http://{where[0]}:{where[1]}/metrics",
+                                    timeout=60) as r:
+            return r.read().decode()
+    x = np.ones(2, dtype=np.float32)       # 8 B
+    took = time.monotonic()
+    for _ in range(CALLS):
+        comm.allreduce(x)
+    took = time.monotonic() - took
+    first = scrape()
+    comm.barrier()                          # the last allreduce's successor
+    return {"path": comm.selected_algorithm("allreduce", x.nbytes), "took": took,
+            "ok": bool((x == comm.size ** CALLS).all()), "pages": [first, scrape()]}
+
+
+def test_fast_path_calls_are_in_the_latency_histogram() -> None:
+    """8 B allreduces on shm take the fast path, which reads the clock once per call (its
+    start): each is timed at scrape time by the next call's start (``timing="next_call"``,
+    an upper bound), the last one once its successor has started, and nothing is measured
+    twice. Real rank processes, a real HTTP scrape, prometheus_client's parser."""
+    from pycoll.testing import run_ranks
+    for rank, got in enumerate(run_ranks(_small_fast_calls, 2,
+                                         env={"PYCOLL_METRICS_PORT": "0",
+                                              "PYCOLL_TRANSPORTS": "shm"})):
+        assert got["path"] == "fastpath" and got["ok"], got
+        lab = {"communicator": "world", "collective": "allreduce", "size_class": "le1KiB"}
+        for scrape, timed in enumerate((CALLS - 1, CALLS)):
+            samples = {}
+            buckets = []
+            for family in parser.text_string_to_metric_families(got["pages"][scrape]):
+                for s in family.samples:
+                    labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                          if k not in ("rank", "le")))
+                    samples[(s.name, labels)] = s.value
+                    if (s.name == "pycoll_collective_latency_seconds_bucket"
+                            and s.labels.get("collective") == "allreduce"):
+                        buckets.append(s.value)
+            assert _get(samples, "pycoll_collective_calls_total", **lab) == CALLS
+            assert _get(samples, "pycoll_collective_bytes_total", **lab) == CALLS * 8
+            assert _timed(samples, "next_call", **lab) == timed, (rank, scrape)
+            assert _timed(samples, "measured", **lab) == 0
+            assert buckets == sorted(buckets) and buckets[-1] == timed     # +Inf: the count
+            total = _get(samples, "pycoll_collective_latency_seconds_sum", **lab,
+                         timing="next_call")
+            # the bounds of the first CALLS - 1 calls lie inside the loop that made them
+            if scrape == 0:
+                assert 0 < total <= got["took"], (total, got["took"])
+            print(f"rank {rank} scrape {scrape}: {int(timed)} fast allreduces timed, "
+                  f"mean bound {total / timed * 1e6:.1f} us")
