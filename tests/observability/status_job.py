@@ -4,8 +4,10 @@ made to misbehave as the environment says.
 STEP_S     the user code's time per step (a sleep)
 SLOW       this rank's steps take SLOW_FACTOR x STEP_S (a straggler)
 SLEEPER    this rank stops in user code at step 50 until the file RELEASE exists
-GIL        this rank runs one long C call that holds the GIL at step 50 (after touching
-           MARK), until... it returns
+GIL        this rank runs one long numpy call at step 50 (touching MARK before it and
+           MARK.done after it): GIL_CALL "holds" sorts GIL_N Python ints in an object array
+           (numpy holds the GIL: each comparison is a Python object's), "releases" sorts
+           GIL_N float64 (numpy releases the GIL while it sorts)
 RELEASE    the loop ends once this file exists (or after MAX_STEPS)
 FAILED     where a rank that lost a peer writes so, then waits for RELEASE
 STATS      rank 0 prints comm.stats()'s stragglers once the loop ends
@@ -50,9 +52,16 @@ try:
         if i == 50 and rank == int(os.environ.get("SLEEPER", "-1")):
             wait_release()
         if i == 50 and rank == int(os.environ.get("GIL", "-1")):
+            n = int(os.environ.get("GIL_N", "3000000"))
+            rng = np.random.default_rng(0)
+            if os.environ.get("GIL_CALL", "holds") == "holds":
+                data = rng.integers(0, 1 << 60, n).astype(object)
+            else:
+                data = rng.random(n)
             open(os.environ["MARK"], "w").close()
-            # builtin sum over a range: one C call that never gives the GIL up
-            sum(range(int(os.environ.get("GIL_N", "1000000000"))))
+            np.sort(data)                       # one numpy call
+            open(os.environ["MARK"] + ".done", "w").close()
+            del data
         x = np.full(4, rank + 1, dtype=np.float32)
         comm.allreduce(x)
         if not (x == expect).all():

@@ -162,22 +162,46 @@ def test_a_wrong_or_missing_secret_is_refused(job: Any) -> None:
     _all_done(j.finish())
 
 
-def test_a_rank_holding_the_gil_shows_unreachable(job: Any, tmp_path: Path) -> None:
-    mark = tmp_path / "in-c-call"
-    j = job(GIL=1, MARK=mark)
+@pytest.mark.parametrize("call", ["holds", "releases"])
+def test_a_rank_in_a_long_numpy_call(job: Any, tmp_path: Path, call: str) -> None:
+    """Rank 1 sorts at its step 50 in one numpy call of seconds, while the others wait for it
+    in allreduce #51. Sorting an object array holds the GIL (every comparison is a Python
+    object's), so its status thread cannot answer: the rank shows unreachable, and the tool
+    says the GIL may be why. Sorting floats releases the GIL: the rank answers, outside
+    pycoll since allreduce #50. Either way the job then finishes correctly. The asking is
+    done while the call runs; if the call ended first (a fast machine), there is nothing to
+    show and the test skips."""
+    mark = tmp_path / "in-numpy"
+    done = tmp_path / "in-numpy.done"
+    j = job(GIL=1, MARK=mark, GIL_CALL=call, GIL_N=3_000_000 if call == "holds" else 20_000_000)
     end = time.monotonic() + 120
     while not mark.exists() and time.monotonic() < end:
         time.sleep(0.05)
     assert mark.exists()
-    r = j.status("--json", "--timeout", "1")
-    report = json.loads(r.stdout)
+    time.sleep(1.0)         # the others reach allreduce #51 and wait there
+    asks = [subprocess.Popen([sys.executable, "-m", "pycoll.status", j.address, *args,
+                              "--timeout", "1"],
+                             env={**os.environ, "PYCOLL_TOKEN": TOKEN}, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for args in (["--json"], [])]
+    outs = [p.communicate(timeout=120) for p in asks]
+    if done.exists():
+        _all_done(j.finish(deadline=300))
+        pytest.skip("the numpy call returned before the answers: nothing to show")
+    assert all(p.returncode == 0 for p in asks), outs
+    report, text = json.loads(outs[0][0]), outs[1][0]
+    print(text)
     row = report["ranks"][1]
-    # the call holds the GIL for seconds: unless it already returned, the rank cannot answer
-    if row["state"] == "unreachable":
-        assert "GIL" in row["reason"], row
+    if call == "holds":
+        assert row["state"] == "unreachable" and "GIL" in row["reason"], row
         assert report["hung"] is None or report["hung"]["waiting_for"] == [1], report["hung"]
     else:
-        pytest.skip("the C call returned before the query (a fast machine): nothing to show")
+        assert row["state"] == "outside", row
+        assert row["after"] == {"collective": "allreduce", "seq": 50}, row
+        assert report["hung"]["waiting_for"] == [1], report["hung"]
+    for other in (0, 2, 3, 4, 5, 6, 7):
+        assert report["ranks"][other]["state"] == "in_collective", report["ranks"][other]
+        assert report["ranks"][other]["seq"] == 51, report["ranks"][other]
     _all_done(j.finish(deadline=300))
 
 
