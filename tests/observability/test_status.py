@@ -117,8 +117,22 @@ def test_a_rank_in_user_code_is_named_while_the_job_runs_on(job: Any) -> None:
 
 
 def test_a_slower_rank_is_named_a_straggler(job: Any) -> None:
+    started = time.monotonic()
     j = job(SLOW=5, SLOW_FACTOR=1.2, STEP_S=0.03, STATS=1, PYCOLL_STRAGGLER_LOG=1)
-    report = j.poll(lambda r: any(s["rank"] == 5 for s in r["stragglers"]))
+    running: list[float] = []       # when every rank first answered (the loop under way)
+
+    def named(r: dict[str, Any]) -> bool:
+        if not running and all(x["state"] in ("in_collective", "outside")
+                               for x in r["ranks"]):
+            running.append(time.monotonic())
+        return any(s["rank"] == 5 for s in r["stragglers"])
+    report = j.poll(named)
+    # what the "named within 10 s" asks, printed, not asserted (a loaded machine
+    # starts 8 interpreters slowly); each ask starts the tool's interpreter, so the time
+    # is known to within one ask
+    now = time.monotonic()
+    print(f"straggler first named {now - started:.1f} s after the job started, "
+          f"{now - (running or [now])[0]:.1f} s after every rank first answered")
     named = [s for s in report["stragglers"] if s["rank"] == 5][0]
     assert named["collective"] == "allreduce" and named["late_fraction"] >= 0.5, named
     assert [s["rank"] for s in report["stragglers"]] == [5], report["stragglers"]
