@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from pycoll.bench.collectives import SPECS  # noqa: E402
 from pycoll.bench.options import format_size, message_sizes, parse_message_range  # noqa: E402
 
 LIBS = ("pycoll", "gloo", "mpich", "openmpi")
@@ -261,6 +262,8 @@ def _common_args(a, coll: str, sizes: str) -> list[str]:
         args += ["-x", str(a.warmup)]
     if a.validate:
         args += ["-c"]
+    if coll in SPECS and SPECS[coll].rma is not None:     # a one-sided test: its window
+        args += ["-w", a.window_type]
     return args
 
 
@@ -611,6 +614,9 @@ def parse_args(argv=None):
     p.add_argument("-T", "--dtype", default="float32")
     p.add_argument("-o", "--op", default="sum")
     p.add_argument("-c", "--validate", action="store_true", help="validate every result")
+    p.add_argument("-w", "--window-type", default="allocate", choices=("allocate", "create"),
+                   help="one-sided tests: windows on library-allocated memory "
+                        "(MPI_Win_allocate, OSU's default) or on the benchmark's buffer")
     p.add_argument("--transport", default=None, help="force pycoll's transport (tcp|shm)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="buffer device (default cpu); cuda: pycoll only (the peer runners move "

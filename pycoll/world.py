@@ -287,6 +287,11 @@ def window(buffer: Any, **options: Any) -> Window:
     return world().window(buffer, **options)
 
 
+def allocate_window(count: int, dtype: Any = "float32", **options: Any) -> Window:
+    """``Communicator.allocate_window`` on the default communicator (collective)."""
+    return world().allocate_window(count, dtype, **options)
+
+
 def new_group(ranks: Any) -> Communicator | None:
     """A communicator of ``ranks`` (world ranks); every world rank must call it, in order.
 

@@ -84,10 +84,15 @@ class MPIBackend(BufferDelegate):
     def recv(self, buf, src):
         self.comm.Recv(buf, source=src)
 
-    # -- one-sided: MPI_Win_create on the buffer, passive target (lock/flush/unlock), as
-    # OSU's osu_put_latency -w create -s flush
+    # -- one-sided: MPI_Win_allocate (or MPI_Win_create on the buffer, -w create), passive
+    # target (lock/flush/unlock), as OSU's osu_put_latency -w allocate|create -s flush
     def window(self, buf):
         return self.MPI.Win.Create(buf, disp_unit=buf.itemsize, comm=self.comm)
+
+    def allocate_window(self, count, dtype):
+        item = np.dtype(dtype).itemsize
+        win = self.MPI.Win.Allocate(count * item, disp_unit=item, comm=self.comm)
+        return win, np.frombuffer(win.tomemory(), dtype=dtype, count=count)
 
     def free_window(self, win):
         win.Free()

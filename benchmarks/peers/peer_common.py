@@ -41,6 +41,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-c", "--validation", action="store_true")
     p.add_argument("-W", "--window-size", dest="window", type=int, default=64,
                    help="operations per round of the bw tests (bw, put_bw, get_bw, put_bibw)")
+    p.add_argument("-w", "--window-type", default="allocate", choices=("allocate", "create"),
+                   help="one-sided tests: the window's memory, as OSU's -w: allocate (the "
+                        "library allocates it, MPI_Win_allocate / allocate_window; default) "
+                        "or create (the benchmark's buffer, MPI_Win_create / window)")
     p.add_argument("--label", default=None)
     return p
 
@@ -62,6 +66,7 @@ def peer_main(backend, args, extra_meta=None) -> int:
                 "python": platform.python_version(), "pid": os.getpid()}
         meta.update(extra_meta or {})
         emit({"meta": meta})
+    backend.window_type = args.window_type
     rc = 0
     for coll in [c.strip() for c in args.collectives.split(",") if c.strip()]:
         if coll not in C.SPECS:

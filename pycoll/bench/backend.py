@@ -131,6 +131,8 @@ class PycollBackend(BufferDelegate):
     """Adapter from pycoll's module-level API to the runner's protocol."""
 
     name = "pycoll"
+    #: the one-sided tests' windows (``-w``): ``allocate_window`` or ``window`` on a buffer
+    window_type = "allocate"
 
     def __init__(self, device: str = "cpu", dtypes=("float32",)):
         import pycoll
@@ -197,6 +199,10 @@ class PycollBackend(BufferDelegate):
     # is no epoch to open and flush only checks the window
     def window(self, buf):
         return self.comm.window(buf)
+
+    def allocate_window(self, count, dtype):
+        win = self.comm.allocate_window(count, np.dtype(dtype))
+        return win, win.local
 
     def free_window(self, win):
         win.close()

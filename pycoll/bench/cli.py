@@ -81,6 +81,7 @@ def build_meta(opts: Options, backend, argv: list[str]) -> dict:
         "transport": backend.transport(), "dtypes": opts.dtypes, "ops": opts.ops,
         "validate": opts.validate, "window": opts.window, "algo": opts.algo,
         "time_budget": opts.time_budget, "compress": opts.compress,
+        "window_type": opts.window_type,
         "iters_text": (str(opts.iterations) if opts.iterations is not None
                        else f"{it_small[0]}/{it_large[0]}"),
         "warmup_text": (str(opts.warmup) if opts.warmup is not None
@@ -138,6 +139,7 @@ def run(opts: Options, argv: list[str]) -> int:
 
     try:
         backend = PycollBackend(opts.device, opts.dtypes)
+        backend.window_type = opts.window_type
     except BenchError as e:
         print(f"pycoll.bench: {e}", file=sys.stderr)
         return 2

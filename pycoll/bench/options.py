@@ -203,6 +203,7 @@ class Options:
     label: str | None
     modes: Modes = PLAIN
     compress: str | None = None     # --compress: the wire format (PYCOLL_COMPRESS in the ranks)
+    window_type: str = "allocate"   # -w: one-sided tests' window memory (allocate | create)
 
     def sizes(self) -> list[int]:
         return message_sizes(self.min_size, self.max_size)
@@ -265,6 +266,10 @@ def build_parser(prog: str = "python -m pycoll.bench") -> argparse.ArgumentParse
     p.add_argument("-W", "--window-size", dest="window", type=int, default=DEFAULT_WINDOW,
                    help="messages in flight per round in the bw tests (bw, put_bw, put_bibw, "
                         "get_bw: operations between flushes; default 64)")
+    p.add_argument("-w", "--window-type", default="allocate", choices=("allocate", "create"),
+                   help="one-sided tests: the window's memory, as OSU's -w: allocate (the "
+                        "library allocates it, MPI_Win_allocate / allocate_window; default) "
+                        "or create (the benchmark's buffer, MPI_Win_create / window)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="cap timed iterations so each size takes about SECONDS "
                         "(estimated from a probe op; at least --min-iterations)")
@@ -367,7 +372,7 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
         json=ns.json, csv=ns.csv, plot=ns.plot, fmt=ns.fmt, timing=ns.timing,
         window=ns.window, time_budget=ns.time_budget, min_iterations=max(1, ns.min_iterations),
         quiet=ns.quiet, corrupt_rank=corrupt, label=ns.label, modes=modes,
-        compress=ns.compress,
+        compress=ns.compress, window_type=ns.window_type,
     )
 
 

@@ -122,8 +122,9 @@ def rma_lines(meta: dict) -> list[str]:
     """The one-sided tests' lines, named as OSU names them (``# Window creation:``,
     ``# Synchronization:``)."""
     op, kind = SPECS[meta["collective"]].rma  # type: ignore[misc]
-    created = (meta.get("window_creation")
-               or "comm.window (the rank's own buffer, as MPI_Win_create)")
+    created = ("comm.window (the rank's own buffer, as MPI_Win_create)"
+               if meta.get("window_type") == "create"
+               else "comm.allocate_window (pycoll's memory, as MPI_Win_allocate)")
     lines = [f"# Window creation: {created}",
              f"# Synchronization: {meta.get('synchronization', 'flush')}"]
     if kind == "latency":

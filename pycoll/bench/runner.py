@@ -21,6 +21,8 @@ Backend protocol (duck-typed)::
 One-sided tests (put, get, accumulate and their bw forms) also use::
 
     window(buf) -> win                  # collective: expose buf (MPI_Win_create)
+    allocate_window(count, dtype) -> (win, local)   # MPI_Win_allocate, when window_type
+                                        # is "allocate" (OSU's -w; the default)
     free_window(win)                    # collective
     lock(win, target) / unlock(win, target)   # the passive-target epoch around the loop
     rma(kind, win, buf, target, offset) # one put/get/accumulate (sum), offset in elements
@@ -375,15 +377,20 @@ def _run_one_sided(b, collective: str, size: int, dtype: str, *, iters: int, war
     cd = C.compute_dtype(dtype)
     per = 1 if test == "latency" else window
     local = b.alloc(count * per, dtype)
-    exposed = b.alloc(count * per, dtype)
     b.write(local, np.ones(count * per, dtype=cd))
+    allocated = getattr(b, "window_type", "create") == "allocate"
+    if allocated:           # MPI_Win_allocate: the library's memory (OSU's default, -w)
+        win, exposed = b.allocate_window(count * per, dtype)
+    else:                   # MPI_Win_create on the benchmark's buffer
+        exposed = b.alloc(count * per, dtype)
     b.write(exposed, np.zeros(count * per, dtype=cd))
     me = b.rank
     origin = me == 0 or (test == "bibw" and me == 1)
     peer = 1 - me if me < 2 else None
     parts = [local[j * count:(j + 1) * count] for j in range(per)]
     perf = time.perf_counter
-    win = b.window(exposed)
+    if not allocated:
+        win = b.window(exposed)
 
     def one_round():
         for j in range(per):
@@ -436,6 +443,7 @@ def _run_one_sided(b, collective: str, size: int, dtype: str, *, iters: int, war
         "size": nbytes, "requested_size": size, "count": count, "dtype": dtype,
         "op": "sum" if kind == "accumulate" else None, "root": -1, "algorithm": None,
         "timing": "osu", "synchronization": "flush",
+        "window_type": "allocate" if allocated else "create",
         "iterations": iters, "warmup": warmup, "window": per if test != "latency" else None,
         "avg_us": lat, "min_us": lat, "max_us": lat, "p50_us": None, "p99_us": None,
         "iter_min_us": None, "iter_max_us": None,

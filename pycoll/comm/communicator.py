@@ -27,6 +27,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
+
 from rendezvous import Store, StoreError
 
 from .. import debug, fastpath
@@ -461,6 +463,26 @@ class Communicator(Collectives, FusedCollectives, VariantCollectives, Persistent
         through which any rank puts into, gets from and accumulates into any rank's part."""
         self._windows_made += 1
         win = open_window(self, buffer, self._windows_made, as_seconds(timeout, "timeout"))
+        self._windows.append(win)
+        return win
+
+    def allocate_window(self, count: int, dtype: Any = "float32", *,
+                        timeout: Timeout = None) -> Window:
+        """Collective: as ``window``, on ``count`` zeroed elements of ``dtype`` that pycoll
+        allocates (MPI's ``Win_allocate``), readable and writable as the window's ``local``.
+        Where ranks share a host (shm) the memory is one that peers map, so a put or get
+        between them is a plain copy (docs/windows.md)."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise InvalidArgument(f"rank {self.rank}: allocate_window: count={count!r} must "
+                                  "be an integer >= 0")
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            raise InvalidArgument(f"rank {self.rank}: allocate_window: dtype={dtype!r} is not "
+                                  "a numpy dtype") from None
+        self._windows_made += 1
+        win = open_window(self, None, self._windows_made, as_seconds(timeout, "timeout"),
+                          allocate=(int(count), np_dtype))
         self._windows.append(win)
         return win
 

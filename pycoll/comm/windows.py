@@ -28,6 +28,10 @@ from ..transports.base import Channel
 from ..transports.registry import capabilities
 from ..transports.windows import ACCUMULATE_OPS, ExposedWindow, RemoteWindow, Update, wait_until
 
+#: how often ``flush`` asks whether a target whose window this process maps is alive
+LIVENESS_SECONDS = 0.01
+_monotonic = time.monotonic
+
 
 class WindowComm(Protocol):
     """What a window uses of its communicator (``Communicator``)."""
@@ -85,6 +89,22 @@ class Window:
         self._remotes = remotes
         self._local = local
         self._invalid: str | None = None
+        self._np_dtype = buf.array.dtype
+        #: target -> (its window as elements, its control words: ``[1]`` set once it is
+        #: released) where this process maps it (allocated over shm, and this rank's own):
+        #: ``put``/``get`` of a contiguous array of the window's dtype copy there directly
+        self._direct: dict[int, tuple[np.ndarray, Any]] = {}
+        for peer, remote in remotes.items():
+            mapped = remote.direct()
+            if mapped is not None and mapped[0].nbytes % self.itemsize == 0:
+                self._direct[peer] = (mapped[0].view(self._np_dtype), mapped[1])
+        if buf.array.flags.c_contiguous:
+            self._direct[self.rank] = (buf.array.reshape(-1), (0, 0))
+        #: the mapped targets, whose death their copies cannot see: ``flush`` asks them
+        #: all at most every ``LIVENESS_SECONDS`` and raises for those found dead
+        self._watched = {peer: remotes[peer] for peer in self._direct if peer != self.rank}
+        self._next_watch = 0.0
+        self._dead: dict[int, PycollError] = {}
 
     # -- checks ------------------------------------------------------------------------------
     def _usable(self, what: str) -> None:
@@ -158,6 +178,13 @@ class Window:
     def put(self, src: Any, target: int, offset: int = 0, *, async_op: bool = False
             ) -> Work | None:
         """Copy ``src`` into ``target``'s window from element ``offset``."""
+        direct = self._direct.get(target) if type(target) is int else None
+        if (direct is not None and type(src) is np.ndarray and type(offset) is int
+                and not async_op and src.dtype is self._np_dtype and 0 <= offset
+                and offset + src.size <= direct[0].size and src.flags.c_contiguous
+                and not direct[1][1]):
+            direct[0][offset:offset + src.size] = src if src.ndim == 1 else src.reshape(-1)
+            return None
         remote = self._target(target, "put")
         buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
         view = memoryview(buf.array).cast("B")
@@ -168,6 +195,14 @@ class Window:
             ) -> Work | None:
         """Copy ``len(dst)`` elements of ``target``'s window from element ``offset`` into
         ``dst``."""
+        direct = self._direct.get(target) if type(target) is int else None
+        if (direct is not None and type(dst) is np.ndarray and type(offset) is int
+                and not async_op and dst.dtype is self._np_dtype and 0 <= offset
+                and offset + dst.size <= direct[0].size and dst.flags.c_contiguous
+                and dst.flags.writeable and not direct[1][1]):
+            there = direct[0][offset:offset + dst.size]
+            dst[...] = there if dst.ndim == 1 else there.reshape(dst.shape)
+            return None
         remote = self._target(target, "get")
         buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)
         view = memoryview(buf.array).cast("B")
@@ -233,9 +268,30 @@ class Window:
     def flush(self, target: int | None = None) -> None:
         """Local and remote completion of this rank's operations (to ``target``, or to all).
         Every operation completes before it returns today, so this only checks the window."""
+        if self._invalid is None and (target is None or (
+                type(target) is int and 0 <= target < self.size)):
+            if self._watched and (self._dead or _monotonic() >= self._next_watch):
+                self._check_watched(target)
+            return
         if target is not None:
             self._target(target, "flush")
         self._usable("flush")
+
+    def _check_watched(self, target: int | None) -> None:
+        """Ask every mapped target whether it lives, when due (a system call or two each:
+        not at every flush); raise ``PeerLost`` for the flushed one(s) found dead."""
+        now = _monotonic()
+        if now >= self._next_watch:
+            self._next_watch = now + LIVENESS_SECONDS
+            for peer, remote in self._watched.items():
+                if peer not in self._dead:
+                    try:
+                        self._move(peer, "flush", remote.check_alive)
+                    except PycollError as e:
+                        self._dead[peer] = e
+        for peer in self._dead if target is None else (target,):
+            if peer in self._dead:
+                raise self._dead[peer]
 
     def fence(self, *, timeout: float | None = None) -> None:
         """Collective: every rank's operations before the fence are complete and visible on
@@ -265,6 +321,7 @@ class Window:
         saying ``why``."""
         if self._invalid is None:
             self._invalid = why
+        self._direct = {}
         for remote in list(self._remotes.values()) + [self._local]:
             remote.close()
         for exposed in self._exposed.values():
@@ -287,15 +344,18 @@ class Window:
                 f"{self.counts[self.rank]} elements, {state})")
 
 
-def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) -> Window:
-    """``Communicator.window``: expose ``obj`` and attach to every peer's window."""
+def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None,
+                allocate: tuple[int, np.dtype] | None = None) -> Window:
+    """``Communicator.window``: expose ``obj`` and attach to every peer's window. With
+    ``allocate`` (count, dtype) instead, ``Communicator.allocate_window``: the memory is made
+    here, by the first transport to a peer that allocates memory its peers map (shm), or
+    by numpy where none does."""
     rank, size = comm.rank, comm.size
     limit = as_seconds(timeout, "timeout") or comm.timeout
-    buf = as_buffer(obj, name="buffer", writable=True)
+    buf = as_buffer(obj, name="buffer", writable=True) if allocate is None else None
     problem = ""
-    if buf.mem_type != HOST:
+    if buf is not None and buf.mem_type != HOST:
         problem = "its buffer is device memory (windows move host memory only so far)"
-    mem = MemRef.of(buf.array) if not problem else None
     transports: dict[str, Any] = {}
     for peer in range(size):
         if peer == rank or problem:
@@ -308,9 +368,32 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
         elif name not in transports:
             transports[name] = comm.channel(peer).transport
     exposed: dict[str, ExposedWindow] = {}
+    if allocate is not None:
+        count, np_dtype = allocate
+        maker = "" if problem else next(
+            (n for n in transports if getattr(capabilities(n), "window_memory", False)), "")
+        array = np.zeros(0 if problem else count, np_dtype)
+        if maker:
+            try:
+                made = transports[maker].allocate_window(count * np_dtype.itemsize)
+            except (OSError, PycollError) as err:
+                problem = f"its window memory could not be allocated ({err})"
+            else:
+                exposed[maker] = made
+                assert made.memory is not None
+                array = made.memory.view(np_dtype)
+        buf = as_buffer(array, name="buffer", writable=True)
+    assert buf is not None
+    mem = MemRef.of(buf.array) if not problem else None
     if not problem and mem is not None:
-        for name, transport in transports.items():
-            exposed[name] = transport.expose_window(mem, buf.dtype, buf.array.dtype)
+        try:
+            for name, transport in transports.items():
+                if name not in exposed:
+                    exposed[name] = transport.expose_window(mem, buf.dtype, buf.array.dtype)
+        except BaseException:
+            for e in exposed.values():
+                e.close()
+            raise
     mine = {"count": buf.count, "dtype": buf.dtype, "problem": problem,
             "records": {name: e.record for name, e in exposed.items()}}
     try:

@@ -66,6 +66,9 @@ class Capabilities:
     #: offers one-sided windows (``Transport.expose_window``, ``Channel.attach_window``;
     #: ``windows.py``), so ``Communicator.window`` may use it between a pair
     windows: bool = False
+    #: allocates window memory that its peers map (``Transport.allocate_window``): the
+    #: memory of ``Communicator.allocate_window`` where a pair uses this transport
+    window_memory: bool = False
 
     def moves(self, mem_type: MemoryType) -> bool:
         return mem_type in self.memory_types
@@ -326,6 +329,12 @@ class Transport(ABC):
         (``windows.py``). Only transports whose capabilities say ``windows``."""
         raise TransportError(f"{self.name}: one-sided windows are not supported over this "
                              "transport yet")
+
+    def allocate_window(self, nbytes: int) -> ExposedWindow:
+        """Allocate ``nbytes`` of window memory that this transport's peers map directly
+        and expose it: the returned window's ``memory`` (a uint8 array) is it. Only
+        transports whose capabilities say ``window_memory``."""
+        raise TransportError(f"{self.name}: cannot allocate window memory")
 
     def notifications(self) -> list[tuple[int, int]]:
         """``(peer, notify)`` of every put completed into this rank's memory since the last

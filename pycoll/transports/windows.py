@@ -53,6 +53,8 @@ class ExposedWindow(ABC):
 
     #: the JSON-able record a peer's ``Channel.attach_window`` takes
     record: dict[str, Any]
+    #: the window's memory where the transport allocated it (``Transport.allocate_window``)
+    memory: np.ndarray | None = None
     #: origins' operations are applied by this rank's progress (tcp), not by the origins:
     #: the window's own accumulates then use another transport's handle, if there is one
     served = False
@@ -102,6 +104,16 @@ class RemoteWindow(ABC):
     @abstractmethod
     def add_signal(self, value: int, deadline: float) -> None:
         """Add ``value`` to the peer's signal counter of this window."""
+
+    def check_alive(self) -> None:
+        """``PeerLost`` if the target is known to be gone (where operations alone cannot
+        tell: a window this process maps, ``direct``)."""
+
+    def direct(self) -> tuple[np.ndarray, Any] | None:
+        """(the target window's bytes, a sequence whose ``[1]`` is non-zero once the target
+        released it) where this process maps them, so that ``Window`` may copy without a
+        call down here; None (the default) where it does not."""
+        return None
 
     @abstractmethod
     def close(self) -> None:

@@ -36,11 +36,27 @@ WINDOWED = ["shm", "inproc", "tcp",
             pytest.param("verbs", marks=pytest.mark.skipif(_VERBS is None, reason=NO_VERBS))]
 
 
+def _open(comm, buf, allocate):
+    """(window, its memory on this rank): ``comm.window(buf)``, or with ``allocate`` a window
+    pycoll allocates (``allocate_window``; shm peers map it), started from ``buf``'s values."""
+    if not allocate:
+        return comm.window(buf), buf
+    win = comm.allocate_window(buf.size, buf.dtype)
+    assert win.local.shape == buf.shape and not win.local.any()    # zeroed
+    win.local[:] = buf
+    comm.barrier()                                  # no origin writes before this
+    return win, win.local
+
+
+#: window kinds: on the user's buffer, and allocated by pycoll
+KINDS = [pytest.param(False, id="window"), pytest.param(True, id="allocated")]
+
+
 # -- put, get, signal -------------------------------------------------------------------------
-def _put_get_signal(comm):
+def _put_get_signal(comm, allocate=False):
     r, s = comm.rank, comm.size
-    buf = np.zeros(N * s, dtype=np.float64)
-    with comm.window(buf) as win:
+    win, buf = _open(comm, np.zeros(N * s, dtype=np.float64), allocate)
+    with win:
         for t in range(s):                        # my block into every rank's window
             win.put(np.full(N, r + 1.0) + np.arange(N), t, offset=r * N)
         win.fence()
@@ -58,11 +74,14 @@ def _put_get_signal(comm):
     return mine, got, part, counter, total
 
 
+@pytest.mark.parametrize("allocate", KINDS)
 @pytest.mark.parametrize("transport", WINDOWED)
 @pytest.mark.parametrize("n", [2, 3, 8])
-def test_put_get_and_signal(transport, n):
+def test_put_get_and_signal(transport, n, allocate):
+    if allocate and n == 8 and transport != "shm":
+        pytest.skip("allocated windows at 8 ranks: shm (its mapped path) is enough")
     expected = np.concatenate([np.full(N, q + 1.0) + np.arange(N) for q in range(n)])
-    for mine, got, part, counter, total in run(transport, _put_get_signal, n):
+    for mine, got, part, counter, total in run(transport, _put_get_signal, n, allocate):
         np.testing.assert_array_equal(mine, expected)
         np.testing.assert_array_equal(got, expected)
         np.testing.assert_array_equal(part, expected[-3:])
@@ -77,10 +96,9 @@ def _contribution(rank, k, count):
     return np.random.default_rng(1000 * rank + k).integers(-50, 50, count, dtype=np.int64)
 
 
-def _accumulate(comm, op):
+def _accumulate(comm, op, allocate=False):
     r, s = comm.rank, comm.size
-    buf = np.full(N * s, 3 if op == "prod" else 7, dtype=np.int64)
-    win = comm.window(buf)
+    win, buf = _open(comm, np.full(N * s, 3 if op == "prod" else 7, dtype=np.int64), allocate)
     for k in range(ROUNDS):                       # every rank, the whole of rank 0's window
         src = _contribution(r, k, N * s)
         if op == "prod":
@@ -94,8 +112,11 @@ def _accumulate(comm, op):
 
 
 @pytest.mark.parametrize("transport", WINDOWED)
-@pytest.mark.parametrize("n,op", [(2, "sum"), (4, "sum"), (8, "sum"), (4, "max"), (3, "prod")])
-def test_concurrent_accumulates_match_numpy(transport, n, op):
+@pytest.mark.parametrize("n,op,allocate", [(2, "sum", False), (4, "sum", False),
+                                           (8, "sum", False), (4, "max", False),
+                                           (3, "prod", False), (4, "sum", True),
+                                           (3, "prod", True)])
+def test_concurrent_accumulates_match_numpy(transport, n, op, allocate):
     ufunc = {"sum": np.add, "max": np.maximum, "prod": np.multiply}[op]
     start = 3 if op == "prod" else 7
     ref = [np.full(N * n, start, dtype=np.int64) for _ in range(n)]
@@ -107,15 +128,14 @@ def test_concurrent_accumulates_match_numpy(transport, n, op):
             ufunc(ref[0], src, out=ref[0])
             block = ref[(q + 1) % n][q * N:(q + 1) * N]
             ufunc(block, np.full(N, k + 1, dtype=np.int64), out=block)
-    for rank, out in enumerate(run(transport, _accumulate, n, op)):
+    for rank, out in enumerate(run(transport, _accumulate, n, op, allocate)):
         np.testing.assert_array_equal(out, ref[rank], err_msg=f"rank {rank}")
 
 
 # -- refusals: nothing moves ------------------------------------------------------------------
-def _refusals(comm):
+def _refusals(comm, allocate=False):
     r, s = comm.rank, comm.size
-    buf = np.full(N, -1.0)
-    win = comm.window(buf)
+    win, buf = _open(comm, np.full(N, -1.0), allocate)
     target = (r + 1) % s
     errors = []
     attempts = [
@@ -152,9 +172,11 @@ def _refusals(comm):
     return errors, untouched, dst.tolist(), closed
 
 
+@pytest.mark.parametrize("allocate", KINDS)
 @pytest.mark.parametrize("transport", WINDOWED)
-def test_out_of_bounds_and_dtype_refused_with_nothing_written(transport):
-    for rank, (errors, untouched, dst, closed) in enumerate(run(transport, _refusals, 3)):
+def test_out_of_bounds_and_dtype_refused_with_nothing_written(transport, allocate):
+    for rank, (errors, untouched, dst, closed) in enumerate(run(transport, _refusals, 3,
+                                                                 allocate)):
         assert None not in errors, errors
         target = (rank + 1) % 3
         for kind, message in errors[:5]:
@@ -184,9 +206,8 @@ def test_window_of_mixed_dtypes_refused_on_every_rank():
 
 
 # -- what a window cannot outlive -------------------------------------------------------------
-def _target_dies(comm, threads):
-    buf = np.zeros(N)
-    win = comm.window(buf)
+def _target_dies(comm, threads, allocate=False):
+    win, _ = _open(comm, np.zeros(N), allocate)
     comm.barrier()
     if comm.rank == 1:
         if not threads:
@@ -194,25 +215,32 @@ def _target_dies(comm, threads):
         comm.finalize()                  # a thread: its transport closes
         return None
     deadline = time.monotonic() + 60
+    ops = [("put", lambda: win.put(np.ones(N), 1)), ("flush", lambda: win.flush(1)),
+           ("accumulate", lambda: win.accumulate(np.ones(N), 1)),
+           ("signal", lambda: win.signal(1))]
     while time.monotonic() < deadline:
-        try:
-            win.put(np.ones(N), 1)
-            win.accumulate(np.ones(N), 1)
-            win.signal(1)
-        except PeerLost as e:
-            return e.peer, str(e)
+        for name, op in ops:
+            try:
+                op()
+            except PeerLost as e:
+                return e.peer, str(e), name
         time.sleep(0.01)
     return "no PeerLost within 60 s"
 
 
+@pytest.mark.parametrize("allocate", KINDS)
 @pytest.mark.parametrize("transport", WINDOWED)
-def test_dead_target_raises_peer_lost_naming_it(transport):
-    outcomes = run(transport, _target_dies, 2, transport == "inproc", expect_failure=True,
-                   timeout=120)
+def test_dead_target_raises_peer_lost_naming_it(transport, allocate):
+    """Over shm an allocated window is mapped by the origin, so a put into a dead target
+    returns (its pages outlive it): the flush after it raises (docs/windows.md)."""
+    outcomes = run(transport, _target_dies, 2, transport == "inproc", allocate,
+                   expect_failure=True, timeout=120)
     first = outcomes[0][1] if transport != "inproc" else outcomes[0]
-    peer, message = first
+    peer, message, op = first
     assert peer == 1
     assert "target rank 1 is gone" in message and "rank 0" in message
+    if allocate and transport == "shm":
+        assert op == "flush", first
 
 
 def _after_finalize(comm):
@@ -261,8 +289,8 @@ def test_the_block_transfer_example_runs():
     assert run("shm", _example, 2) == [0, 8]
 
 
-def _after_shrink(comm):
-    win = comm.window(np.zeros(4))
+def _after_shrink(comm, allocate=False):
+    win, _ = _open(comm, np.zeros(4), allocate)
     new = comm.shrink()
     try:
         win.put(np.ones(4), (comm.rank + 1) % comm.size)
@@ -278,9 +306,10 @@ def _after_shrink(comm):
     return refused, total
 
 
+@pytest.mark.parametrize("allocate", KINDS)
 @pytest.mark.parametrize("transport", WINDOWED)
-def test_windows_of_a_shrunk_communicator_refuse(transport):
-    outcomes = run(transport, _after_shrink, 3)
+def test_windows_of_a_shrunk_communicator_refuse(transport, allocate):
+    outcomes = run(transport, _after_shrink, 3, allocate)
     for refused, _total in outcomes:
         assert refused is not None and "a shrink or grow replaced" in refused
     assert outcomes[0][1] == [3.0] * 4
@@ -598,12 +627,11 @@ def test_transport_without_windows_refuses_on_every_rank(monkeypatch):
 
 
 # -- a target that released its window alone (issue 43, review finding 1) ---------------------
-def _released_target(comm):
+def _released_target(comm, allocate=False):
     """Rank 1 leaves the window on an exception (no barrier, as at finalize or shrink): its
     buffer is its own again; rank 0's operations on it must fail, naming rank 1, and write
     nothing."""
-    buf = np.zeros(N)
-    win = comm.window(buf)
+    win, buf = _open(comm, np.zeros(N), allocate)
     comm.barrier()
     if comm.rank == 1:
         try:
@@ -630,9 +658,10 @@ def _released_target(comm):
     return errors
 
 
+@pytest.mark.parametrize("allocate", KINDS)
 @pytest.mark.parametrize("transport", ["shm", "tcp", "inproc"])
-def test_origin_refused_by_a_target_that_released_its_window(transport):
-    errors, untouched = run(transport, _released_target, 2)
+def test_origin_refused_by_a_target_that_released_its_window(transport, allocate):
+    errors, untouched = run(transport, _released_target, 2, allocate)
     assert untouched is True
     for error in errors:
         assert error is not None, errors
@@ -767,3 +796,73 @@ def test_shm_window_record_naming_a_foreign_file_is_refused(tmp_path):
     assert all(c == bytes(4096) for c in contents)
     for outcome in outcomes:
         assert outcome is not None and "peer rank 1" in outcome and "refused" in outcome
+
+
+# -- allocated windows: the copies that skip the transport -------------------------------------
+def _shapes_and_strides(comm):
+    """Puts and gets of 1-D and 2-D arrays, and strided ones (refused, as every buffer pycoll
+    takes), into windows on both kinds of memory: the direct copies of an allocated window
+    behave as the transport's; every result against numpy."""
+    r, s = comm.rank, comm.size
+    out = []
+    for allocate in (False, True):
+        win, local = _open(comm, np.zeros(32, dtype=np.float32), allocate)
+        t = (r + 1) % s
+        src = np.arange(64, dtype=np.float32) + 100 * r
+        try:                                             # as every buffer: contiguous
+            win.put(src[::2][:8], t, 0)
+            refused_put = ""
+        except InvalidArgument as e:
+            refused_put = str(e)
+        win.put(src[16:24], t, 0)
+        win.put(src[:8].reshape(2, 4), t, 8)             # 2-D
+        win.put(src[8:16].copy(), t, 16)                 # contiguous
+        win.fence()
+        out.append([local[:24].tolist(), refused_put])
+        flat = np.zeros(8, dtype=np.float32)
+        grid = np.zeros((2, 4), dtype=np.float32)
+        strided = np.zeros(16, dtype=np.float32)
+        win.get(flat, t, 16)
+        win.get(grid, t, 8)
+        try:                                             # as every get: never silently
+            win.get(strided[::2], t, 0)                  # into a copy
+            refused = ""
+        except InvalidArgument as e:
+            refused = str(e)
+        out.append([flat.tolist(), grid.tolist(), refused, type(win._direct.get(t)).__name__])
+        win.close()
+    return out
+
+
+def test_allocated_window_copies_match_numpy_for_every_layout():
+    results = run("shm", _shapes_and_strides, 2)
+    for rank, out in enumerate(results):
+        origin = 1 - rank                                # who put into me
+        src = np.arange(64, dtype=np.float32) + 100 * origin
+        mine = np.concatenate([src[16:24], src[:8], src[8:16]]).tolist()
+        theirs = np.concatenate([src[16:24], src[:8], src[8:16]]) + 100 * (rank - origin)
+        for k, (allocate, direct) in enumerate([(False, "NoneType"), (True, "tuple")]):
+            assert out[2 * k][0] == mine, (rank, allocate)
+            assert "not C-contiguous" in out[2 * k][1], out[2 * k]
+            flat, grid, refused, kind = out[2 * k + 1]
+            assert flat == theirs[16:24].tolist()
+            assert grid == theirs[8:16].reshape(2, 4).tolist()
+            assert "not C-contiguous" in refused, refused
+            assert kind == direct, (rank, allocate, kind)   # mapped only where allocated
+
+
+def _allocate_refusals(comm):
+    errors = []
+    for args in ((-1,), (2.5,), (True,), (4, "no-such-dtype")):
+        try:
+            comm.allocate_window(*args)
+            errors.append(None)
+        except InvalidArgument as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_allocate_window_refuses_bad_arguments_on_every_rank():
+    for rank, errors in enumerate(run("shm", _allocate_refusals, 2)):
+        assert None not in errors, errors
+        assert all(e.startswith(f"rank {rank}: allocate_window") for e in errors), errors

@@ -48,7 +48,7 @@ class ShmTransport(Transport):
     channel_class: type[ShmChannel] = ShmChannel
     capabilities = Capabilities("shm", latency_us=1.0, bandwidth_gbps=8.0, same_host_only=True,
                                 one_sided=True, segment_bytes=1 << 20, fast_path=True,
-                                windows=True)
+                                windows=True, window_memory=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         self.rank = rank = ctx.rank
@@ -163,6 +163,12 @@ class ShmTransport(Transport):
         self._windows += 1
         return ShmExposedWindow(f"{self._prefix}-win{self._windows}", mem.ptr, mem.nbytes,
                                 self.rank)
+
+    def allocate_window(self, nbytes: int) -> ExposedWindow:
+        """The window's memory in its control file, which every peer maps (``window.py``)."""
+        self._windows += 1
+        return ShmExposedWindow(f"{self._prefix}-win{self._windows}", 0, nbytes, self.rank,
+                                allocate=True)
 
     def held_memory(self) -> dict[str, int]:
         return {"segment": sum(ch.mapped_bytes() for ch in self._channels.values()),

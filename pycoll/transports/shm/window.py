@@ -20,6 +20,13 @@ unlinked once every peer has opened it:
   control file, over the very bytes of the window an accumulate changes. Overlapping
   accumulates serialise, disjoint ones run in parallel, and the kernel drops the locks of a
   process that dies, so a killed origin never leaves a window locked.
+
+A window that pycoll allocates (``Communicator.allocate_window``, MPI's ``Win_allocate``)
+lives in the control file itself, after the control page, and every origin maps it: a put
+or get is then one ``memcpy`` in the origin's own address space, with no system call and no
+lock. The closed word is still checked before each copy, but a copy that races with the
+target's release needs no lock: its bytes land in the window's own pages, which stay mapped
+as long as anyone maps them and are never anyone else's memory.
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ... import debug
 from ...buffers.memory import view_address
@@ -87,39 +96,56 @@ def _unlock(fd: int, start: int, length: int) -> None:
 
 
 class _Control:
-    """An open, mapped control file: the descriptor the locks are taken on, the counter."""
+    """An open, mapped control file: the descriptor the locks are taken on, the counter, and
+    (``data`` bytes after the control page) an allocated window's memory."""
 
-    def __init__(self, path: str, create: bool) -> None:
+    def __init__(self, path: str, create: bool, data: int = 0) -> None:
+        size = PAGE + -(-data // PAGE) * PAGE
         flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.posix_fallocate(self.fd, 0, PAGE)
-            elif os.fstat(self.fd).st_size != PAGE:
+                os.posix_fallocate(self.fd, 0, size)
+            elif os.fstat(self.fd).st_size != size:
                 raise TransportError(f"shm: window control file {path} has the wrong size")
-            self.mm = mmap.mmap(self.fd, PAGE)
+            self.mm = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
             raise
-        self.words = memoryview(self.mm).cast("Q")
+        self.words = memoryview(self.mm)[:PAGE].cast("Q")
+        #: an allocated window's bytes (empty otherwise)
+        self.data = np.frombuffer(self.mm, np.uint8, data, PAGE)
 
     def close(self) -> None:
-        """Idempotent: a window invalidated and then closed releases its handles twice."""
+        """Idempotent: a window invalidated and then closed releases its handles twice. An
+        allocated window's memory stays mapped while arrays of it live (the user's
+        ``Window.local``): the mapping goes with the last of them."""
         if self.fd < 0:
             return
         self.words.release()
-        self.mm.close()
+        self.data = np.empty(0, np.uint8)
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
         os.close(self.fd)
         self.fd = -1
 
 
 class ShmExposedWindow(ExposedWindow):
-    def __init__(self, path: str, ptr: int, nbytes: int, rank: int) -> None:
+    def __init__(self, path: str, ptr: int, nbytes: int, rank: int,
+                 allocate: bool = False) -> None:
+        """``allocate``: the window's memory is made here, in the control file (``memory``);
+        ``ptr`` is ignored."""
         self.path = path
         self.rank = rank
+        self._control = _Control(path, create=True, data=nbytes if allocate else 0)
+        if allocate:
+            self.memory = self._control.data
+            ptr = self.memory.ctypes.data
         self._ptr, self._nbytes = ptr, nbytes
-        self._control = _Control(path, create=True)
-        self.record = {"pid": os.getpid(), "addr": ptr, "nbytes": nbytes, "path": path}
+        self.record = {"pid": os.getpid(), "addr": ptr, "nbytes": nbytes, "path": path,
+                       "mapped": allocate}
 
     def signals(self) -> int:
         return int(self._control.words[_SIGNALS])   # an aligned 8-byte load: atomic on x86-64
@@ -165,12 +191,27 @@ class ShmRemoteWindow(RemoteWindow):
         #: OFD locks belong to the open file description, which this handle's threads share:
         #: they take their locks (and change the counter) one at a time
         self._mutex = threading.Lock()
+        #: an allocated window: mapped here too, so copies need neither CMA nor a lock
+        self.mapped = bool(record.get("mapped"))
         try:
-            self._control = _Control(str(record["path"]), create=False)
+            self._control = _Control(str(record["path"]), create=False,
+                                     data=self.nbytes if self.mapped else 0)
         except FileNotFoundError:
             raise TransportError(f"shm: peer rank {peer}'s window control file is gone: the "
                                  "peer closed the window or died while it was made",
                                  peer=peer) from None
+
+    def check_alive(self) -> None:
+        """``PeerLost`` if the target process is gone: copies into a mapped window cannot
+        tell (its pages outlive it), so ``flush`` and accumulates ask."""
+        if self.cma and process_exited(self.pid):
+            raise peer_lost(self.peer, f"process {self.pid} exited; its window is gone")
+
+    def direct(self) -> tuple[np.ndarray, memoryview] | None:
+        """(the window's bytes, the control words whose ``[1]`` says closed) where this
+        process maps them (an allocated window), for ``Window``'s copies without a call
+        down here; None otherwise."""
+        return (self._control.data, self._control.words) if self.mapped else None
 
     def _check(self, offset: int, nbytes: int) -> None:
         if offset < 0 or offset + nbytes > self.nbytes:   # a lying record: never copy
@@ -187,6 +228,13 @@ class ShmRemoteWindow(RemoteWindow):
 
     def _copy(self, offset: int, view: memoryview, write: bool) -> None:
         if not view.nbytes:
+            return
+        if self.mapped:
+            mapped = self._control.data[offset:offset + view.nbytes]
+            if write:
+                mapped[:] = np.frombuffer(view, np.uint8)
+            else:
+                np.frombuffer(view, np.uint8)[:] = mapped
             return
         if self.cma:
             cma_read(self.pid, self.addr + offset, view, self.peer, write=write)
@@ -217,6 +265,10 @@ class ShmRemoteWindow(RemoteWindow):
     def _locked_copy(self, offset: int, view: memoryview, deadline: float,
                      write: bool) -> None:
         self._check(offset, view.nbytes)
+        if self.mapped:         # the window's own pages: nothing else to guard (see above)
+            self._open()
+            self._copy(offset, view, write)
+            return
         length = max(view.nbytes, 1)
         self._held(offset, length, deadline, fcntl.F_RDLCK)
         try:
@@ -234,6 +286,8 @@ class ShmRemoteWindow(RemoteWindow):
     def update(self, offset: int, nbytes: int, fn: Callable[[memoryview], None],
                deadline: float) -> None:
         self._check(offset, nbytes)
+        if self.mapped:
+            self.check_alive()
         scratch = memoryview(bytearray(nbytes))
         length = max(nbytes, 1)
         self._held(offset, length, deadline, fcntl.F_WRLCK)
@@ -246,8 +300,7 @@ class ShmRemoteWindow(RemoteWindow):
             self._release(offset, length)
 
     def add_signal(self, value: int, deadline: float) -> None:
-        if self.cma and process_exited(self.pid):   # the counter would take it silently
-            raise peer_lost(self.peer, f"process {self.pid} exited; its window is gone")
+        self.check_alive()                           # the counter would take it silently
         self._held(_SIGNAL_LOCK, 1, deadline, fcntl.F_WRLCK)
         try:
             self._open()
