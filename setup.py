@@ -21,7 +21,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 #: the modules compiled, and the .pxd files that type them (in the same folders)
-MODULES = ("pycoll.runtime.state", "pycoll.fastpath.callpath")
+MODULES = ("pycoll.runtime.state", "pycoll.fastpath.callpath", "pycoll.comm.mapped")
 #: only the .pxd is read: what the .py does not say, the module does not do differently
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "boundscheck": False,
               "wraparound": False, "warn.unreachable": False}

@@ -22,12 +22,15 @@ from ..buffers.memory import HOST, MemRef
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, reducer
 from ..buffers.tensors import as_buffer
 from ..errors import InvalidArgument, InvalidDtype, PeerLost, PycollError, TransportError
+from ..runtime.compiled import load
 from ..runtime.work import Work
 from ..timeouts import as_seconds
 from ..transports.base import Channel
 from ..transports.registry import capabilities
 from ..transports.windows import ACCUMULATE_OPS, ExposedWindow, RemoteWindow, Update, wait_until
 
+#: the copies into mapped windows, compiled where setup.py built them (``mapped.py``)
+MappedWindow = load("pycoll.comm.mapped")[0].MappedWindow
 #: how often ``flush`` asks whether a target whose window this process maps is alive
 LIVENESS_SECONDS = 0.01
 _monotonic = time.monotonic
@@ -90,16 +93,16 @@ class Window:
         self._local = local
         self._invalid: str | None = None
         self._np_dtype = buf.array.dtype
-        #: target -> (its window as elements, its control words: ``[1]`` set once it is
-        #: released) where this process maps it (allocated over shm, and this rank's own):
-        #: ``put``/``get`` of a contiguous array of the window's dtype copy there directly
-        self._direct: dict[int, tuple[np.ndarray, Any]] = {}
+        #: target -> its window where this process maps it (allocated over shm, and this
+        #: rank's own): ``put``/``get`` try a copy there first (``mapped.py``)
+        self._direct: dict[int, Any] = {}   # mapped.MappedWindow
         for peer, remote in remotes.items():
             mapped = remote.direct()
             if mapped is not None and mapped[0].nbytes % self.itemsize == 0:
-                self._direct[peer] = (mapped[0].view(self._np_dtype), mapped[1])
+                self._direct[peer] = MappedWindow(mapped[0].view(self._np_dtype), mapped[1])
         if buf.array.flags.c_contiguous:
-            self._direct[self.rank] = (buf.array.reshape(-1), (0, 0))
+            self._direct[self.rank] = MappedWindow(buf.array.reshape(-1),
+                                                   np.zeros(2, np.uint64))
         #: the mapped targets, whose death their copies cannot see: ``flush`` asks them
         #: all at most every ``LIVENESS_SECONDS`` and raises for those found dead
         self._watched = {peer: remotes[peer] for peer in self._direct if peer != self.rank}
@@ -179,11 +182,7 @@ class Window:
             ) -> Work | None:
         """Copy ``src`` into ``target``'s window from element ``offset``."""
         direct = self._direct.get(target) if type(target) is int else None
-        if (direct is not None and type(src) is np.ndarray and type(offset) is int
-                and not async_op and src.dtype is self._np_dtype and 0 <= offset
-                and offset + src.size <= direct[0].size and src.flags.c_contiguous
-                and not direct[1][1]):
-            direct[0][offset:offset + src.size] = src if src.ndim == 1 else src.reshape(-1)
+        if direct is not None and not async_op and direct.put(src, offset):
             return None
         remote = self._target(target, "put")
         buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
@@ -196,12 +195,7 @@ class Window:
         """Copy ``len(dst)`` elements of ``target``'s window from element ``offset`` into
         ``dst``."""
         direct = self._direct.get(target) if type(target) is int else None
-        if (direct is not None and type(dst) is np.ndarray and type(offset) is int
-                and not async_op and dst.dtype is self._np_dtype and 0 <= offset
-                and offset + dst.size <= direct[0].size and dst.flags.c_contiguous
-                and dst.flags.writeable and not direct[1][1]):
-            there = direct[0][offset:offset + dst.size]
-            dst[...] = there if dst.ndim == 1 else there.reshape(dst.shape)
+        if direct is not None and not async_op and direct.get(dst, offset):
             return None
         remote = self._target(target, "get")
         buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)

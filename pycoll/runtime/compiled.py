@@ -1,11 +1,12 @@
 """Which form of the modules written in Cython's pure-Python mode runs: compiled or source.
 
-``runtime/state.py`` and ``fastpath/callpath.py`` are the small fast call's Python: one
-source each, which setup.py compiles with Cython where it can (their ``.pxd`` files type
-it) and which otherwise runs as the plain Python it is. ``load`` imports one of them: the
+``runtime/state.py`` and ``fastpath/callpath.py`` are the small fast call's Python, and
+``comm/mapped.py`` a window's copy into memory this process maps: one source each, which
+setup.py compiles with Cython where it can (their ``.pxd`` files type it) and which
+otherwise runs as the plain Python it is. ``load`` imports one of them: the
 compiled form where it was built and loads, else the source, and says why not.
 
-``PYCOLL_FASTPATH_C=0`` chooses the source for both (the interpreted call path, as without
+``PYCOLL_FASTPATH_C=0`` chooses the source for all (the interpreted call path, as without
 a compiler). It is the one variable read at ``import pycoll``: it picks the classes that
 ``Execution``, ``FlightRecorder`` and ``FastPath`` derive from.
 """
@@ -36,7 +37,8 @@ COMPILED_CALL_OFF = _compiled_call_off()
 
 
 def load(name: str) -> tuple[ModuleType, str]:
-    """The module ``name`` (``pycoll.runtime.state``, ``pycoll.fastpath.callpath``), and why
+    """The module ``name`` (``pycoll.runtime.state``, ``pycoll.fastpath.callpath``,
+    ``pycoll.comm.mapped``), and why
     it runs interpreted ('' : it runs compiled). A compiled form that does not load (built
     against another version of a module it reads, say) is passed over for the source."""
     if name in sys.modules:

@@ -841,7 +841,7 @@ def test_allocated_window_copies_match_numpy_for_every_layout():
         src = np.arange(64, dtype=np.float32) + 100 * origin
         mine = np.concatenate([src[16:24], src[:8], src[8:16]]).tolist()
         theirs = np.concatenate([src[16:24], src[:8], src[8:16]]) + 100 * (rank - origin)
-        for k, (allocate, direct) in enumerate([(False, "NoneType"), (True, "tuple")]):
+        for k, (allocate, direct) in enumerate([(False, "NoneType"), (True, "MappedWindow")]):
             assert out[2 * k][0] == mine, (rank, allocate)
             assert "not C-contiguous" in out[2 * k][1], out[2 * k]
             flat, grid, refused, kind = out[2 * k + 1]

@@ -113,6 +113,8 @@ class _Control:
             os.close(self.fd)
             raise
         self.words = memoryview(self.mm)[:PAGE].cast("Q")
+        #: the signal and closed words as an array (``direct``: kept by whoever copies)
+        self.flags = np.frombuffer(self.mm, np.uint64, 2)
         #: an allocated window's bytes (empty otherwise)
         self.data = np.frombuffer(self.mm, np.uint8, data, PAGE)
 
@@ -124,6 +126,7 @@ class _Control:
             return
         self.words.release()
         self.data = np.empty(0, np.uint8)
+        self.flags = np.zeros(2, np.uint64)
         try:
             self.mm.close()
         except BufferError:
@@ -207,11 +210,11 @@ class ShmRemoteWindow(RemoteWindow):
         if self.cma and process_exited(self.pid):
             raise peer_lost(self.peer, f"process {self.pid} exited; its window is gone")
 
-    def direct(self) -> tuple[np.ndarray, memoryview] | None:
+    def direct(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(the window's bytes, the control words whose ``[1]`` says closed) where this
         process maps them (an allocated window), for ``Window``'s copies without a call
         down here; None otherwise."""
-        return (self._control.data, self._control.words) if self.mapped else None
+        return (self._control.data, self._control.flags) if self.mapped else None
 
     def _check(self, offset: int, nbytes: int) -> None:
         if offset < 0 or offset + nbytes > self.nbytes:   # a lying record: never copy
