@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..buffers.memory import HOST, MemRef
+from ..buffers.memory import CUDA, HOST, MemRef
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, reducer
-from ..buffers.tensors import as_buffer
+from ..buffers.tensors import Buffer, as_buffer
 from ..errors import InvalidArgument, InvalidDtype, PeerLost, PycollError, TransportError
 from ..runtime.work import Work
 from ..timeouts import as_seconds
@@ -76,7 +76,7 @@ class Window:
         #: this rank's buffer (a numpy view of the memory the window exposes)
         self.local = buf.array
         self.dtype = buf.dtype
-        self.itemsize = buf.array.itemsize
+        self.itemsize = buf.itemsize
         #: element count of every rank's window
         self.counts = [int(info["count"]) for info in infos]
         self.name = f"window {number} of {comm.name}"
@@ -102,12 +102,9 @@ class Window:
         return self._local if target == self.rank else self._remotes[target]
 
     def _span(self, obj: Any, target: int, offset: int, what: str, writable: bool
-              ) -> tuple[Any, int, int]:
+              ) -> tuple[Buffer, int, int]:
         """(buffer, byte offset, bytes) of an operation, checked against the target's window."""
         buf = as_buffer(obj, name="buffer", writable=writable)
-        if buf.mem_type != HOST:
-            raise InvalidArgument(f"rank {self.rank}: {self.name}: {what}: windows move host "
-                                  "memory only so far; copy the device buffer to the host")
         if buf.dtype != self.dtype:
             raise InvalidDtype(f"rank {self.rank}: {self.name}: {what} to target rank {target}: "
                                f"the buffer is {buf.dtype}, the window {self.dtype}: nothing "
@@ -120,7 +117,35 @@ class Window:
                 f"rank {self.rank}: {self.name}: {what} of {count} elements at offset "
                 f"{offset!r} does not fit target rank {target}'s window of {limit} {self.dtype} "
                 f"elements (offsets 0..{max(limit - count, 0)} fit {count}): nothing was moved")
+        if buf.mem_type != HOST and buf.mem_type != CUDA:
+            raise InvalidArgument(f"rank {self.rank}: {self.name}: {what}: the buffer is "
+                                  f"{buf.where} memory; windows move host and CUDA memory")
         return buf, int(offset) * self.itemsize, count * self.itemsize
+
+    def _host(self, buf: Buffer, what: str, reads: bool) -> tuple[Any, Any]:
+        """The host bytes an operation moves: a host buffer itself; a device buffer staged
+        through a host copy (after the work queued on the caller's stream), with the
+        function that copies the result back (a get's)."""
+        if buf.mem_type == HOST:
+            return buf.array, None
+        from ..cuda.windows import stage
+        return stage(buf, f"rank {self.rank}: {self.name}: {what}", reads)
+
+    def _transfer(self, remote: RemoteWindow, buf: Buffer, at: int, what: str,
+                  write: bool) -> Any:
+        """The transport's part of a put (``write``) or a get, staged if ``buf`` is on a
+        device."""
+        host, back = self._host(buf, what, reads=write)
+        view = memoryview(host).cast("B")
+        deadline = self._deadline(None)
+        if write:
+            return lambda: remote.write(at, view, deadline)
+
+        def get() -> None:
+            remote.read(at, view, deadline)
+            if back is not None:
+                back()
+        return get
 
     def _run(self, target: int, what: str, fn: Any, async_op: bool = False,
              output: Any = None) -> Work | None:
@@ -159,20 +184,17 @@ class Window:
             ) -> Work | None:
         """Copy ``src`` into ``target``'s window from element ``offset``."""
         remote = self._target(target, "put")
-        buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
-        view = memoryview(buf.array).cast("B")
-        deadline = self._deadline(None)
-        return self._run(target, "put", lambda: remote.write(at, view, deadline), async_op)
+        buf, at, _ = self._span(src, target, offset, "put", writable=False)
+        return self._run(target, "put", self._transfer(remote, buf, at, "put", True), async_op)
 
     def get(self, dst: Any, target: int, offset: int = 0, *, async_op: bool = False
             ) -> Work | None:
         """Copy ``len(dst)`` elements of ``target``'s window from element ``offset`` into
         ``dst``."""
         remote = self._target(target, "get")
-        buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)
-        view = memoryview(buf.array).cast("B")
-        deadline = self._deadline(None)
-        return self._run(target, "get", lambda: remote.read(at, view, deadline), async_op, dst)
+        buf, at, _ = self._span(dst, target, offset, "get", writable=True)
+        return self._run(target, "get", self._transfer(remote, buf, at, "get", False),
+                         async_op, dst)
 
     def accumulate(self, src: Any, target: int, offset: int = 0, op: OpLike = "sum", *,
                    timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -186,7 +208,8 @@ class Window:
                                   f"of {', '.join(ACCUMULATE_OPS)}")
         check_op_dtype(reduce_op, self.dtype)
         buf, at, nbytes = self._span(src, target, offset, "accumulate", writable=False)
-        apply = Update(reduce_op.name, self.dtype, buf.array, reducer(reduce_op, self.dtype))
+        host, _ = self._host(buf, "accumulate", reads=True)
+        apply = Update(reduce_op.name, self.dtype, host, reducer(reduce_op, self.dtype))
         deadline = self._deadline(timeout)
         return self._run(target, "accumulate",
                          lambda: remote.update(at, nbytes, apply, deadline), async_op)
@@ -292,10 +315,10 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
     rank, size = comm.rank, comm.size
     limit = as_seconds(timeout, "timeout") or comm.timeout
     buf = as_buffer(obj, name="buffer", writable=True)
-    problem = ""
-    if buf.mem_type != HOST:
-        problem = "its buffer is device memory (windows move host memory only so far)"
-    mem = MemRef.of(buf.array) if not problem else None
+    problem, mem = _memory(buf)
+    if mem is not None and mem.mem_type != HOST and size == 1:
+        problem = ("its buffer is device memory and a world of one has no transport that "
+                   "exposes it")
     transports: dict[str, Any] = {}
     for peer in range(size):
         if peer == rank or problem:
@@ -305,6 +328,11 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
         if caps is None or not caps.windows:
             problem = (f"its transport to rank {peer} ({name}) has no window support yet "
                        "(transports with it: those whose capabilities say windows)")
+        elif not caps.moves(buf.mem_type):
+            problem = (f"its buffer is {buf.where} memory, which its transport to rank {peer} "
+                       f"({name}) cannot expose (device windows need cuda_ipc to every peer: "
+                       "one host; elsewhere expose a host buffer, device buffers can still be "
+                       "put, got and accumulated from)")
         elif name not in transports:
             transports[name] = comm.channel(peer).transport
     exposed: dict[str, ExposedWindow] = {}
@@ -351,6 +379,21 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None) 
     for e in exposed.values():
         e.seal()
     return Window(comm, buf, infos, exposed, remotes, local, number, limit)
+
+
+def _memory(buf: Buffer) -> tuple[str, MemRef | None]:
+    """(why the buffer cannot be a window, or ""; the memory a transport exposes)."""
+    if buf.mem_type == HOST:
+        return "", MemRef.of(buf.array)
+    if buf.mem_type != CUDA:
+        return f"its buffer is {buf.where} memory (windows take host and CUDA memory)", None
+    from ..cuda import runtime
+    why = runtime.unavailable_reason()
+    if why is not None:
+        return f"its buffer is {buf.where} memory, which this process cannot use: {why}", None
+    device = runtime.current_device_of(buf.array, buf.source, buf.device)
+    ptr = runtime.device_pointer(buf.array, buf.source) if buf.nbytes else 0
+    return "", MemRef.device_memory(ptr, buf.nbytes, device, owner=buf.array)
 
 
 def _exchange(comm: WindowComm, mine: dict[str, Any], limit: float) -> list[dict[str, Any]]:

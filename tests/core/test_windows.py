@@ -579,24 +579,6 @@ def test_tcp_target_breaks_the_pair_on_an_oversized_request():
     assert "malformed frame" in broken and untouched
 
 
-def _refused(comm):
-    try:
-        comm.window(np.zeros(4))
-    except WindowError as e:
-        return str(e)
-    return None
-
-
-def test_transport_without_windows_refuses_on_every_rank(monkeypatch):
-    """cuda_ipc (on pycoll's CPU simulator of CUDA here) has no window support yet: every
-    rank refuses at creation, naming the pair and the transport."""
-    from pycoll.testing import cuda_env
-    for key, value in cuda_env().items():
-        monkeypatch.setenv(key, value)
-    for message in run("cuda_ipc", _refused, 2):
-        assert message is not None and "(cuda_ipc) has no window support yet" in message
-
-
 # -- a target that released its window alone (issue 43, review finding 1) ---------------------
 def _released_target(comm):
     """Rank 1 leaves the window on an exception (no barrier, as at finalize or shrink): its
