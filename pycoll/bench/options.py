@@ -345,8 +345,8 @@ def parse_args(argv, prog: str = "python -m pycoll.bench") -> Options:
     if ns.time_budget is not None and ns.time_budget <= 0:
         parser.error("--time-budget must be > 0")
     if coll in PT2PT and coll not in ("latency", "bw") and ns.device != "cpu":
-        parser.error(f"{coll}: windows move host memory only so far (docs/windows.md); "
-                     "use -d cpu")
+        parser.error(f"{coll}: the one-sided tests measure host windows "
+                     "(device windows: docs/windows.md#device-memory); use -d cpu")
     modes = _modes(parser, ns, coll)
     if ns.compress:
         if coll not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):

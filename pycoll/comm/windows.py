@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..buffers.memory import HOST, MemRef
+from ..buffers.memory import CUDA, HOST, MemRef
 from ..buffers.reduction import OpLike, check_op_dtype, parse_op, reducer
-from ..buffers.tensors import as_buffer
+from ..buffers.tensors import Buffer, as_buffer
 from ..errors import InvalidArgument, InvalidDtype, PeerLost, PycollError, TransportError
 from ..runtime.compiled import load
 from ..runtime.work import Work
@@ -83,7 +83,7 @@ class Window:
         #: this rank's buffer (a numpy view of the memory the window exposes)
         self.local = buf.array
         self.dtype = buf.dtype
-        self.itemsize = buf.array.itemsize
+        self.itemsize = buf.itemsize
         #: element count of every rank's window
         self.counts = [int(info["count"]) for info in infos]
         self.name = f"window {number} of {comm.name}"
@@ -92,17 +92,18 @@ class Window:
         self._remotes = remotes
         self._local = local
         self._invalid: str | None = None
-        self._np_dtype = buf.array.dtype
         #: target -> its window where this process maps it (allocated over shm, and this
-        #: rank's own): ``put``/``get`` try a copy there first (``mapped.py``)
+        #: rank's own host memory): ``put``/``get`` try a copy there first (``mapped.py``)
         self._direct: dict[int, Any] = {}   # mapped.MappedWindow
-        for peer, remote in remotes.items():
-            mapped = remote.direct()
-            if mapped is not None and mapped[0].nbytes % self.itemsize == 0:
-                self._direct[peer] = MappedWindow(mapped[0].view(self._np_dtype), mapped[1])
-        if buf.array.flags.c_contiguous:
-            self._direct[self.rank] = MappedWindow(buf.array.reshape(-1),
-                                                   np.zeros(2, np.uint64))
+        if type(buf.array) is np.ndarray:
+            np_dtype = buf.array.dtype
+            for peer, remote in remotes.items():
+                mapped = remote.direct()
+                if mapped is not None and mapped[0].nbytes % self.itemsize == 0:
+                    self._direct[peer] = MappedWindow(mapped[0].view(np_dtype), mapped[1])
+            if buf.array.flags.c_contiguous:
+                self._direct[self.rank] = MappedWindow(buf.array.reshape(-1),
+                                                       np.zeros(2, np.uint64))
         #: the mapped targets, whose death their copies cannot see: ``flush`` asks them
         #: all at most every ``LIVENESS_SECONDS`` and raises for those found dead
         self._watched = {peer: remotes[peer] for peer in self._direct if peer != self.rank}
@@ -125,12 +126,9 @@ class Window:
         return self._local if target == self.rank else self._remotes[target]
 
     def _span(self, obj: Any, target: int, offset: int, what: str, writable: bool
-              ) -> tuple[Any, int, int]:
+              ) -> tuple[Buffer, int, int]:
         """(buffer, byte offset, bytes) of an operation, checked against the target's window."""
         buf = as_buffer(obj, name="buffer", writable=writable)
-        if buf.mem_type != HOST:
-            raise InvalidArgument(f"rank {self.rank}: {self.name}: {what}: windows move host "
-                                  "memory only so far; copy the device buffer to the host")
         if buf.dtype != self.dtype:
             raise InvalidDtype(f"rank {self.rank}: {self.name}: {what} to target rank {target}: "
                                f"the buffer is {buf.dtype}, the window {self.dtype}: nothing "
@@ -143,7 +141,35 @@ class Window:
                 f"rank {self.rank}: {self.name}: {what} of {count} elements at offset "
                 f"{offset!r} does not fit target rank {target}'s window of {limit} {self.dtype} "
                 f"elements (offsets 0..{max(limit - count, 0)} fit {count}): nothing was moved")
+        if buf.mem_type != HOST and buf.mem_type != CUDA:
+            raise InvalidArgument(f"rank {self.rank}: {self.name}: {what}: the buffer is "
+                                  f"{buf.where} memory; windows move host and CUDA memory")
         return buf, int(offset) * self.itemsize, count * self.itemsize
+
+    def _host(self, buf: Buffer, what: str, reads: bool) -> tuple[Any, Any]:
+        """The host bytes an operation moves: a host buffer itself; a device buffer staged
+        through a host copy (after the work queued on the caller's stream), with the
+        function that copies the result back (a get's)."""
+        if buf.mem_type == HOST:
+            return buf.array, None
+        from ..cuda.windows import stage
+        return stage(buf, f"rank {self.rank}: {self.name}: {what}", reads)
+
+    def _transfer(self, remote: RemoteWindow, buf: Buffer, at: int, what: str,
+                  write: bool) -> Any:
+        """The transport's part of a put (``write``) or a get, staged if ``buf`` is on a
+        device."""
+        host, back = self._host(buf, what, reads=write)
+        view = memoryview(host).cast("B")
+        deadline = self._deadline(None)
+        if write:
+            return lambda: remote.write(at, view, deadline)
+
+        def get() -> None:
+            remote.read(at, view, deadline)
+            if back is not None:
+                back()
+        return get
 
     def _run(self, target: int, what: str, fn: Any, async_op: bool = False,
              output: Any = None) -> Work | None:
@@ -185,10 +211,8 @@ class Window:
         if direct is not None and not async_op and direct.put(src, offset):
             return None
         remote = self._target(target, "put")
-        buf, at, nbytes = self._span(src, target, offset, "put", writable=False)
-        view = memoryview(buf.array).cast("B")
-        deadline = self._deadline(None)
-        return self._run(target, "put", lambda: remote.write(at, view, deadline), async_op)
+        buf, at, _ = self._span(src, target, offset, "put", writable=False)
+        return self._run(target, "put", self._transfer(remote, buf, at, "put", True), async_op)
 
     def get(self, dst: Any, target: int, offset: int = 0, *, async_op: bool = False
             ) -> Work | None:
@@ -198,10 +222,9 @@ class Window:
         if direct is not None and not async_op and direct.get(dst, offset):
             return None
         remote = self._target(target, "get")
-        buf, at, nbytes = self._span(dst, target, offset, "get", writable=True)
-        view = memoryview(buf.array).cast("B")
-        deadline = self._deadline(None)
-        return self._run(target, "get", lambda: remote.read(at, view, deadline), async_op, dst)
+        buf, at, _ = self._span(dst, target, offset, "get", writable=True)
+        return self._run(target, "get", self._transfer(remote, buf, at, "get", False),
+                         async_op, dst)
 
     def accumulate(self, src: Any, target: int, offset: int = 0, op: OpLike = "sum", *,
                    timeout: float | None = None, async_op: bool = False) -> Work | None:
@@ -215,7 +238,8 @@ class Window:
                                   f"of {', '.join(ACCUMULATE_OPS)}")
         check_op_dtype(reduce_op, self.dtype)
         buf, at, nbytes = self._span(src, target, offset, "accumulate", writable=False)
-        apply = Update(reduce_op.name, self.dtype, buf.array, reducer(reduce_op, self.dtype))
+        host, _ = self._host(buf, "accumulate", reads=True)
+        apply = Update(reduce_op.name, self.dtype, host, reducer(reduce_op, self.dtype))
         deadline = self._deadline(timeout)
         return self._run(target, "accumulate",
                          lambda: remote.update(at, nbytes, apply, deadline), async_op)
@@ -347,9 +371,11 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None,
     rank, size = comm.rank, comm.size
     limit = as_seconds(timeout, "timeout") or comm.timeout
     buf = as_buffer(obj, name="buffer", writable=True) if allocate is None else None
-    problem = ""
-    if buf is not None and buf.mem_type != HOST:
-        problem = "its buffer is device memory (windows move host memory only so far)"
+    problem, mem = _memory(buf) if buf is not None else ("", None)
+    if mem is not None and mem.mem_type != HOST and size == 1:
+        problem = ("its buffer is device memory and a world of one has no transport that "
+                   "exposes it")
+    mem_type, where = (buf.mem_type, buf.where) if buf is not None else (HOST, "host")
     transports: dict[str, Any] = {}
     for peer in range(size):
         if peer == rank or problem:
@@ -359,6 +385,11 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None,
         if caps is None or not caps.windows:
             problem = (f"its transport to rank {peer} ({name}) has no window support yet "
                        "(transports with it: those whose capabilities say windows)")
+        elif not caps.moves(mem_type):
+            problem = (f"its buffer is {where} memory, which its transport to rank {peer} "
+                       f"({name}) cannot expose (device windows need cuda_ipc to every peer: "
+                       "one host; elsewhere expose a host buffer, device buffers can still be "
+                       "put, got and accumulated from)")
         elif name not in transports:
             transports[name] = comm.channel(peer).transport
     exposed: dict[str, ExposedWindow] = {}
@@ -377,8 +408,8 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None,
                 assert made.memory is not None
                 array = made.memory.view(np_dtype)
         buf = as_buffer(array, name="buffer", writable=True)
+        mem = MemRef.of(buf.array)
     assert buf is not None
-    mem = MemRef.of(buf.array) if not problem else None
     if not problem and mem is not None:
         try:
             for name, transport in transports.items():
@@ -428,6 +459,21 @@ def open_window(comm: WindowComm, obj: Any, number: int, timeout: float | None,
     for e in exposed.values():
         e.seal()
     return Window(comm, buf, infos, exposed, remotes, local, number, limit)
+
+
+def _memory(buf: Buffer) -> tuple[str, MemRef | None]:
+    """(why the buffer cannot be a window, or ""; the memory a transport exposes)."""
+    if buf.mem_type == HOST:
+        return "", MemRef.of(buf.array)
+    if buf.mem_type != CUDA:
+        return f"its buffer is {buf.where} memory (windows take host and CUDA memory)", None
+    from ..cuda import runtime
+    why = runtime.unavailable_reason()
+    if why is not None:
+        return f"its buffer is {buf.where} memory, which this process cannot use: {why}", None
+    device = runtime.current_device_of(buf.array, buf.source, buf.device)
+    ptr = runtime.device_pointer(buf.array, buf.source) if buf.nbytes else 0
+    return "", MemRef.device_memory(ptr, buf.nbytes, device, owner=buf.array)
 
 
 def _exchange(comm: WindowComm, mine: dict[str, Any], limit: float) -> list[dict[str, Any]]:

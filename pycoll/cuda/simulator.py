@@ -20,7 +20,8 @@ What it models, because pycoll's correctness depends on it:
   opened by another process see the same generations (the peer's counters are read with
   ``process_vm_readv``);
 * IPC memory handles name the whole allocation (not the pointer they were asked for), and
-  a peer's opened memory is read with ``process_vm_readv``;
+  a peer's opened memory is read with ``process_vm_readv`` and written (from host memory:
+  windows) with ``process_vm_writev``;
 * a thread has no current context until a runtime call makes the device current
   (``cudaSetDevice``, an allocation, a copy, ...); driver calls on such a thread fail with
   ``CUDA_ERROR_INVALID_CONTEXT`` (201), as CuPy's ``with Device(0)`` leaves a fresh thread
@@ -221,17 +222,20 @@ class _IoVec(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _peer_read(pid: int, remote: int, local: int, nbytes: int) -> None:
+def _peer_read(pid: int, remote: int, local: int, nbytes: int, write: bool = False) -> None:
+    """Copy between a peer's memory and ours (``write``: ours into the peer's, as a copy
+    into a peer's memory opened through an IPC handle does: one-sided windows)."""
+    call = _libc.process_vm_writev if write else _libc.process_vm_readv
     done = 0
     while done < nbytes:
         li = _IoVec(local + done, nbytes - done)
         ri = _IoVec(remote + done, nbytes - done)
-        got = _libc.process_vm_readv(pid, ctypes.byref(li), 1, ctypes.byref(ri), 1, 0)
+        got = call(pid, ctypes.byref(li), 1, ctypes.byref(ri), 1, 0)
         if got <= 0:
             err = ctypes.get_errno()
             raise CUDARuntimeError("cudaErrorIllegalAddress",
-                                   f"reading process {pid}'s memory failed "
-                                   f"({os.strerror(err) if err else 'no bytes'})")
+                                   f"{'writing' if write else 'reading'} process {pid}'s "
+                                   f"memory failed ({os.strerror(err) if err else 'no bytes'})")
         done += got
 
 
@@ -545,11 +549,15 @@ def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> No
         if _is_device(ptr):
             _locate(ptr, nbytes, what)
     dst_alloc = _space.find(dst) if _is_device(dst) else None
-    if dst_alloc is not None and dst_alloc.pid:
-        raise CUDARuntimeError("cudaErrorNotSupported", "writing a peer's memory is not "
-                               "simulated (pycoll only reads it)")
+    if dst_alloc is not None and dst_alloc.pid and _is_device(src):
+        raise CUDARuntimeError("cudaErrorNotSupported", "a device-to-device copy into a "
+                               "peer's memory is not simulated (windows stage through host)")
 
     def copy() -> None:
+        if dst_alloc is not None and dst_alloc.pid:
+            _peer_read(dst_alloc.pid, dst_alloc.remote + (dst - dst_alloc.base), src, nbytes,
+                       write=True)
+            return
         d = _host_address(dst, nbytes, "copy destination")
         if _is_device(src):
             alloc, off = _locate(src, nbytes, "copy source")

@@ -608,29 +608,18 @@ def test_tcp_target_breaks_the_pair_on_an_oversized_request():
     assert "malformed frame" in broken and untouched
 
 
-def _refused(comm):
-    try:
-        comm.window(np.zeros(4))
-    except WindowError as e:
-        return str(e)
-    return None
-
-
-def test_transport_without_windows_refuses_on_every_rank(monkeypatch):
-    """cuda_ipc (on pycoll's CPU simulator of CUDA here) has no window support yet: every
-    rank refuses at creation, naming the pair and the transport."""
-    from pycoll.testing import cuda_env
-    for key, value in cuda_env().items():
-        monkeypatch.setenv(key, value)
-    for message in run("cuda_ipc", _refused, 2):
-        assert message is not None and "(cuda_ipc) has no window support yet" in message
-
-
 # -- a target that released its window alone (issue 43, review finding 1) ---------------------
+def _summed(comm):
+    ones = np.ones(4)
+    comm.allreduce(ones)
+    return ones.tolist()
+
+
 def _released_target(comm, allocate=False):
     """Rank 1 leaves the window on an exception (no barrier, as at finalize or shrink): its
     buffer is its own again; rank 0's operations on it must fail, naming rank 1, and write
-    nothing."""
+    nothing, and the pair must still work afterwards (over verbs an RDMA access to the
+    released region would break the pair)."""
     win, buf = _open(comm, np.zeros(N), allocate)
     comm.barrier()
     if comm.rank == 1:
@@ -641,13 +630,15 @@ def _released_target(comm, allocate=False):
             pass
         comm.barrier()
         comm.barrier()                                   # rank 0 has tried
-        return bool((buf == 0).all())
+        untouched = bool((buf == 0).all())
+        return untouched, _summed(comm)
     comm.barrier()                                       # rank 1 has released its window
     errors = []
     for attempt in (lambda: win.put(np.ones(N), 1),
                     lambda: win.accumulate(np.ones(N), 1),
                     lambda: win.get(np.zeros(N), 1),
-                    lambda: win.signal(1)):
+                    lambda: win.signal(1),
+                    lambda: win.put(np.ones(N), 1)):     # the first refusal broke nothing
         try:
             attempt()
             errors.append(None)
@@ -655,18 +646,20 @@ def _released_target(comm, allocate=False):
             errors.append((type(e).__name__, e.peer, str(e)))
     comm.barrier()
     win.invalidate("the test ends")
-    return errors
+    return errors, _summed(comm)
 
 
 @pytest.mark.parametrize("allocate", KINDS)
-@pytest.mark.parametrize("transport", ["shm", "tcp", "inproc"])
+@pytest.mark.parametrize("transport", WINDOWED)
 def test_origin_refused_by_a_target_that_released_its_window(transport, allocate):
-    errors, untouched = run(transport, _released_target, 2, allocate)
+    (errors, summed0), (untouched, summed1) = run(transport, _released_target, 2, allocate)
     assert untouched is True
     for error in errors:
         assert error is not None, errors
         kind, peer, message = error
+        assert kind == "TransportError", error
         assert peer == 1 and "target rank 1" in message and "rank 0" in message, error
+    assert summed0 == summed1 == [2.0] * 4
 
 
 def _invalidate_then_close(comm):

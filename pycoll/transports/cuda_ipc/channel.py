@@ -12,7 +12,10 @@ from ...errors import TransportError
 from ..base import Request
 from ..shm.channel import ShmChannel, ShmOwner
 from ..shm.segment import FIRST_EXTENSION_KIND, SLOT_HEADER, Segment
+from ..shm.window import check_path
+from ..windows import RemoteWindow
 from .ipc import DEVICE_BODY, DeviceIpc
+from .window import attach as attach_device_window
 
 #: the slot kinds of device messages (after shm's own): a large buffer's announcement
 #: (rendezvous), and a small message's bytes in the slot (eager)
@@ -185,6 +188,17 @@ class CudaIpcChannel(ShmChannel):
 
     def busy(self) -> bool:
         return super().busy() or bool(self._device_reads)
+
+    def attach_window(self, record: dict[str, Any], progress: Any = None) -> RemoteWindow:
+        """A host window is shm's; a device window is mapped through its IPC handle
+        (``window.py``), with shm's control file."""
+        if "device_handle" not in record:
+            return super().attach_window(record, progress)
+        if int(record.get("pid", -1)) != self._peer_pid:
+            raise TransportError(f"cuda_ipc: peer rank {self.peer}'s window record names "
+                                 "another process", peer=self.peer)
+        check_path(str(record.get("path", "")), self._peer_prefix, self.peer)
+        return attach_device_window(self._device, self.peer, record)
 
     def close(self) -> None:
         # copies still queued (receives nobody waited for) finish first, and release their

@@ -45,25 +45,58 @@ class DeviceIpc:
         if mem.nbytes == 0:
             # an empty array has pointer 0 (CuPy's empty(0)): no allocation, nothing to share
             return DEVICE_BODY.pack(b"", b"", 0, device, os.getpid())
+        handle, offset = self.share(mem.ptr, device, f"the buffer sent to rank {peer}", peer)
+        with cp.cuda.Device(device):
+            event, event_handle = self._send_event(device)
+            event.record(runtime.pycoll_stream(device))
+        return DEVICE_BODY.pack(handle, event_handle, offset, device, os.getpid())
+
+    def share(self, ptr: int, device: int, what: str, peer: int = -1
+              ) -> tuple[bytes, int]:
+        """The IPC memory handle of the allocation holding ``ptr`` and ``ptr``'s offset in it
+        (a handle names a whole allocation)."""
+        from ...cuda import runtime
+        cp = runtime.cupy()
         runtime.make_current(device)      # before the driver call (async: a fresh thread)
         with cp.cuda.Device(device):
             try:
-                base, _size = runtime.address_range(mem.ptr)
+                base, _size = runtime.address_range(ptr)
             except runtime.DriverError as e:
                 raise TransportError(f"rank {self.rank}: cuda_ipc: {e}: not memory of the "
                                      "current device's context?", peer=peer) from None
             try:
-                handle = bytes(cp.cuda.runtime.ipcGetMemHandle(base))
+                return bytes(cp.cuda.runtime.ipcGetMemHandle(base)), ptr - base
             except Exception as e:  # noqa: BLE001 - CUDARuntimeError
                 raise TransportError(
-                    f"rank {self.rank}: cuda_ipc: the buffer sent to rank {peer} cannot be "
-                    f"shared with another process ({e}); managed memory and VMM allocations "
-                    "(torch expandable_segments) have no legacy IPC handle: use the default "
-                    "allocator, or set PYCOLL_TRANSPORTS=shm to stage through host memory",
-                    peer=peer) from None
-            event, event_handle = self._send_event(device)
-            event.record(runtime.pycoll_stream(device))
-        return DEVICE_BODY.pack(handle, event_handle, mem.ptr - base, device, os.getpid())
+                    f"rank {self.rank}: cuda_ipc: {what} cannot be shared with another process "
+                    f"({e}); managed memory and VMM allocations (torch expandable_segments) "
+                    "have no legacy IPC handle: use the default allocator, or set "
+                    "PYCOLL_TRANSPORTS=shm to stage through host memory", peer=peer) from None
+
+    def map_window(self, device: int, handle: bytes, peer: int) -> int:
+        """Map a peer's window allocation for as long as the window is open (outside the
+        cache of message mappings, whose least recently used ones are closed; CUDA counts
+        the opens of one handle, so a mapping both hold stays until both closed it)."""
+        from ...cuda import runtime
+        runtime.make_current(device)
+        cp = runtime.cupy()
+        with cp.cuda.Device(device):
+            try:
+                return int(cp.cuda.runtime.ipcOpenMemHandle(handle))
+            except Exception as e:  # noqa: BLE001 - CUDARuntimeError
+                raise TransportError(
+                    f"rank {self.rank}: cuda_ipc: cannot map rank {peer}'s device window "
+                    f"({e}); the GPUs may not be peer-accessible", peer=peer) from None
+
+    @staticmethod
+    def unmap_window(device: int, base: int) -> None:
+        from ...cuda import runtime
+        try:
+            cp = runtime.cupy()
+            with cp.cuda.Device(device):
+                cp.cuda.runtime.ipcCloseMemHandle(base)
+        except Exception:  # noqa: BLE001 - closing at exit: the driver may be gone already
+            pass
 
     def read(self, mem: MemRef, body: bytes, peer: int) -> Any:
         """Queue the copy of the peer's announced buffer into ``mem``; returns the event that

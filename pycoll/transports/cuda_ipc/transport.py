@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...buffers.memory import CUDA, HOST
+from ...buffers.memory import CUDA, HOST, MemRef
 from ..base import Capabilities, OpenContext, PeerInfo
 from ..shm.doorbell import Doorbell
 from ..shm.transport import ShmTransport
+from ..windows import ExposedWindow
 from .channel import CudaIpcChannel
 from .ipc import DeviceIpc
+from .window import CudaIpcExposedWindow
 
 
 class CudaIpcTransport(ShmTransport):
@@ -19,7 +21,7 @@ class CudaIpcTransport(ShmTransport):
     capabilities = Capabilities("cuda_ipc", latency_us=10.0, bandwidth_gbps=100.0,
                                 same_host_only=True, one_sided=True,
                                 memory_types=frozenset({HOST, CUDA}),
-                                segment_bytes=4 << 20, fast_path=True)
+                                segment_bytes=4 << 20, fast_path=True, windows=True)
 
     def __init__(self, ctx: OpenContext) -> None:
         super().__init__(ctx)
@@ -42,6 +44,16 @@ class CudaIpcTransport(ShmTransport):
         simulator): named without initialising CUDA."""
         from ...cuda import runtime
         return {**(super().details() or {}), "device runtime": runtime.runtime_name()}
+
+    def expose_window(self, mem: MemRef, dtype: str = "", np_dtype: Any = None
+                      ) -> ExposedWindow:
+        """A host window is shm's; a device window adds its allocation's IPC handle
+        (``window.py``)."""
+        if mem.mem_type == HOST:
+            return super().expose_window(mem, dtype, np_dtype)
+        self._windows += 1
+        return CudaIpcExposedWindow(f"{self._prefix}-win{self._windows}", mem.ptr, mem.nbytes,
+                                    int(mem.device or 0), self.rank, self.device)
 
     @staticmethod
     def can_connect(a: PeerInfo, b: PeerInfo) -> bool:

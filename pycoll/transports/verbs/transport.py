@@ -31,7 +31,7 @@ from .device import (
     probe,
     qp_access_flags,
 )
-from .window import VerbsExposedWindow
+from .window import CONTROL_WORDS, VerbsExposedWindow
 from .wire import EAGER_MAX, INLINE_BYTES, MAX_QPS
 
 
@@ -73,6 +73,8 @@ class VerbsTransport(ConnectorTransport, Transport):
         #: open windows by id (``window.py``); while there are any, every pair stays active
         self.windows: dict[int, Any] = {}
         self._windows_made = 0
+        #: every window's control words and their registration (``expose_window``)
+        self._window_controls: list[tuple[Any, np.ndarray]] = []
         host, family = choose_bind_address(ctx.master_addr)
         self._setup = Connector(self, ctx.size, ctx.accepts, host, family,
                                 lambda peer, streams: VerbsChannel(self, peer))
@@ -141,13 +143,14 @@ class VerbsTransport(ConnectorTransport, Transport):
         from pyverbs.mr import MR
 
         _owner, _base, _n, at = exporter_range(mem.view)
-        counter = np.zeros(1, dtype=np.uint64)         # 8-byte aligned, as atomics need
+        # 8-byte aligned, as atomics need
+        control = np.zeros(CONTROL_WORDS, dtype=np.uint64)
         mrs: list[Any] = []
         try:
             mrs.append(MR(self.device.pd, max(mem.nbytes, 1), access_flags(True),
                           address=at or None))
-            mrs.append(MR(self.device.pd, counter.nbytes, qp_access_flags(),
-                          address=counter.ctypes.data))
+            mrs.append(MR(self.device.pd, control.nbytes, qp_access_flags(),
+                          address=control.ctypes.data))
         except Exception as e:   # noqa: BLE001 - pinning limits, bad address...
             for mr in mrs:
                 mr.close()
@@ -156,7 +159,10 @@ class VerbsTransport(ConnectorTransport, Transport):
         self._windows_made += 1
         wid = self._windows_made
         win = self.windows[wid] = VerbsExposedWindow(wid, mem.view, self.rank, dtype, np_dtype,
-                                                     self.windows, mrs[0], at, counter, mrs[1])
+                                                     self.windows, mrs[0], at, control, mrs[1])
+        # registered until the transport closes: a late origin reads the closed word there
+        # (window.py) instead of breaking the pair on a deregistered region
+        self._window_controls.append((mrs[1], control))
         for ch in self._channels.values():      # requests arrive unasked: poll every pair
             if ch.broken is None:
                 self.active.channels[ch.peer] = ch
@@ -189,6 +195,12 @@ class VerbsTransport(ConnectorTransport, Transport):
     def close(self) -> None:
         for win in list(self.windows.values()):     # their registrations go before the PD
             win.close()
+        controls, self._window_controls = self._window_controls, []
+        for mr, _ in controls:
+            try:
+                mr.close()
+            except Exception:   # noqa: BLE001
+                pass
         self._setup.close()
         self.active.channels.clear()
         for mr, _ in self._exposed.values():
