@@ -268,6 +268,53 @@ def test_bound_and_equal_bits(transport, size):
             _check_nonfinite(ys[0], xs, fmt, what)
 
 
+def _pipelined(comm):
+    """Chunks of several pipeline pieces (``compressed.PIECE``), the last one short and not
+    on a block boundary: allreduce (sum, avg) and reduce_scatter, float32 and float64."""
+    from pycoll.algorithms.compressed import PIECE
+    count = comm.size * PIECE * 5 // 2 + 77
+    out = {}
+    for dtype in (np.float32, np.float64):
+        x = _heavy(np.random.default_rng(comm.rank), count, dtype)
+        x[[5, count - 2]] = np.nan
+        for fmt in FORMATS:
+            y = x.copy()
+            comm.allreduce(y, compress=fmt)
+            av = x.copy()
+            comm.allreduce(av, "avg", compress=fmt)
+            c = count // comm.size
+            rs = np.empty(c, dtype)
+            comm.reduce_scatter(rs, x[:c * comm.size], compress=fmt)
+            out[np.dtype(dtype).name, fmt] = (x, y, av, rs)
+    return out
+
+
+def test_pipelined_pieces_give_the_reference_bits():
+    """The pipelined fold (pieces folded and their results sent while later pieces travel)
+    gives, on every rank, the bits of ``compression.reference``, which encodes every chunk
+    whole: the piece size changes no rounding."""
+    n = 3
+    res = run_ranks(_pipelined, n, env={"PYCOLL_TRANSPORTS": "tcp"}, timeout=240,
+                    collective_timeout=120)
+    for (dtype, fmt), (_, y, av, rs) in res[0].items():
+        xs = [r[dtype, fmt][0] for r in res]
+        for r in res[1:]:
+            assert np.array_equal(y.view(np.uint8), r[dtype, fmt][1].view(np.uint8))
+            assert np.array_equal(av.view(np.uint8), r[dtype, fmt][2].view(np.uint8))
+        assert np.array_equal(y.view(np.uint8), cz.reference(xs, fmt).view(np.uint8)), \
+            (dtype, fmt)
+        assert np.array_equal(av.view(np.uint8), cz.reference(xs, fmt, "avg").view(np.uint8)), \
+            (dtype, fmt)
+        c = rs.size
+        for q, r in enumerate(res):           # the owner's fold, kept: no second quantisation
+            acc = None
+            for x in xs:
+                part = cz.reference_encode_decode(x[q * c:(q + 1) * c], fmt)
+                acc = part if acc is None else acc + part
+            assert np.array_equal(r[dtype, fmt][3].view(np.uint8), acc.view(np.uint8)), \
+                (dtype, fmt, q)
+
+
 def _halves(comm, dtype_name):
     out = {}
     for fmt in FORMATS:
