@@ -325,3 +325,27 @@ def _int8_block32(src, codes, inv):  # pragma: no cover - compiled
         t = min(max(y, np.float32(-127.0)), np.float32(127.0)) if finite else np.float32(0.0)
         r = np.float32(t + np.float32(12582912.0)) - np.float32(12582912.0)
         codes[i] = np.uint8(np.int32(r) & np.int32(0xFF)) if finite else np.uint8(0x80)
+
+
+@_jit
+def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no cover
+    """``decode_scaled`` (``add``: ``decode_add_scaled``) into float32, fp8 and int8: the
+    float32 product of the code's value and the scale is the exact product rounded once, as
+    the float64 product stored into float32 is, and the loops over a block's slices
+    vectorise. int8 converts the code itself (-128: NaN) instead of looking it up."""
+    count = out.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        s = scales[b]
+        lo = b * block
+        hi = min(lo + block, count)
+        c = codes[lo:hi]
+        o = out[lo:hi]
+        if fmt == INT8:
+            ints = c.view(np.int8)
+            for i in range(ints.size):
+                v = np.float32(ints[i]) if ints[i] != -128 else np.float32(np.nan)
+                o[i] = o[i] + v * s if add else v * s
+        else:
+            for i in range(c.size):
+                o[i] = o[i] + table[c[i]] * s if add else table[c[i]] * s

@@ -217,6 +217,10 @@ class Codec:
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
+        if flat.dtype == np.float32 and self.name != "fp16":
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
+                              _KERNEL_FORMAT[self.name], table, BLOCK, False)
+            return
         k.decode_scaled(wire[:4 * nb].view(np.float32),
                         wire[4 * nb:4 * nb + self.code_bytes * count], flat,
                         _KERNEL_FORMAT[self.name], table, BLOCK)
@@ -238,6 +242,10 @@ class Codec:
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
+        if flat.dtype == np.float32 and self.name != "fp16":
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
+                              _KERNEL_FORMAT[self.name], table, BLOCK, True)
+            return
         k.decode_add_scaled(wire[:4 * nb].view(np.float32),
                             wire[4 * nb:4 * nb + self.code_bytes * count], flat,
                             _KERNEL_FORMAT[self.name], table, BLOCK, acc.dtype == np.float64)

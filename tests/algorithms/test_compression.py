@@ -151,6 +151,12 @@ def test_compiled_codec_equals_numpy_bit_for_bit(fmt, dtype):
             c.decode_numpy(want, want_v)
             c.decode(want, got_v)
             assert np.array_equal(got_v.view(np.uint8), want_v.view(np.uint8)), (fmt, dtype)
+            if x.dtype in (np.float32, np.float64):  # the fold's decode-and-add: acc + part
+                acc = rng.standard_normal(count).astype(x.dtype)
+                summed = acc.copy()
+                c.decode_add(want, summed)
+                assert np.array_equal(summed.view(np.uint8), (acc + want_v).view(np.uint8)), \
+                    (fmt, dtype, "decode_add")
 
 
 def test_wire_sizes():
