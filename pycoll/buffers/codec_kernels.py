@@ -332,7 +332,8 @@ def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no c
     """``decode_scaled`` (``add``: ``decode_add_scaled``) into float32, fp8 and int8: the
     float32 product of the code's value and the scale is the exact product rounded once, as
     the float64 product stored into float32 is, and the loops over a block's slices
-    vectorise. int8 converts the code itself (-128: NaN) instead of looking it up."""
+    vectorise. The codes are converted, not looked up (``table`` is the fp16 path's).
+    int8: the code itself, -128 NaN; fp8: ``_e4m3_value``."""
     count = out.size
     nb = (count + block - 1) // block
     for b in range(nb):
@@ -348,4 +349,18 @@ def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no c
                 o[i] = o[i] + v * s if add else v * s
         else:
             for i in range(c.size):
-                o[i] = o[i] + table[c[i]] * s if add else table[c[i]] * s
+                v = _e4m3_value(c[i])
+                o[i] = o[i] + v * s if add else v * s
+
+
+@_jit
+def _e4m3_value(code):  # pragma: no cover - compiled
+    """The float32 value of an e4m3fn code from its bits (``compression._E4M3``'s entry,
+    without the lookup, so that the loop vectorises): a normal code's exponent and
+    significand shifted into float32's fields (bias 7 -> 127), a subnormal one (exponent
+    field 0) its significand times 2**-9, 0x7F and 0xFF NaN."""
+    mag = np.uint32(code) & np.uint32(0x7F)
+    normal = np.uint32((mag << np.uint32(20)) + np.uint32(120 << 23)).view(np.float32)
+    v = normal if mag >= np.uint32(8) else np.float32(mag) * np.float32(2.0 ** -9)
+    v = -v if code & np.uint8(0x80) else v
+    return np.float32(np.nan) if mag == np.uint32(0x7F) else v    # the table's NaN: positive

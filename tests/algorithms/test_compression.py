@@ -159,6 +159,21 @@ def test_compiled_codec_equals_numpy_bit_for_bit(fmt, dtype):
                     (fmt, dtype, "decode_add")
 
 
+@pytest.mark.skipif(cz.compiled_kernels() is None, reason="numba cannot load here")
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_compiled_decode_of_every_code(fmt):
+    """Every one of the 256 codes (NaN codes, both zeros, subnormals) decodes to the numpy
+    codec's bits: the compiled float32 decode converts codes instead of looking them up."""
+    c = cz.codec(fmt)
+    wire = np.empty(c.wire_nbytes(256), dtype=np.uint8)
+    wire[:4].view(np.float32)[0] = 0.75
+    wire[4:] = np.arange(256, dtype=np.uint8)
+    want, got = np.empty(256, np.float32), np.empty(256, np.float32)
+    c.decode_numpy(wire, want)
+    c.decode(wire, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_wire_sizes():
     assert cz.codec("fp8").wire_nbytes(1000) == 4 * 4 + 1000
     assert cz.codec("bf16").wire_nbytes(1000) == 2000
