@@ -8,8 +8,10 @@ same bits and accumulates in float32 (float64 for float64 buffers).
 
 * **allreduce**: each chunk's owner (chunks of whole blocks, one per rank) receives every
   rank's quantised piece of it, decodes them and folds them in rank order in the accumulation
-  dtype, applies avg's scale, and quantises the result once; an allgather of those bytes
-  follows, and every rank, the owner too, decodes its result from them. Each element is
+  dtype, applies avg's scale, and quantises the result once; it sends those bytes to every
+  other rank, and every rank, the owner too, decodes its result from them. Both halves are
+  pipelined in pieces of ``PIECE`` elements (``fold_owned``), so the codec passes overlap the
+  transfer instead of adding to it. Each element is
   quantised twice whatever the world size (its input, then the owner's sum), so the error
   does not grow with the number of steps as a ring's re-quantised partial sums would; the
   bytes each rank sends and receives are a ring's, 2 (p - 1) / p of the wire size. Since the
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers.compression import Compression, aligned_bounds, from_acc, to_acc
+from ..buffers.compression import BLOCK, Compression, aligned_bounds, from_acc, to_acc
 from ..transports.base import Request
 from .cost import PER_MESSAGE_US, Algorithm, LinkModel, Network, alpha, bound, gamma, lg, pof2
 from .halving_doubling import allgather_recursive_doubling
@@ -80,52 +82,138 @@ def _gather_bytes(peers: Peers, wire: np.ndarray, layout: Bounds) -> None:
         allgather_ring(peers, wire, bounds=layout)
 
 
-def fold_owned(peers: Peers, arr: np.ndarray, bounds: Bounds, comp: Compression) -> np.ndarray:
+#: input elements per pipelined piece (whole blocks, 1 MiB of float32): a piece's codec pass
+#: is short next to its transfer, so the first piece's encode and the last one's decode are
+#: all that does not overlap the wire; and long next to the few Python calls each piece costs
+PIECE = 1024 * BLOCK
+
+#: (lo, hi, a, b): a piece's elements in the buffer and its bytes in the wire buffer
+Piece = tuple[int, int, int, int]
+
+
+def _plan(comp: Compression, bounds: Bounds) -> list[list[Piece]]:
+    """Every chunk's pieces (``PIECE`` elements from the chunk's start, so they start on the
+    block grid and encode exactly the blocks the whole chunk does; one empty piece for an
+    empty chunk) with their byte ranges in a buffer of every chunk's encoding, in order."""
+    out: list[list[Piece]] = []
+    start = 0
+    for lo, hi in bounds:
+        pieces = []
+        for plo in range(lo, hi, PIECE) if hi > lo else (lo,):
+            phi = min(plo + PIECE, hi)
+            size = comp.codec.wire_nbytes(phi - plo)
+            pieces.append((plo, phi, start, start + size))
+            start += size
+        out.append(pieces)
+    return out
+
+
+class _Results:
+    """The allreduce's second half, fed piece by piece by ``fold_owned``: the owner encodes
+    each folded piece of its chunk once, sends the bytes to every other rank and decodes them
+    into its own buffer; the other owners' pieces are decoded as they arrive (between folds,
+    so that decoding overlaps the transfer too)."""
+
+    def __init__(self, peers: Peers, comp: Compression, arr: np.ndarray,
+                 plan: list[list[Piece]]) -> None:
+        self.peers, self.comp, self.arr, self.plan = peers, comp, arr, plan
+        self.wire = peers.scratch(plan[-1][-1][3], np.dtype(np.uint8), slot=_WIRE)
+        self.sends: list[Request] = []
+        self.arriving: list[tuple[Piece, Request]] = []
+
+    def post(self, others: list[int]) -> None:
+        """The receives of every other owner's result pieces: posted after that owner's fold
+        receives, as it sends its result pieces after all its fold pieces (one tag, in
+        order)."""
+        for q in others:
+            for piece in self.plan[q]:
+                self.arriving.append((piece, self.peers.irecv(q, self.wire[piece[2]:piece[3]])))
+
+    def folded(self, j: int, acc: np.ndarray, others: list[int]) -> None:
+        lo, hi, a, b = self.plan[self.peers.rank][j]
+        self.comp.codec.encode(acc, self.wire[a:b])     # the result, quantised once
+        self.sends += [self.peers.isend(q, self.wire[a:b]) for q in others]
+        _decode(self.peers, self.comp, self.wire[a:b], self.arr[lo:hi])
+        self.drain(False)
+
+    def drain(self, block: bool) -> None:
+        """Decode the arrived result pieces (all of them, waiting for each, if ``block``)."""
+        left = self.arriving
+        i = 0
+        while i < len(left) and (block or left[i][1].done):
+            (lo, hi, a, b), req = left[i]
+            self.peers.wait([req])
+            _decode(self.peers, self.comp, self.wire[a:b], self.arr[lo:hi])
+            i += 1
+        del left[:i]
+        if block:
+            self.peers.wait(self.sends)
+
+
+def fold_owned(peers: Peers, arr: np.ndarray, bounds: Bounds, comp: Compression,
+               results: _Results | None = None) -> np.ndarray:
     """Send every other owner this rank's quantised piece of its chunk (``bounds``), receive
     every rank's piece of this rank's chunk, and fold them, decoded, in rank order in the
     accumulation dtype (this rank's own piece quantised like the others, so that the result
-    does not depend on who owns what); avg's scale applied. Returns the accumulator."""
+    does not depend on who owns what); avg's scale applied. Returns the accumulator.
+
+    Pipelined: each chunk travels as pieces of ``PIECE`` elements; every piece is encoded and
+    sent at once (a progress pass after each round, so the sockets are fed while the next
+    pieces encode), and the owner folds piece j while later pieces are still on the wire,
+    handing each folded piece to ``results`` (the allreduce's second half). The arithmetic
+    is element by element, so the bits do not depend on the piece size."""
     n, r = peers.size, peers.rank
-    layout = _layout(comp, bounds)
-    sendbuf = peers.scratch(layout[-1][1], np.dtype(np.uint8), slot=_SEND)
-    sends: list[Request] = []
-    for step in range(1, n + 1):             # the others' first, in the order they fold
-        q = (r + step) % n
-        lo, hi = bounds[q]
-        a, b = layout[q]
-        _encode(peers, comp, arr[lo:hi], sendbuf[a:b])
-        if q != r:
-            sends.append(peers.isend(q, sendbuf[a:b]))
-    lo, hi = bounds[r]
-    a, b = layout[r]
-    size = b - a
+    plan = _plan(comp, bounds)
+    sendbuf = peers.scratch(plan[-1][-1][3], np.dtype(np.uint8), slot=_SEND)
+    mine = plan[r]
+    first = mine[0][2]
+    size = mine[-1][3] - first
+    others = [(r + step) % n for step in range(1, n)]
     space = peers.scratch(max(1, (n - 1) * size), np.dtype(np.uint8), slot=_RECV)
-    others = [q for q in range(n) if q != r]
-    pieces = {q: space[i * size:(i + 1) * size] for i, q in enumerate(others)}
-    pieces[r] = sendbuf[a:b]
-    peers.wait([peers.irecv(q, pieces[q]) for q in others])
-    acc = peers.scratch(hi - lo, comp.acc, slot=_ACC)
-    part = peers.scratch(hi - lo, comp.acc, slot=_PART)
-    comp.codec.decode(pieces[0], acc)
-    for q in range(1, n):
-        comp.codec.decode(pieces[q], part)
-        acc += part
-    comp.finish(acc)
+    at = {q: i * size - first for i, q in enumerate(others)}
+
+    def piece_of(q: int, piece: Piece) -> np.ndarray:
+        """Rank q's encoding of ``piece`` of this rank's chunk."""
+        if q == r:
+            return sendbuf[piece[2]:piece[3]]
+        return space[at[q] + piece[2]:at[q] + piece[3]]
+
+    arrivals = [[peers.irecv(q, piece_of(q, piece)) for q in others] for piece in mine]
+    if results is not None:
+        results.post(others)
+    sends: list[Request] = []
+    for j in range(max(len(pieces) for pieces in plan)):
+        for q in others + [r]:           # every owner's piece j, then the next round
+            if j < len(plan[q]):
+                lo, hi, a, b = plan[q][j]
+                _encode(peers, comp, arr[lo:hi], sendbuf[a:b])
+                if q != r:
+                    sends.append(peers.isend(q, sendbuf[a:b]))
+        peers.poke()
+    base = bounds[r][0]
+    acc = peers.scratch(bounds[r][1] - base, comp.acc, slot=_ACC)
+    for j, piece in enumerate(mine):
+        peers.wait(arrivals[j])
+        part = acc[piece[0] - base:piece[1] - base]
+        comp.codec.decode(piece_of(0, piece), part)
+        for q in range(1, n):
+            comp.codec.decode_add(piece_of(q, piece), part)
+        comp.finish(part)
+        if results is not None:
+            results.folded(j, part, others)
+        peers.poke()
     peers.wait(sends)
     return acc
 
 
 def allreduce_compressed(peers: Peers, arr: np.ndarray, spec: ReduceSpec,
                          comp: Compression) -> None:
-    n, r = peers.size, peers.rank
-    bounds = aligned_bounds(arr.size, n)
-    acc = fold_owned(peers, arr, bounds, comp)
-    layout = _layout(comp, bounds)
-    wire = peers.scratch(layout[-1][1], np.dtype(np.uint8), slot=_WIRE)
-    comp.codec.encode(acc, wire[layout[r][0]:layout[r][1]])     # the result, quantised once
-    _gather_bytes(peers, wire, layout)
-    for (lo, hi), (a, b) in zip(bounds, layout):
-        _decode(peers, comp, wire[a:b], arr[lo:hi])
+    """The owners' fold, each folded piece quantised once by its owner and sent to every
+    other rank at once (the bytes of a ring's allgather, overlapped with the fold)."""
+    bounds = aligned_bounds(arr.size, peers.size)
+    results = _Results(peers, comp, arr, _plan(comp, bounds))
+    fold_owned(peers, arr, bounds, comp, results)
+    results.drain(True)
 
 
 def reduce_scatter_compressed(peers: Peers, work: np.ndarray, spec: ReduceSpec,
@@ -162,9 +250,10 @@ def broadcast_compressed(peers: Peers, arr: np.ndarray, root: int, comp: Compres
 
 
 # -- costs: ``nbytes`` is the uncompressed size; the network says how much of it travels -----
-#: input bytes per second of one quantisation or dequantisation pass (numpy, several
-#: temporaries per element), and the fixed cost of one pass (a dozen numpy calls): both to
-#: calibrate with ``python -m pycoll.bench allreduce --compress`` on an idle machine
+#: input bytes per second of one quantisation or dequantisation pass (conservative: the
+#: compiled codecs are faster on an idle core, the numpy fallback slower), and the fixed
+#: cost of one pass: both to calibrate with ``python -m pycoll.bench allreduce --compress``
+#: on an idle machine
 CODEC_GBPS = 1.0
 CODEC_CALL_US = 30.0
 
@@ -192,11 +281,17 @@ def _rounds(p: int) -> int:
 
 
 def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
+    """Pipelined (``fold_owned``): the codec passes (every rank encodes the whole buffer,
+    folds p pieces of 1/p, encodes 1/p, decodes the whole) overlap the transfer of both
+    halves over the rank's link, so the longer of the two counts, plus what cannot overlap:
+    the first piece's encode and the last one's fold, encode and decode."""
     link = net.link
     wire = _wire(nbytes, net)
-    ag = _rounds(p) * alpha(p, link, True) + (p - 1) / p * wire * link.beta
-    critical = (_fold_time(nbytes, p, link, wire) + codec_time(nbytes / p) + ag
-                + codec_time(nbytes, p))
+    piece = min(nbytes / p, 4.0 * PIECE)
+    transfer = 2 * (p - 1) / p * wire * link.beta
+    codec = codec_time((3 + 1 / p) * nbytes, 3 * p + 1)
+    critical = (2 * alpha(p, link, True) + 2 * (p - 2) * PER_MESSAGE_US * 1e-6
+                + max(transfer, codec) + codec_time(4 * piece) + nbytes / p * gamma())
     work = p * ((p - 1) / p * wire * 2 * link.beta + codec_time(3 * nbytes, 3 * p + 1)
                 + nbytes * gamma())
     return bound(critical, work, p, link)

@@ -158,6 +158,12 @@ class Peers:
         """Wait for ``requests``; every channel with work progresses meanwhile."""
         self.engine.wait(requests, self.deadline, self.watch)
 
+    def poke(self) -> None:
+        """One progress pass without waiting: an algorithm that computes between posting and
+        waiting (the compressed calls' codec passes) keeps its queued sends moving and its
+        receives draining meanwhile."""
+        self.engine.progress()
+
     def watch(self) -> None:
         """What a wait checks while it idles (every ``WaitPolicy.liveness_seconds``): the
         communicator's ``check`` (abort records), then every receive this call posted, not

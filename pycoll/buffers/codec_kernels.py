@@ -113,6 +113,12 @@ def _block_scale(src, lo, hi, fmax):  # pragma: no cover - compiled
         m = abs(src[i])
         if m > amax and m != np.inf:         # NaN compares false
             amax = m
+    return _scale_of(amax, fmax)
+
+
+@_jit
+def _scale_of(amax, fmax):  # pragma: no cover - compiled
+    """``_block_scale`` of a block whose largest finite magnitude is ``amax`` (float64)."""
     wanted = amax / fmax
     s = np.float32(wanted)
     if s < wanted:
@@ -208,3 +214,153 @@ def decode_scaled(scales, codes, out, fmt, table, block):  # pragma: no cover - 
         else:
             for i in range(lo, hi):
                 out[i] = np.float64(table[codes[i]]) * s
+
+
+@_jit
+def decode_add_bf16(codes, acc):  # pragma: no cover - compiled
+    """``acc += decode(codes)``: one rounding of the sum in ``acc``'s dtype, as numpy's
+    ``acc += part`` after ``decode_bf16`` into ``part`` (bfloat16 is exact in float32)."""
+    for i in range(acc.size):
+        acc[i] += np.uint32(np.uint32(codes[i]) << np.uint32(16)).view(np.float32)
+
+
+@_jit
+def decode_add_scaled(scales, codes, acc, fmt, table, block, wide):  # pragma: no cover
+    """``acc += decode(scales, codes)`` without the intermediate array: each product is
+    rounded to ``acc``'s dtype first (what ``decode_scaled`` stores), then added, so the bits
+    are those of decoding into a scratch array and adding it. ``wide``: ``acc`` is
+    float64."""
+    count = acc.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        s = np.float64(scales[b])
+        lo = b * block
+        hi = min(lo + block, count)
+        if fmt == FP16:
+            for i in range(lo, hi):
+                h = np.int64(codes[2 * i]) | (np.int64(codes[2 * i + 1]) << 8)
+                p = np.float64(table[h]) * s
+                if wide:
+                    acc[i] += p
+                else:
+                    acc[i] += np.float32(p)
+        else:
+            for i in range(lo, hi):
+                p = np.float64(table[codes[i]]) * s
+                if wide:
+                    acc[i] += p
+                else:
+                    acc[i] += np.float32(p)
+
+
+# -- float32 input: branch-free loops that the compiler vectorises ---------------------------
+# The general kernels above branch per element (non-finite values, binades), which keeps them
+# scalar; float32, the common input, gets loops of selects and integer bit operations with
+# the same results, bit for bit (tests/algorithms/test_compression.py compares every format).
+_FINITE = np.uint32(0x7F800000)              # |x|'s bits at or above this: inf or NaN
+_MAGNITUDE = np.uint32(0x7FFFFFFF)
+
+
+@_jit
+def _amax_bits(bits, lo, hi):  # pragma: no cover - compiled
+    """The largest finite magnitude of a float32 block, from its bits: non-negative floats
+    order as their bits do, so an integer max (which vectorises, unlike a float max without
+    fastmath) finds it; inf and NaN count as zero."""
+    m = np.uint32(0)
+    block = bits[lo:hi]                      # indices from 0: the loop vectorises
+    for i in range(block.size):
+        a = block[i] & _MAGNITUDE
+        a = a if a < _FINITE else np.uint32(0)
+        m = a if a > m else m
+    return np.float64(np.uint32(m).view(np.float32))
+
+
+@_jit
+def encode_scaled32(src, bits, scales, codes, fmt, fmax, block):  # pragma: no cover
+    """``encode_scaled`` of float32 ``src`` (``bits``: the same memory as uint32), fp8 and
+    int8: the block's scale from ``_amax_bits``, then its codes, one block at a time."""
+    count = src.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        lo = b * block
+        hi = min(lo + block, count)
+        s = _scale_of(_amax_bits(bits, lo, hi), fmax)
+        scales[b] = s
+        inv = np.float32(1.0) / s
+        if fmt == FP8:
+            _fp8_block32(src[lo:hi], codes[lo:hi], inv)
+        else:
+            _int8_block32(src[lo:hi], codes[lo:hi], inv)
+
+
+@_jit
+def _fp8_block32(src, codes, inv):  # pragma: no cover - compiled
+    """e4m3fn codes of ``src[i] * inv`` (float32), as ``_e4m3_code``: normal values round
+    their significand to 3 bits, nearest even, by adding to the bits (a carry moves into the
+    exponent, as the next binade's code); below 2**-6 the code is the value in units of
+    2**-9, rounded by adding 2**23 in float32; then saturation at 448 (0x7E), NaN and inf
+    0x7F, the sign."""
+    for i in range(src.size):
+        y = np.float32(src[i] * inv)
+        u = y.view(np.uint32)
+        a = u & _MAGNITUDE
+        sign = (u >> np.uint32(24)) & np.uint32(0x80)
+        up = np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))
+        normal = np.int32((a + up) >> np.uint32(20)) - np.int32(960)   # (127 - 7) << 3
+        small = np.float32(np.float32(abs(y) * np.float32(512.0)) + np.float32(8388608.0))
+        sub = np.int32(np.float32(small).view(np.uint32) - np.uint32(0x4B000000))
+        code = normal if a >= np.uint32(0x3C800000) else sub          # 2**-6
+        code = min(code, np.int32(0x7E))
+        code = np.int32(0x7F) if a >= _FINITE else code | np.int32(sign)
+        codes[i] = np.uint8(code)
+
+
+@_jit
+def _int8_block32(src, codes, inv):  # pragma: no cover - compiled
+    """int8 codes of ``src[i] * inv`` (float32), as ``_int8_block``: clamped to +-127 and
+    rounded to nearest even by adding 1.5 * 2**23 in float32; NaN and inf -128."""
+    for i in range(src.size):
+        y = np.float32(src[i] * inv)
+        finite = (y.view(np.uint32) & _MAGNITUDE) < _FINITE
+        t = min(max(y, np.float32(-127.0)), np.float32(127.0)) if finite else np.float32(0.0)
+        r = np.float32(t + np.float32(12582912.0)) - np.float32(12582912.0)
+        codes[i] = np.uint8(np.int32(r) & np.int32(0xFF)) if finite else np.uint8(0x80)
+
+
+@_jit
+def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no cover
+    """``decode_scaled`` (``add``: ``decode_add_scaled``) into float32, fp8 and int8: the
+    float32 product of the code's value and the scale is the exact product rounded once, as
+    the float64 product stored into float32 is, and the loops over a block's slices
+    vectorise. The codes are converted, not looked up (``table`` is the fp16 path's).
+    int8: the code itself, -128 NaN; fp8: ``_e4m3_value``."""
+    count = out.size
+    nb = (count + block - 1) // block
+    for b in range(nb):
+        s = scales[b]
+        lo = b * block
+        hi = min(lo + block, count)
+        c = codes[lo:hi]
+        o = out[lo:hi]
+        if fmt == INT8:
+            ints = c.view(np.int8)
+            for i in range(ints.size):
+                v = np.float32(ints[i]) if ints[i] != -128 else np.float32(np.nan)
+                o[i] = o[i] + v * s if add else v * s
+        else:
+            for i in range(c.size):
+                v = _e4m3_value(c[i])
+                o[i] = o[i] + v * s if add else v * s
+
+
+@_jit
+def _e4m3_value(code):  # pragma: no cover - compiled
+    """The float32 value of an e4m3fn code from its bits (``compression._E4M3``'s entry,
+    without the lookup, so that the loop vectorises): a normal code's exponent and
+    significand shifted into float32's fields (bias 7 -> 127), a subnormal one (exponent
+    field 0) its significand times 2**-9, 0x7F and 0xFF NaN."""
+    mag = np.uint32(code) & np.uint32(0x7F)
+    normal = np.uint32((mag << np.uint32(20)) + np.uint32(120 << 23)).view(np.float32)
+    v = normal if mag >= np.uint32(8) else np.float32(mag) * np.float32(2.0 ** -9)
+    v = -v if code & np.uint8(0x80) else v
+    return np.float32(np.nan) if mag == np.uint32(0x7F) else v    # the table's NaN: positive

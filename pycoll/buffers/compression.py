@@ -150,7 +150,10 @@ class Codec:
             k.encode_bf16(src, out.view(np.uint16))
             return
         nb = self.blocks(count)
-        if count:
+        if count and src.dtype == np.float32 and self.name != "fp16":
+            k.encode_scaled32(src, src.view(np.uint32), out[:4 * nb].view(np.float32),
+                              out[4 * nb:], _KERNEL_FORMAT[self.name], self.fmax, BLOCK)
+        elif count:
             k.encode_scaled(src, out[:4 * nb].view(np.float32), out[4 * nb:],
                             _KERNEL_FORMAT[self.name], self.fmax, BLOCK,
                             src.dtype == np.float64)
@@ -214,9 +217,38 @@ class Codec:
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
+        if flat.dtype == np.float32 and self.name != "fp16":
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
+                              _KERNEL_FORMAT[self.name], table, BLOCK, False)
+            return
         k.decode_scaled(wire[:4 * nb].view(np.float32),
                         wire[4 * nb:4 * nb + self.code_bytes * count], flat,
                         _KERNEL_FORMAT[self.name], table, BLOCK)
+
+    def decode_add(self, wire: np.ndarray, acc: np.ndarray) -> None:
+        """``acc += `` the values ``wire`` encodes, with the bits of ``decode`` into a scratch
+        array and ``acc += scratch`` (one rounding per element), without that array: the
+        compressed fold adds every rank's piece this way."""
+        k = compiled_kernels()
+        if k is None or acc.dtype not in (np.float32, np.float64) or not _fits(wire, acc):
+            part = np.empty_like(acc)
+            self.decode(wire, part)
+            acc += part
+            return
+        count = acc.size
+        flat = acc.reshape(-1)
+        if not self.scaled:
+            k.decode_add_bf16(wire[:2 * count].view(np.uint16), flat)
+            return
+        nb = self.blocks(count)
+        table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
+        if flat.dtype == np.float32 and self.name != "fp16":
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
+                              _KERNEL_FORMAT[self.name], table, BLOCK, True)
+            return
+        k.decode_add_scaled(wire[:4 * nb].view(np.float32),
+                            wire[4 * nb:4 * nb + self.code_bytes * count], flat,
+                            _KERNEL_FORMAT[self.name], table, BLOCK, acc.dtype == np.float64)
 
     def decode_numpy(self, wire: np.ndarray, out: np.ndarray) -> None:
         """``decode`` in numpy: the reference the compiled codec equals bit for bit."""

@@ -151,6 +151,27 @@ def test_compiled_codec_equals_numpy_bit_for_bit(fmt, dtype):
             c.decode_numpy(want, want_v)
             c.decode(want, got_v)
             assert np.array_equal(got_v.view(np.uint8), want_v.view(np.uint8)), (fmt, dtype)
+            if x.dtype in (np.float32, np.float64):  # the fold's decode-and-add: acc + part
+                acc = rng.standard_normal(count).astype(x.dtype)
+                summed = acc.copy()
+                c.decode_add(want, summed)
+                assert np.array_equal(summed.view(np.uint8), (acc + want_v).view(np.uint8)), \
+                    (fmt, dtype, "decode_add")
+
+
+@pytest.mark.skipif(cz.compiled_kernels() is None, reason="numba cannot load here")
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_compiled_decode_of_every_code(fmt):
+    """Every one of the 256 codes (NaN codes, both zeros, subnormals) decodes to the numpy
+    codec's bits: the compiled float32 decode converts codes instead of looking them up."""
+    c = cz.codec(fmt)
+    wire = np.empty(c.wire_nbytes(256), dtype=np.uint8)
+    wire[:4].view(np.float32)[0] = 0.75
+    wire[4:] = np.arange(256, dtype=np.uint8)
+    want, got = np.empty(256, np.float32), np.empty(256, np.float32)
+    c.decode_numpy(wire, want)
+    c.decode(wire, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_wire_sizes():
@@ -266,6 +287,53 @@ def test_bound_and_equal_bits(transport, size):
                      what + " broadcast")
         if kind == "nonfinite":
             _check_nonfinite(ys[0], xs, fmt, what)
+
+
+def _pipelined(comm):
+    """Chunks of several pipeline pieces (``compressed.PIECE``), the last one short and not
+    on a block boundary: allreduce (sum, avg) and reduce_scatter, float32 and float64."""
+    from pycoll.algorithms.compressed import PIECE
+    count = comm.size * PIECE * 5 // 2 + 77
+    out = {}
+    for dtype in (np.float32, np.float64):
+        x = _heavy(np.random.default_rng(comm.rank), count, dtype)
+        x[[5, count - 2]] = np.nan
+        for fmt in FORMATS:
+            y = x.copy()
+            comm.allreduce(y, compress=fmt)
+            av = x.copy()
+            comm.allreduce(av, "avg", compress=fmt)
+            c = count // comm.size
+            rs = np.empty(c, dtype)
+            comm.reduce_scatter(rs, x[:c * comm.size], compress=fmt)
+            out[np.dtype(dtype).name, fmt] = (x, y, av, rs)
+    return out
+
+
+def test_pipelined_pieces_give_the_reference_bits():
+    """The pipelined fold (pieces folded and their results sent while later pieces travel)
+    gives, on every rank, the bits of ``compression.reference``, which encodes every chunk
+    whole: the piece size changes no rounding."""
+    n = 3
+    res = run_ranks(_pipelined, n, env={"PYCOLL_TRANSPORTS": "tcp"}, timeout=240,
+                    collective_timeout=120)
+    for (dtype, fmt), (_, y, av, rs) in res[0].items():
+        xs = [r[dtype, fmt][0] for r in res]
+        for r in res[1:]:
+            assert np.array_equal(y.view(np.uint8), r[dtype, fmt][1].view(np.uint8))
+            assert np.array_equal(av.view(np.uint8), r[dtype, fmt][2].view(np.uint8))
+        assert np.array_equal(y.view(np.uint8), cz.reference(xs, fmt).view(np.uint8)), \
+            (dtype, fmt)
+        assert np.array_equal(av.view(np.uint8), cz.reference(xs, fmt, "avg").view(np.uint8)), \
+            (dtype, fmt)
+        c = rs.size
+        for q, r in enumerate(res):           # the owner's fold, kept: no second quantisation
+            acc = None
+            for x in xs:
+                part = cz.reference_encode_decode(x[q * c:(q + 1) * c], fmt)
+                acc = part if acc is None else acc + part
+            assert np.array_equal(r[dtype, fmt][3].view(np.uint8), acc.view(np.uint8)), \
+                (dtype, fmt, q)
 
 
 def _halves(comm, dtype_name):
