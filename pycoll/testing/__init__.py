@@ -213,6 +213,16 @@ def same_host_transport() -> str:
     return next(name for name in order if name in records)
 
 
+def wait_for_path(path: str | os.PathLike[str], timeout: float, what: str) -> None:
+    """Wait until ``path`` exists (another rank's sign that it reached a point: ``what``),
+    for ``timeout`` seconds at most; AssertionError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what} ({path} does not exist)")
+        time.sleep(0.01)
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,
