@@ -113,8 +113,9 @@ def test_a_raising_rank_is_named(cluster):
 
 def test_a_killed_actor_is_named(cluster):
     """Rank 2's process is SIGKILLed mid-job: no exception, no abort record. Ray reports the
-    actor dead, its peers report it lost; either way the driver names rank 2, and at once
-    (the others' collectives do not wait out their 60 s timeout)."""
+    actor dead, its peers report it lost; either way the driver names rank 2, and at once: the
+    others' collectives do not wait out their timeout (300 s, longer than job_timeout: a
+    failure that waited would be a RayJobTimeout)."""
     def crash(comm):
         import os
         import signal
@@ -128,13 +129,10 @@ def test_a_killed_actor_is_named(cluster):
         comm.allreduce(x)
         return x
 
-    start = time.monotonic()
     with pytest.raises(RayRankFailed) as info:
-        pycoll.ray.run(crash, 4, timeout=60, job_timeout=120)
-    took = time.monotonic() - start
+        pycoll.ray.run(crash, 4, timeout=300, job_timeout=120)
     assert info.value.rank == 2, str(info.value)
     assert "rank 2 of 4" in str(info.value) and "was lost" in str(info.value), str(info.value)
-    assert took < 45, f"took {took:.1f} s: the failure waited for a timeout"
 
 
 def test_a_result_that_does_not_serialize_names_its_rank(cluster):
