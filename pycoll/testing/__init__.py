@@ -17,6 +17,7 @@ import queue
 import random
 import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -121,8 +122,16 @@ class RankFailure(AssertionError):
 
 
 def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, str],
-               results: Any, args: Sequence[Any], timeout: float) -> None:
+               results: Any, args: Sequence[Any], timeout: float,
+               torch_forked: bool = False) -> None:
     os.environ.update(env)
+    if torch_forked:
+        # forked from a process that had torch: if it ran a parallel op there, GNU OpenMP's
+        # pool was started, and it is not fork-safe (this process has the pool's state but
+        # none of its threads: the first parallel op here waits for them for ever). On one
+        # thread torch never enters the pool.
+        import torch
+        torch.set_num_threads(1)
     os.environ["PYCOLL_STORE_EXTERNAL"] = "1"
     from ..transports.progress import WaitPolicy
     WaitPolicy.most_ranks = 0     # forked: the parent's layout (e.g. of run_threads) is not ours
@@ -152,7 +161,6 @@ def _rank_main(fn: Callable, rank: int, size: int, port: int, env: Mapping[str, 
 
 def _cuda_initialised() -> bool:
     """Whether this process initialised CUDA (pycoll's device runtime or torch's)."""
-    import sys
     runtime = sys.modules.get("pycoll.cuda.runtime")
     if runtime is not None and runtime.initialised():
         return True
@@ -183,7 +191,6 @@ _GPU_VISIBLE: list[bool] = []
 def _gpu_visible() -> bool:
     if not _GPU_VISIBLE:
         import subprocess
-        import sys
         code = ("import sys; from pycoll.cuda.runtime import unavailable_reason; "
                 "sys.exit(0 if unavailable_reason() is None else 1)")
         env = {k: v for k, v in os.environ.items() if k != "PYCOLL_CUDA_SIMULATOR"}
@@ -206,6 +213,16 @@ def same_host_transport() -> str:
     return next(name for name in order if name in records)
 
 
+def wait_for_path(path: str | os.PathLike[str], timeout: float, what: str) -> None:
+    """Wait until ``path`` exists (another rank's sign that it reached a point: ``what``),
+    for ``timeout`` seconds at most; AssertionError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what} ({path} does not exist)")
+        time.sleep(0.01)
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               env: Mapping[str, str] | None = None, timeout: float = 60.0,
               collective_timeout: float = 30.0, expect_failure: bool = False,
@@ -219,7 +236,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     raising. ``rank_env`` adds variables for some ranks only (rank -> variables).
     ``start_method="spawn"`` starts fresh interpreters instead: the default (None) where
     this process has initialised CUDA (or torch has), since CUDA cannot be used in a process
-    forked from one that initialised it; fork otherwise. ``joiners``: that many more processes
+    forked from one that initialised it; fork otherwise. Ranks forked from a process that
+    imported torch run torch on one thread (GNU OpenMP's pool, once started, is not
+    fork-safe). ``joiners``: that many more processes
     call ``pycoll.init(join=True)`` (they join when the ranks call ``grow``) and then ``fn``;
     their results follow the ranks'.
     """
@@ -228,14 +247,16 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     # bound and listening now, served only after the fork: a process with threads should not
     # fork (a lock another thread holds stays held in the child; Python 3.12 warns)
     server = StoreServer("127.0.0.1", 0)
-    ctx: Any = mp.get_context(start_method or ("spawn" if _cuda_initialised() else "fork"))
+    method = start_method or ("spawn" if _cuda_initialised() else "fork")
+    ctx: Any = mp.get_context(method)
+    torch_forked = method == "fork" and "torch" in sys.modules
     results = ctx.Queue()
     joining = {"PYCOLL_JOIN": "1"}
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(fn, r, world_size, server.port,
                                {**(env or {}), **(rank_env or {}).get(r, {}),
                                 **(joining if r >= world_size else {})}, results, args,
-                               collective_timeout))
+                               collective_timeout, torch_forked))
              for r in range(world_size + joiners)]
     world_size += joiners        # results: the ranks', then the joiners'
     outcomes: dict[int, tuple[str, Any]] = {}

@@ -21,10 +21,6 @@ from pycoll.testing import run_ranks
 
 try:
     import torch
-    # the tests run torch ops in this process, which forks ranks afterwards (run_ranks, here
-    # and in later test files): an OpenMP pool started here leaves the forked ranks' torch
-    # ops deadlocked (GNU OpenMP is not fork-safe), so torch stays on this thread
-    torch.set_num_threads(1)
 except ImportError:
     torch = None
 

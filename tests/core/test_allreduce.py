@@ -134,6 +134,30 @@ def test_torch_cpu_tensors():
         assert row[:5] == pytest.approx(expected.tolist(), rel=1e-2), dtype
 
 
+def _torch_parallel_sum(comm):
+    import torch
+    t = torch.ones(1 << 20) * (comm.rank + 1)     # large enough for a parallel region
+    s = torch.full((4,), float(t.sum()))
+    comm.allreduce(s, "sum")
+    return s.tolist()
+
+
+def test_ranks_forked_after_torch_ran_on_threads_can_use_torch():
+    """This process runs a torch op on two threads, which starts GNU OpenMP's thread pool;
+    a rank forked afterwards inherits a pool whose threads it does not have, and its first
+    parallel torch op waited for them for ever. run_ranks runs the forked ranks' torch on
+    one thread."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert float(torch.ones(1 << 20).sum()) == 1 << 20       # the pool starts here
+        out = run_ranks(_torch_parallel_sum, 2, timeout=30)
+    finally:
+        torch.set_num_threads(threads)
+    assert out == [[3.0 * (1 << 20)] * 4] * 2
+
+
 def _async_ops(comm):
     arrays = [np.full(1000, comm.rank + i, dtype=np.float64) for i in range(5)]
     works = [comm.allreduce(a, async_op=True) for a in arrays]

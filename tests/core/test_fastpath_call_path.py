@@ -31,11 +31,12 @@ pytestmark = [pytest.mark.timeout(180),
                                  reason="the fast path needs numba on Linux x86-64/aarch64")]
 
 
-def _workload(comm):
+def _workload(comm, folder):
     import time
 
     from pycoll.fastpath import compiled as here
     from pycoll.runtime.flight_recorder import SEQ, STATE
+    from pycoll.testing import wait_for_path
     fast = comm._fast
     assert fast is not None
     r, n = comm.rank, comm.size
@@ -74,11 +75,21 @@ def _workload(comm):
     results += [b.tobytes(), c.tobytes()]
     # one-way broadcasts, each followed at once by a barrier or an allreduce, which settles
     # it first: the compiled path in C (``kernels.settle_bound``), the Python one through
-    # ``FastPath.settle``; and a settle that sleeps (the last rank comes 0.3 s late to a
-    # broadcast): both go on in ``FastPath.settle``
+    # ``FastPath.settle``; and a settle that sleeps (the last rank comes to a broadcast
+    # only once rank 0's settle of it went on in ``FastPath.settle``, which on the compiled
+    # path takes a sleep slice without progress in the cfunc first)
     settles: list = []
     settle = fast.settle
-    fast.settle = lambda deadline: (settles.append(deadline), settle(deadline))[1]
+    entered = os.path.join(folder, "settling")
+    late = False
+
+    def counted(deadline):
+        settles.append(deadline)
+        if late and r == 0:
+            open(entered, "w").close()
+        return settle(deadline)
+
+    fast.settle = counted
     for i in range(20):
         b = np.full(4, r + i, np.float32)
         comm.broadcast(b, i % n)
@@ -91,8 +102,9 @@ def _workload(comm):
             results.append(c.tobytes())
         results.append(b.tobytes())
     out["quick_settles"] = len(settles)
+    late = True
     if r == n - 1:
-        time.sleep(0.3)
+        wait_for_path(entered, 60, "rank 0's settle of the broadcast in FastPath.settle")
     b = np.full(4, r, np.float32)
     comm.broadcast(b, 0)
     comm.barrier()
@@ -138,19 +150,20 @@ def _workload(comm):
     return out
 
 
-def _run() -> list:
-    return run_ranks(_workload, 2, start_method="spawn", timeout=150)
+def _run(folder) -> list:
+    os.makedirs(folder)
+    return run_ranks(_workload, 2, str(folder), start_method="spawn", timeout=150)
 
 
 @pytest.mark.skipif(not compiled.callpath.COMPILED,
                     reason=f"the compiled call path is not built here: {compiled.unavailable}")
-def test_the_compiled_call_path_does_what_the_python_one_does(monkeypatch):
+def test_the_compiled_call_path_does_what_the_python_one_does(monkeypatch, tmp_path):
     # the spawned interpreters decide when they import pycoll, before run_ranks' ``env``
     # reaches them: the variable goes into the environment they start with
     monkeypatch.delenv("PYCOLL_FASTPATH_C", raising=False)
-    c_path = _run()
+    c_path = _run(tmp_path / "compiled")
     monkeypatch.setenv("PYCOLL_FASTPATH_C", "0")
-    python = _run()
+    python = _run(tmp_path / "python")
     for rank, (c, p) in enumerate(zip(c_path, python)):
         assert c["compiled"] and not p["compiled"], rank
         assert c["bound"] == "BoundCall" and p["bound"] == "method", (c["bound"], p["bound"])
@@ -160,14 +173,11 @@ def test_the_compiled_call_path_does_what_the_python_one_does(monkeypatch):
     # every settle right after its broadcast: in C on the compiled path, in Python on the
     # other. A rank more than a sleep slice late sends that settle to Python on the compiled
     # path too (a loaded host deschedules ranks for whole time slices): fewer than all of
-    # them, not none; the late broadcast's settle sleeps on rank 0 and goes on in Python
-    # either way
+    # them, not none
     for rank, (c, p) in enumerate(zip(c_path, python)):
         assert c["quick_settles"] < 20 and p["quick_settles"] == 20, (rank, c, p)
-    # the late broadcast's settle sleeps on rank 0 and goes on in Python on the Python path;
-    # on the compiled path it may end inside the cfunc (open, issue 45: see
-    # test_fastpath_call_path_failures), so only the Python path's is counted
-    assert python[0]["late_settles"] >= 1
+    # the late broadcast's settle sleeps on rank 0 and goes on in Python either way
+    assert c_path[0]["late_settles"] == 1 and python[0]["late_settles"] == 1, (c_path, python)
     assert c_path[0]["mismatch"] == "CollectiveMismatch"
     assert c_path[0]["frozen"] != "accepted" and c_path[0]["strided"] == "InvalidArgument"
     assert c_path[0]["results"] == c_path[1]["results"]

@@ -26,15 +26,18 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not fastpath.probe_limit(),
                                  reason="the fast path needs numba on Linux x86-64/aarch64")]
 
-def _closed_while_settling(comm):
-    """A one-way broadcast from rank 0 that rank 1 comes to 0.3 s late, then an allreduce
-    whose settle on rank 0 sleeps (so it goes on in ``FastPath.settle`` on both paths) and
-    returns after a finalize on another thread closed the segment (done here inside the
-    settle, deterministically)."""
-    import time
-
+def _closed_while_settling(comm, folder):
+    """A one-way broadcast from rank 0 that rank 1 comes to late, then an allreduce whose
+    settle on rank 0 sleeps and returns after a finalize on another thread closed the
+    segment (done here inside the settle, deterministically). Rank 1 publishes its stage of
+    the broadcast only once rank 0 is inside ``FastPath.settle``: on the compiled path the
+    settle's first wait runs in the kernel's cfunc, which goes on in ``FastPath.settle``
+    only after a sleep slice without progress; however slow the host, rank 0 gets there
+    before rank 1 publishes."""
     from pycoll.fastpath import compiled as here
+    from pycoll.testing import wait_for_path
     fast, r = comm._fast, comm.rank
+    entered = os.path.join(folder, "settling")
     a, b = np.ones(8, np.float32), np.ones(4, np.float32)
     for _ in range(3):                 # bound: the C object where it is built
         comm.allreduce(a)
@@ -45,13 +48,15 @@ def _closed_while_settling(comm):
     closed: list = []
 
     def settle_then_close(deadline):
+        if r == 0:
+            open(entered, "w").close()
         settle(deadline)
         fast.close()
         closed.append(r)
 
     fast.settle = settle_then_close
     if r == 1:
-        time.sleep(0.3)
+        wait_for_path(entered, 60, "rank 0's settle of the broadcast in FastPath.settle")
     comm.broadcast(b, 0)               # one-way: the allreduce after it settles first
     a[:] = 1
     out = {"compiled": here.callpath.COMPILED, "bound": bound, "rank": r}
@@ -72,14 +77,8 @@ def _is_closed_error(text: str, rank: int) -> bool:
             and "segment is closed (communicator finalized)" in text)
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param("compiled", marks=pytest.mark.xfail(
-        strict=False, reason="open (issue 45): on the Cython call path rank 0's settle of the "
-        "late broadcast mostly ends inside the cfunc, so the close this test makes inside "
-        "FastPath.settle is not reached on an idle host (it was, beside busy loops); the "
-        "python case below covers the close")),
-    "python"])
-def test_a_segment_closed_while_a_call_settles_fails_that_call(monkeypatch, path):
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_a_segment_closed_while_a_call_settles_fails_that_call(monkeypatch, tmp_path, path):
     """A call refuses to run its kernel on a segment closed while it settled (it crashed),
     compiled or not. Where compiled, the first wait of a settle runs in the kernel's cfunc:
     rank 1, late, settles there without ``FastPath.settle`` (which closes here), and its
@@ -90,7 +89,8 @@ def test_a_segment_closed_while_a_call_settles_fails_that_call(monkeypatch, path
         monkeypatch.setenv("PYCOLL_FASTPATH_C", "0")
     else:
         monkeypatch.delenv("PYCOLL_FASTPATH_C", raising=False)
-    out = run_ranks(_closed_while_settling, 2, start_method="spawn", timeout=150)
+    out = run_ranks(_closed_while_settling, 2, str(tmp_path), start_method="spawn",
+                    timeout=150)
     for o in out:
         assert o["compiled"] == (path == "compiled"), o
         assert o["bound"] == ("BoundCall" if path == "compiled" else "method"), o

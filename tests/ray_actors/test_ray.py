@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 
 import numpy as np
@@ -112,8 +113,9 @@ def test_a_raising_rank_is_named(cluster):
 
 def test_a_killed_actor_is_named(cluster):
     """Rank 2's process is SIGKILLed mid-job: no exception, no abort record. Ray reports the
-    actor dead, its peers report it lost; either way the driver names rank 2, and at once
-    (the others' collectives do not wait out their 60 s timeout)."""
+    actor dead, its peers report it lost; either way the driver names rank 2, and at once: the
+    others' collectives do not wait out their timeout (300 s, longer than job_timeout: a
+    failure that waited would be a RayJobTimeout)."""
     def crash(comm):
         import os
         import signal
@@ -127,13 +129,10 @@ def test_a_killed_actor_is_named(cluster):
         comm.allreduce(x)
         return x
 
-    start = time.monotonic()
     with pytest.raises(RayRankFailed) as info:
-        pycoll.ray.run(crash, 4, timeout=60, job_timeout=120)
-    took = time.monotonic() - start
+        pycoll.ray.run(crash, 4, timeout=300, job_timeout=120)
     assert info.value.rank == 2, str(info.value)
     assert "rank 2 of 4" in str(info.value) and "was lost" in str(info.value), str(info.value)
-    assert took < 45, f"took {took:.1f} s: the failure waited for a timeout"
 
 
 def test_a_result_that_does_not_serialize_names_its_rank(cluster):
@@ -148,6 +147,10 @@ def test_a_result_that_does_not_serialize_names_its_rank(cluster):
 
 
 def test_job_timeout_kills_the_job(cluster, tmp_path):
+    """Rank 0 sleeps past the test's own timeout, rank 1 returns: the job is killed at
+    job_timeout, and the error names rank 0 alone. job_timeout counts from when the ranks
+    were handed fn, so it also covers their bootstrap: it leaves a loaded host ample time
+    for rank 1 to finish."""
     def sleepy(comm, folder):
         import os
         import time
@@ -155,13 +158,11 @@ def test_job_timeout_kills_the_job(cluster, tmp_path):
         with open(os.path.join(folder, f"pid{comm.rank}"), "w") as f:
             f.write(str(os.getpid()))
         if comm.rank == 0:
-            time.sleep(120)
+            time.sleep(600)
         return comm.rank
 
-    start = time.monotonic()
-    with pytest.raises(RayJobTimeout, match=r"job_timeout=3 s \(ranks \[0\] still running\)"):
-        pycoll.ray.run(sleepy, 2, args=(str(tmp_path),), timeout=60, job_timeout=3)
-    assert time.monotonic() - start < 60
+    with pytest.raises(RayJobTimeout, match=r"job_timeout=30 s \(ranks \[0\] still running\)"):
+        pycoll.ray.run(sleepy, 2, args=(str(tmp_path),), timeout=60, job_timeout=30)
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert not wait_gone(pids, 30), "the sleeping actor outlived run()"
 
@@ -195,17 +196,27 @@ def test_ctrl_c_on_the_driver_kills_the_job(cluster, tmp_path):
             f.write(str(os.getpid()))
         time.sleep(120)
 
+    sent: list = []
+
     def interrupt() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(list(tmp_path.glob("pid*"))) < 2:
             time.sleep(0.1)
+        # where run() was when the signal went: what a failure needs to say
+        main = sys._current_frames().get(threading.main_thread().ident)
+        stack = [f.f_code.co_name for f, _ in traceback.walk_stack(main)][:6] if main else []
+        sent.append(f"{len(list(tmp_path.glob('pid*')))} pid files, main thread in {stack}, "
+                    f"SIGINT handler {signal.getsignal(signal.SIGINT)!r}")
         os.kill(os.getpid(), signal.SIGINT)
 
     before = set(ray.util.placement_group_table())
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
     with pytest.raises(KeyboardInterrupt):
-        pycoll.ray.run(stuck, 2, args=(str(tmp_path),), timeout=60, job_timeout=120)
+        try:
+            pycoll.ray.run(stuck, 2, args=(str(tmp_path),), timeout=60, job_timeout=120)
+        except RayJobTimeout as e:
+            raise AssertionError(f"the SIGINT ({sent}) did not interrupt run(): {e}") from e
     thread.join(10)
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert not wait_gone(pids, 30), "the actors outlived the interrupted run()"
