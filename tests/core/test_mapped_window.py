@@ -16,7 +16,9 @@ from pycoll.comm import mapped as built
 def _interpreted():
     """mapped.py loaded as source, whatever setup.py built beside it."""
     path = Path(built.__file__).with_name("mapped.py")
-    spec = importlib.util.spec_from_file_location("pycoll_mapped_source", path)
+    # a name inside pycoll.comm, so that its relative import (``nocython`` where Cython is
+    # not installed) resolves; not ``pycoll.comm.mapped``, which stays the built one
+    spec = importlib.util.spec_from_file_location("pycoll.comm.mapped_source", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert not module.COMPILED
