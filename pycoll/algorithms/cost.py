@@ -70,15 +70,25 @@ class Hierarchy:
 
 
 @dataclass(frozen=True)
+class WireFormat:
+    """What a compressed call (``compress=``) puts on the wire, as its costs price it:
+    ``ratio``, wire bytes per input byte (``Codec.ratio``), and ``codec_gbps``, input GB/s
+    of one quantisation or dequantisation pass (``Codec.pass_gbps``: each format's codec
+    runs at its own speed, and the numpy fallback far slower than the compiled one)."""
+
+    ratio: float = 1.0
+    codec_gbps: float = float("inf")
+
+
+@dataclass(frozen=True)
 class Network:
     """What a cost sees of the links: the slowest one in use (``link``) and, on a uniform
-    multi-node layout, its two levels (``hierarchy``, else None)."""
+    multi-node layout, its two levels (``hierarchy``, else None); ``wire``: the format of
+    the compressed call being priced (the costs of compressed records read it)."""
 
     link: LinkModel
     hierarchy: Hierarchy | None = None
-    #: wire bytes per input byte of the call being priced (a compressed call's format,
-    #: ``Codec.ratio``); the costs of compressed records price what travels with it
-    wire_ratio: float = 1.0
+    wire: WireFormat = WireFormat()
 
 
 #: ``cost(nbytes, p, network)``: modelled seconds of one call
@@ -97,7 +107,8 @@ class Algorithm:
     ``applies(network)`` (whether the model may pick it unasked; ``algo=`` and
     ``PYCOLL_ALGO`` run it regardless), ``compressed`` (it moves a compressed wire format,
     ``compressed.py``: what ``compress=`` calls run, and only they; its ``run`` takes the
-    ``Compression`` last and its cost prices ``Network.wire_ratio`` of the bytes)."""
+    ``Compression`` last and its cost prices ``Network.wire``: its ratio of the bytes, its
+    codec's speed)."""
 
     collective: str
     name: str

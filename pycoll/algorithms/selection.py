@@ -17,7 +17,7 @@ from dataclasses import replace
 from ..errors import InvalidArgument
 from ..transports.base import Capabilities
 from . import ALGORITHMS
-from .cost import Algorithm, Hierarchy, LinkModel, Network
+from .cost import Algorithm, Hierarchy, LinkModel, Network, WireFormat
 
 #: the names of the algorithms that fold in rank order (``ordered.py``): what
 #: deterministic calls run
@@ -68,20 +68,20 @@ class Selector:
                                   "of " + ", ".join(sorted(known)))
 
     def choose(self, collective: str, nbytes: int, world_size: int, algo: str | None = None,
-               ordered: bool = False, wire_ratio: float | None = None) -> str:
+               ordered: bool = False, wire: WireFormat | None = None) -> str:
         """The algorithm for a call: ``algo`` if given, else ``PYCOLL_ALGO``'s, else the
         cheapest that applies. ``ordered``: the call must fold in rank order
         (``deterministic=True``, or half-precision sums accumulated in float32), which only
         the records marked ``ordered`` do (the cheapest of them is taken); an ordinary call
-        never gets them unasked (they may be forced). ``wire_ratio``: a compressed call
-        (``compress=``, wire bytes per input byte), which only the records marked
+        never gets them unasked (they may be forced). ``wire``: a compressed call
+        (``compress=``: its format's ratio and codec speed), which only the records marked
         ``compressed`` serve (they fold in rank order by construction); other calls never
         get them."""
         if algo is not None:
             self._check(collective, algo, "algo=")
         table = self.registry[collective]
-        if wire_ratio is not None or (algo is not None and table[algo].compressed):
-            return self._compressed(collective, table, nbytes, world_size, algo, wire_ratio)
+        if wire is not None or (algo is not None and table[algo].compressed):
+            return self._compressed(collective, table, nbytes, world_size, algo, wire)
         ordered = ordered and any(a.ordered for a in table.values())
         if algo is not None:
             if ordered and not table[algo].ordered:
@@ -103,9 +103,9 @@ class Selector:
         return min(candidates, key=lambda a: a.cost(nbytes, world_size, network)).name
 
     def _compressed(self, collective: str, table: Mapping[str, Algorithm], nbytes: int,
-                    world_size: int, algo: str | None, wire_ratio: float | None) -> str:
+                    world_size: int, algo: str | None, wire: WireFormat | None) -> str:
         names = sorted(name for name, a in table.items() if a.compressed)
-        if wire_ratio is None:
+        if wire is None:
             raise InvalidArgument(f"algo={algo!r}: {collective}'s {algo!r} moves a compressed "
                                   "wire format: pass compress= (docs/numerics.md)")
         if not names:
@@ -119,12 +119,12 @@ class Selector:
                 "(docs/numerics.md)")
         if algo is not None or len(names) == 1:
             return algo or names[0]
-        network = replace(self.network(), wire_ratio=wire_ratio)
+        network = replace(self.network(), wire=wire)
         return min((table[n] for n in names),
                    key=lambda a: a.cost(nbytes, world_size, network)).name
 
     def compression_pays(self, collective: str, nbytes: int, world_size: int,
-                         wire_ratio: float) -> bool:
+                         wire: WireFormat) -> bool:
         """Whether the model expects the compressed call to be faster than the cheapest
         uncompressed algorithm on these links (the rank-order folds included: they run in
         the compressed ones' rounds, so only the bytes and the codec make the difference).
@@ -134,7 +134,7 @@ class Selector:
         network = self.network()
         plain = min(a.cost(nbytes, world_size, network) for a in table.values()
                     if not a.compressed and a.applies(network))
-        squeezed = replace(network, wire_ratio=wire_ratio)
+        squeezed = replace(network, wire=wire)
         return min(a.cost(nbytes, world_size, squeezed) for a in table.values()
                    if a.compressed) < plain
 

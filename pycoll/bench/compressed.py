@@ -67,37 +67,44 @@ def _measure(comm: Any, collective: str, lay: C.Layout, dtype: str, fmt: str
 def error_table(comm: Any, collective: str, sizes: list[int], dtypes: list[str],
                 rows: list[dict], fmt: str, osu: bool) -> list[str]:
     """Measure each size (and dtype) once; add ``wire_bytes``, ``max_abs_err`` and
-    ``err_over_bound`` to the matching rows; return the lines to print: comment lines
-    (``osu``: the OSU and nccl formats), else JSON lines (jsonl)."""
+    ``err_over_bound`` to the matching rows, and ``model_pays`` (whether the cost model
+    expects compression to make the call faster on these links: ``comm.compression_pays``);
+    return the lines to print: comment lines (``osu``: the OSU and nccl formats), else JSON
+    lines (jsonl)."""
     n = comm.size
     c = codec(fmt)
     lines = [f"# compress={fmt}: wire bytes (scales included) and the measured error on "
              "normal data, worst over the ranks (docs/numerics.md#compressed-collectives)",
              f"# {'Size':>10}  {'Dtype':>8}  {'Wire bytes':>12}  {'Ratio':>6}  "
-             f"{'Max abs error':>14}  {'Error/bound':>11}"] if osu else []
+             f"{'Max abs error':>14}  {'Error/bound':>11}  {'Model':>7}"] if osu else []
     for dtype in dtypes:
         for size in sizes:
             lay = C.layout(collective, size, dtype, n)
             wire = (n * c.wire_nbytes(lay.chunk) if collective in ("allgather",
                                                                     "reduce_scatter")
                     else c.wire_nbytes(lay.count))
+            pays = comm.compression_pays(collective, lay.nbytes, fmt, dtype)
             err = bound = None
             if dtype != "bfloat16" and 0 < lay.nbytes <= MEASURED_MAX:
                 err, bound = _measure(comm, collective, lay, dtype, fmt)
             for row in rows:
                 if row.get("size") == lay.nbytes and row.get("dtype") == dtype:
                     row.update(compress=fmt, wire_bytes=wire, max_abs_err=err,
-                               err_over_bound=bound)
+                               err_over_bound=bound, model_pays=pays)
             ratio = wire / lay.nbytes if lay.nbytes else 0.0
             if osu:
                 e = f"{err:14.4g}" if err is not None else f"{'-':>14}"
                 b = f"{bound:11.3f}" if bound is not None else f"{'-':>11}"
-                lines.append(f"# {lay.nbytes:>10}  {dtype:>8}  {wire:>12}  {ratio:6.3f}  {e}  {b}")
+                m = "pays" if pays else "no"
+                lines.append(f"# {lay.nbytes:>10}  {dtype:>8}  {wire:>12}  {ratio:6.3f}  {e}  {b}"
+                             f"  {m:>7}")
             else:
                 lines.append(json.dumps({"compress": fmt, "size": lay.nbytes, "dtype": dtype,
                                          "wire_bytes": wire, "max_abs_err": err,
-                                         "err_over_bound": bound}))
+                                         "err_over_bound": bound, "model_pays": pays}))
     if osu:
         lines.append(f"# sizes above {format_size(MEASURED_MAX)} and bfloat16 are not "
-                     "measured (-): every rank would hold every rank's input")
+                     "measured (-): every rank would hold every rank's input; Model: whether "
+                     "the cost model expects compression to pay on these links (pays/no)")
     return lines
+

@@ -112,6 +112,11 @@ class Codec:
     ``floor``: half the smallest spacing of the format, times the scale (the absolute error
     of rounding a value far below the block's maximum); ``fmax``: the largest magnitude
     the scale maps a block's maximum to (0: unscaled).
+
+    ``gbps`` and ``numpy_gbps``: the cost model's speed of one pass (input GB/s, an encode
+    and a decode averaged) of the compiled codec and of the numpy one, set below what
+    ``benchmarks/codec_speed.py`` measured on a loaded 2-core machine (docs/performance.md),
+    so that selection does not promise a gain the codec cannot give.
     """
 
     name: str
@@ -119,6 +124,8 @@ class Codec:
     unit: float
     floor: float
     fmax: float
+    gbps: float
+    numpy_gbps: float
 
     @property
     def scaled(self) -> bool:
@@ -135,6 +142,10 @@ class Codec:
         """Wire bytes per input byte, for large buffers (the cost model's factor)."""
         per = self.code_bytes + (4 / BLOCK if self.scaled else 0.0)
         return per / itemsize
+
+    def pass_gbps(self) -> float:
+        """Input GB/s of one pass of the codec that will run here (the cost model's)."""
+        return self.gbps if compiled_kernels() is not None else self.numpy_gbps
 
     # -- encode ------------------------------------------------------------------------------
     def encode(self, src: np.ndarray, out: np.ndarray) -> None:
@@ -274,10 +285,10 @@ class Codec:
 _KERNEL_FORMAT = {"fp16": 0, "fp8": 1, "int8": 2}
 
 CODECS: dict[str, Codec] = {
-    "bf16": Codec("bf16", 2, 2.0 ** -8, 2.0 ** -134, 0.0),
-    "fp16": Codec("fp16", 2, 2.0 ** -11, 2.0 ** -25, 65504.0),
-    "fp8": Codec("fp8", 1, 2.0 ** -4, 2.0 ** -10, 448.0),
-    "int8": Codec("int8", 1, 0.0, 0.5, 127.0),
+    "bf16": Codec("bf16", 2, 2.0 ** -8, 2.0 ** -134, 0.0, 8.0, 0.6),
+    "fp16": Codec("fp16", 2, 2.0 ** -11, 2.0 ** -25, 65504.0, 0.7, 0.4),
+    "fp8": Codec("fp8", 1, 2.0 ** -4, 2.0 ** -10, 448.0, 2.0, 0.05),
+    "int8": Codec("int8", 1, 0.0, 0.5, 127.0, 3.0, 0.4),
 }
 
 

@@ -92,6 +92,17 @@ class Collectives:
             return None, out
         return self._plan.buffer(tensor, collective, writable=False, direct=direct), out
 
+    def compression_pays(self, collective: str, nbytes: int, compress: str,
+                         dtype: str = "float32") -> bool:
+        """Whether pycoll's cost model expects ``compress=`` to make ``collective`` on
+        ``nbytes`` (of ``dtype``) faster on this communicator's links: the wire bytes saved
+        against the codec's passes (docs/numerics.md#what-it-costs). Advice only: compression
+        changes the result, so pycoll never switches it on by itself."""
+        if collective not in COMPRESSIBLE:
+            raise InvalidArgument(f"compression_pays: compress= applies to "
+                                  f"{', '.join(sorted(COMPRESSIBLE))}, not {collective!r}")
+        return self._plan.compression_pays(collective, int(nbytes), compress, dtype)
+
     def selected_algorithm(self, collective: str, nbytes: int, algo: str | None = None) -> str:
         """The algorithm this communicator would run for ``collective`` on ``nbytes``
         ("fastpath..." for the one-host fast path; allreduce: of a native dtype; with a

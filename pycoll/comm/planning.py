@@ -12,14 +12,17 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.cost import WireFormat
 from ..algorithms.selection import ORDERED_ALGORITHMS, Selector
 from ..buffers.compression import (
     COMPRESSIBLE_DTYPES,
     COMPRESSIBLE_OPS,
     FORMATS,
     OFF,
+    Codec,
     Compression,
     check_compress,
+    codec,
 )
 from ..buffers.folding import ACCUMULATE, check_accumulate, order_matters, widens
 from ..buffers.memory import CUDA, HOST
@@ -327,6 +330,16 @@ class Planner:
         return Compression.of(fmt, rop, dtype, self.size)
 
     # -- algorithms --------------------------------------------------------------------------
+    def compression_pays(self, collective: str, nbytes: int, compress: str,
+                         dtype: str) -> bool:
+        """Whether the cost model expects ``compress=`` to make the call faster here."""
+        if dtype not in COMPRESSIBLE_DTYPES:
+            raise InvalidArgument(f"compression_pays: dtype {dtype!r} is not compressed; "
+                                  "compress= takes " + ", ".join(sorted(COMPRESSIBLE_DTYPES)))
+        itemsize = 8 if dtype == "float64" else 4 if dtype == "float32" else 2
+        return self.selector.compression_pays(collective, nbytes, self.size,
+                                              _wire_format(codec(compress), itemsize))
+
     def select(self, collective: str, nbytes: int, algo: str | None = None,
                ordered: bool = False, compressed: Compression | None = None,
                itemsize: int = 1) -> str:
@@ -335,7 +348,7 @@ class Planner:
         wire format (of a buffer of ``itemsize``-byte elements)."""
         if compressed is not None:
             return self.selector.choose(collective, nbytes, self.size, algo,
-                                        wire_ratio=compressed.codec.ratio(itemsize))
+                                        wire=_wire_format(compressed.codec, itemsize))
         if algo is None:
             key = (collective, nbytes, ordered)
             found = self._choice_cache.get(key)
@@ -367,3 +380,9 @@ def _extent(buf: Buffer) -> tuple[int, int] | None:
     if cai is not None:
         return int(cai["data"][0]), buf.nbytes
     return None
+
+
+def _wire_format(c: Codec, itemsize: int) -> WireFormat:
+    """What the cost model prices for a compressed call in ``c`` of ``itemsize``-byte
+    elements: its wire ratio and the speed of the codec that will run."""
+    return WireFormat(c.ratio(itemsize), c.pass_gbps())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.algorithms.cost import Hierarchy, LinkModel
+from pycoll.algorithms.cost import Hierarchy, LinkModel, WireFormat
 from pycoll.algorithms.selection import ORDERED_ALGORITHMS, Selector
 from pycoll.errors import InvalidArgument
 from pycoll.transports.base import Capabilities
@@ -108,7 +108,7 @@ def test_forced_choices_go_through_the_same_table(collective):
     sel = selector("shm-2cores")
     for name, record in ALGORITHMS[collective].items():
         if record.compressed:       # compress= calls only, and never by PYCOLL_ALGO
-            assert sel.choose(collective, 1 << 20, 4, name, wire_ratio=0.25) == name
+            assert sel.choose(collective, 1 << 20, 4, name, wire=WireFormat(0.25, 2.0)) == name
             with pytest.raises(InvalidArgument, match="pass compress="):
                 sel.choose(collective, 1 << 20, 4, name)
             with pytest.raises(InvalidArgument, match="only compress="):
@@ -117,7 +117,7 @@ def test_forced_choices_go_through_the_same_table(collective):
         assert sel.choose(collective, 1 << 20, 4, name) == name
         if any(a.compressed for a in ALGORITHMS[collective].values()):
             with pytest.raises(InvalidArgument, match="with compress= runs"):
-                sel.choose(collective, 1 << 20, 4, name, wire_ratio=0.25)
+                sel.choose(collective, 1 << 20, 4, name, wire=WireFormat(0.25, 2.0))
         forced = Selector(ALGORITHMS, [SHM], overrides={collective: name})
         assert forced.choose(collective, 1 << 20, 4) == name
         folds = ORDERED_ALGORITHMS & set(ALGORITHMS[collective])

@@ -34,8 +34,9 @@ def test_reports_wire_bytes_and_the_error_within_its_bound(collective):
     assert "compressed (compress=int8)" in r.stdout
     rows = _table(r.stdout)
     assert len(rows) == 7, r.stdout
-    for size, dtype, wire, ratio, err, over in rows:
+    for size, dtype, wire, ratio, err, over, model in rows:
         assert dtype == "float32"
+        assert model == "no", (size, model)     # one host, small sizes: the model says so
         assert int(wire) == int(size) // 4 + 4 * -(-int(size) // 4 // 256) or \
             collective in ("allgather", "reduce_scatter"), (size, wire)
         assert float(ratio) < 0.27
@@ -50,7 +51,8 @@ def test_jsonl_rows_carry_the_measurement(tmp_path):
     data = json.loads(out.read_text())
     rows = data["results"] if isinstance(data, dict) else data
     assert all(row["compress"] == "bf16" and row["wire_bytes"] == row["size"] // 2
-               and row["err_over_bound"] <= 1.0 for row in rows), rows
+               and row["err_over_bound"] <= 1.0 and row["model_pays"] is False
+               for row in rows), rows
 
 
 @pytest.mark.parametrize("args", [["barrier", "--compress", "fp8"],
