@@ -17,7 +17,6 @@ cdef extern from "numpy/ndarraytypes.h":
     int PyArray_CHKFLAGS(PyArrayObject *arr, int flags) nogil
 ctypedef PyArrayObject *array_p
 ctypedef void *void_p
-ctypedef char *char_p
 
 
 @cython.final
@@ -29,8 +28,7 @@ cdef class MappedWindow:
     @cython.locals(n=Py_ssize_t, i=int)
     cdef Py_ssize_t _size(self, array_p a)
     @cython.locals(a=array_p, at=Py_ssize_t, n=Py_ssize_t, nbytes=size_t,
-                   here=void_p, there=char_p)
+                   here=void_p, there=void_p, to=void_p, source=void_p)
+    cdef bint _copy(self, arr, Py_ssize_t offset, int flags, bint into) except -1
     cpdef bint put(self, src, offset) except -1
-    @cython.locals(a=array_p, at=Py_ssize_t, n=Py_ssize_t, nbytes=size_t,
-                   here=void_p, there=char_p)
     cpdef bint get(self, dst, offset) except -1

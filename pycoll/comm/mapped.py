@@ -59,32 +59,40 @@ class MappedWindow:
             n *= PyArray_DIM(a, i)
         return n
 
+    def _copy(self, arr: Any, offset: Any, flags: Any, into: Any) -> Any:
+        """Compiled only: the ``memcpy`` between ``arr`` and the window at element
+        ``offset`` (already checked to lie in it), ``into`` the window or out of it; False
+        where ``arr`` is not a numpy array of the window's dtype with ``flags``, does not
+        fit, or the target released the window."""
+        if type(arr) is not _ndarray:
+            return False
+        a = cython.cast(cython.pointer(PyArrayObject), arr)
+        if (PyArray_DESCR(a) != cython.cast(cython.p_void, self.descr)
+                or not PyArray_CHKFLAGS(a, flags)):
+            return False
+        at = offset
+        n = self._size(a)
+        if at + n > self.count or cython.cast(cython.pointer(cython.ulonglong),
+                                               self.closed_at)[0]:
+            return False
+        nbytes = n * self.itemsize
+        here = PyArray_DATA(a)
+        there = cython.cast(cython.p_void, self.base + at * self.itemsize)
+        to, source = (there, here) if into else (here, there)
+        if nbytes >= NOGIL_BYTES:
+            with cython.nogil:
+                memcpy(to, source, nbytes)
+        else:
+            memcpy(to, source, nbytes)
+        return True
+
     def put(self, src: Any, offset: Any) -> bool:
         """Copy ``src`` into the window at element ``offset``; False (nothing done) where it
         is not the common case."""
         if type(offset) is not int or not 0 <= offset <= self.count:
             return False
         if cython.compiled:
-            if type(src) is not _ndarray:
-                return False
-            a = cython.cast(cython.pointer(PyArrayObject), src)
-            if (PyArray_DESCR(a) != cython.cast(cython.p_void, self.descr)
-                    or not PyArray_CHKFLAGS(a, NPY_ARRAY_C_CONTIGUOUS)):
-                return False
-            at = offset
-            n = self._size(a)
-            if at + n > self.count or cython.cast(cython.pointer(cython.ulonglong),
-                                                   self.closed_at)[0]:
-                return False
-            nbytes = n * self.itemsize
-            here = PyArray_DATA(a)
-            there = cython.cast(cython.p_char, self.base + at * self.itemsize)
-            if nbytes >= NOGIL_BYTES:
-                with cython.nogil:
-                    memcpy(there, here, nbytes)
-            else:
-                memcpy(there, here, nbytes)
-            return True
+            return self._copy(src, offset, NPY_ARRAY_C_CONTIGUOUS, True)
         if (type(src) is not _ndarray or src.dtype is not self.descr
                 or not src.flags.c_contiguous or offset + src.size > self.count
                 or self.flags[1]):
@@ -98,26 +106,7 @@ class MappedWindow:
         if type(offset) is not int or not 0 <= offset <= self.count:
             return False
         if cython.compiled:
-            if type(dst) is not _ndarray:
-                return False
-            a = cython.cast(cython.pointer(PyArrayObject), dst)
-            if (PyArray_DESCR(a) != cython.cast(cython.p_void, self.descr)
-                    or not PyArray_CHKFLAGS(a, NPY_ARRAY_CARRAY)):
-                return False
-            at = offset
-            n = self._size(a)
-            if at + n > self.count or cython.cast(cython.pointer(cython.ulonglong),
-                                                   self.closed_at)[0]:
-                return False
-            nbytes = n * self.itemsize
-            here = PyArray_DATA(a)
-            there = cython.cast(cython.p_char, self.base + at * self.itemsize)
-            if nbytes >= NOGIL_BYTES:
-                with cython.nogil:
-                    memcpy(here, there, nbytes)
-            else:
-                memcpy(here, there, nbytes)
-            return True
+            return self._copy(dst, offset, NPY_ARRAY_CARRAY, False)
         if (type(dst) is not _ndarray or dst.dtype is not self.descr
                 or not dst.flags.c_contiguous or not dst.flags.writeable
                 or offset + dst.size > self.count or self.flags[1]):

@@ -232,7 +232,9 @@ def _target_dies(comm, threads, allocate=False):
 @pytest.mark.parametrize("transport", WINDOWED)
 def test_dead_target_raises_peer_lost_naming_it(transport, allocate):
     """Over shm an allocated window is mapped by the origin, so a put into a dead target
-    returns (its pages outlive it): the flush after it raises (docs/windows.md)."""
+    returns (its pages outlive it): the flush after it, or an accumulate (the operations
+    that ask whether the target lives), raises (docs/windows.md). Which of the two sees the
+    exit first depends on when the kernel reports it: a loaded host let an accumulate win."""
     outcomes = run(transport, _target_dies, 2, transport == "inproc", allocate,
                    expect_failure=True, timeout=120)
     first = outcomes[0][1] if transport != "inproc" else outcomes[0]
@@ -240,7 +242,7 @@ def test_dead_target_raises_peer_lost_naming_it(transport, allocate):
     assert peer == 1
     assert "target rank 1 is gone" in message and "rank 0" in message
     if allocate and transport == "shm":
-        assert op == "flush", first
+        assert op in ("flush", "accumulate"), first
 
 
 def _after_finalize(comm):
