@@ -3,19 +3,18 @@
 cimport cython
 from libc.string cimport memcpy
 
-# numpy's array object through numpy's own header and its inline accessors only (as
-# fastpath/callpath.pxd): no import_array, no C API table
-cdef extern from "numpy/ndarraytypes.h":
-    ctypedef struct PyArrayObject:
-        pass
-    enum: NPY_ARRAY_CARRAY
-    enum: NPY_ARRAY_C_CONTIGUOUS
-    int PyArray_NDIM(PyArrayObject *arr) nogil
-    Py_ssize_t PyArray_DIM(PyArrayObject *arr, int n) nogil
-    void *PyArray_DESCR(PyArrayObject *arr) nogil
-    void *PyArray_DATA(PyArrayObject *arr) nogil
-    int PyArray_CHKFLAGS(PyArrayObject *arr, int flags) nogil
-ctypedef PyArrayObject *array_p
+from pycoll.runtime.ndarray cimport (
+    NPY_ARRAY_C_CONTIGUOUS,
+    NPY_ARRAY_CARRAY,
+    PyArray_CHKFLAGS,
+    PyArray_DATA,
+    PyArray_DESCR,
+    PyArray_DIM,
+    PyArray_NDIM,
+    PyArrayObject,
+    array_p,
+)
+
 ctypedef void *void_p
 
 

@@ -5,19 +5,16 @@ from libc.stdint cimport int64_t
 
 from pycoll.runtime.state cimport ExecutionState
 
-# numpy's array object through numpy's own header and its inline accessors only: no
-# import_array, no C API table, so the module runs on any numpy whose array struct is the
-# one it was built against (numpy keeps it for its ABI: 1.7 to 2.x alike)
-cdef extern from "numpy/ndarraytypes.h":
-    ctypedef struct PyArrayObject:
-        pass
-    enum: NPY_ARRAY_CARRAY
-    int PyArray_NDIM(PyArrayObject *arr) nogil
-    Py_ssize_t PyArray_DIM(PyArrayObject *arr, int n) nogil
-    void *PyArray_DESCR(PyArrayObject *arr) nogil
-    void *PyArray_DATA(PyArrayObject *arr) nogil
-    int PyArray_CHKFLAGS(PyArrayObject *arr, int flags) nogil
-ctypedef PyArrayObject *array_p
+from pycoll.runtime.ndarray cimport (
+    NPY_ARRAY_CARRAY,
+    PyArray_CHKFLAGS,
+    PyArray_DATA,
+    PyArray_DESCR,
+    PyArray_DIM,
+    PyArray_NDIM,
+    PyArrayObject,
+    array_p,
+)
 
 # a bound kernel's C entry point (kernels.bound_cfunc): data address, bytes, constants
 # address, stage, sequence word -> status

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FILES = ["setup.py", "pyproject.toml", "README.md", "pycoll/__init__.py", "pycoll/_version.py",
          "pycoll/runtime/__init__.py", "pycoll/runtime/state.py", "pycoll/runtime/state.pxd",
          "pycoll/fastpath/__init__.py", "pycoll/fastpath/callpath.py",
-         "pycoll/fastpath/callpath.pxd"]
+         "pycoll/fastpath/callpath.pxd", "pycoll/runtime/ndarray.pxd",
+         "pycoll/comm/__init__.py", "pycoll/comm/mapped.py", "pycoll/comm/mapped.pxd"]
 
 
 def _build(tmp_path: Path, require: bool) -> subprocess.CompletedProcess[str]:
@@ -42,7 +43,7 @@ def test_a_failed_build_warns_and_goes_on(tmp_path):
     r = _build(tmp_path, require=False)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout + r.stderr
-    for name in ("pycoll.runtime.state", "pycoll.fastpath.callpath"):
+    for name in ("pycoll.runtime.state", "pycoll.fastpath.callpath", "pycoll.comm.mapped"):
         assert f"WARNING: pycoll's compiled module {name} did not build" in out, out
     assert "PYCOLL_REQUIRE_C=1" in out
     assert not list((tmp_path / "lib").rglob("*.so"))
