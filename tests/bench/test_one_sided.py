@@ -29,7 +29,10 @@ def test_one_sided_tests_run_and_validate(transport, name, title, column, window
     cols, rows = parse_osu_like_a_user(r.stdout)
     assert cols[:2] == ["Size", column] and cols[-1] == "Validation"
     assert [row[0] for row in rows] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-    assert all(row[1] > 0 and row[-1] == "Pass" for row in rows)
+    assert all(row[-1] == "Pass" for row in rows)
+    # OSU prints two decimals: a loaded host's tcp get of 8 B (hundreds of us, each one
+    # waiting for the target's progress thread) can print a bandwidth of 0.00 MB/s
+    assert all(row[1] > 0 if column.startswith("Latency") else row[1] >= 0 for row in rows)
     assert title in r.stdout and f"# Transport: {transport}" in r.stdout
     assert "# Synchronization: flush" in r.stdout
     assert ("# Window creation: comm.allocate_window" if window_type == "allocate" else
