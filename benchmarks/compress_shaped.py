@@ -4,13 +4,15 @@ bf16 hook vs torch's ``bf16_compress_hook`` on Gloo (issue 44).
 
     python benchmarks/compress_shaped.py                       # 1gbit,10gbit and one host
     python benchmarks/compress_shaped.py --rates 1gbit --parts allreduce --reps 5
+    python benchmarks/compress_shaped.py --rates 1gbit --parts ddp --hooks bf16,fp8,int8
 
 Every case runs on the same kind of namespaces (``pycoll.testing.hosts``: 2 hosts x 1 rank,
 each host's outgoing link shaped with tc tbf to the rate); ``local`` is 2 ranks on one host
 (shm; where compression rarely pays). Per case, one job times each format on the same
 communicator (median of ``--reps`` calls, each after a barrier). The DDP part trains an MLP
 with about 16 M float32 parameters (64 MiB of gradients per step): median step time of
-``--steps`` steps, pycoll backend + ``pycoll.torch.compressed_allreduce_hook`` (bf16) vs gloo
+``--steps`` steps, pycoll backend + ``pycoll.torch.compressed_allreduce_hook`` (bf16, or each
+format of ``--hooks``) vs gloo
 backend + torch's ``bf16_compress_hook`` (its body: DDP refuses it by name without CUDA).
 Prints a table of times and ratios (and JSON with ``--json``). Needs root, iproute2 (ip, tc)
 and unshare; the namespaces are always removed. Numbers are only as good as the machine is
@@ -63,6 +65,7 @@ def allreduce_worker(nbytes: int, reps: int) -> None:
 
 
 def ddp_worker(kind: str, steps: int) -> None:
+    """``kind``: "gloo" (torch's bf16 hook) or "pycoll-FMT" (pycoll's hook in FMT)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _compress_hook
@@ -71,14 +74,15 @@ def ddp_worker(kind: str, steps: int) -> None:
     import pycoll.torch  # noqa: F401  (registers the backend)
     from pycoll.torch import CompressHookState, compressed_allreduce_hook
     torch.set_num_threads(1)
-    dist.init_process_group("pycoll" if kind == "pycoll" else "gloo")
+    dist.init_process_group("gloo" if kind == "gloo" else "pycoll")
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(DEPTH):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
     model = DDP(torch.nn.Sequential(*layers))
-    if kind == "pycoll":
-        model.register_comm_hook(CompressHookState("bf16"), compressed_allreduce_hook)
+    if kind != "gloo":
+        model.register_comm_hook(CompressHookState(kind.split("-", 1)[1]),
+                                 compressed_allreduce_hook)
     else:
         # torch's bf16_compress_hook is exactly this call; DDP refuses that hook *by name*
         # without CUDA and NCCL, though Gloo on CPU runs it. No annotations: DDP compares
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=64, help="allreduce size in MiB of float32")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="timed DDP steps")
+    ap.add_argument("--hooks", default="bf16",
+                    help="the formats of pycoll's DDP hook to run against Gloo's bf16 hook")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -170,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 res["allreduce"] = job(hosts, host_of, ["allreduce", str(args.mib << 20),
                                                         str(args.reps)], 900)
             if "ddp" in parts:
+                kinds = [f"pycoll-{f}" for f in args.hooks.split(",")] + ["gloo"]
                 res["ddp"] = {k: job(hosts, host_of, ["ddp", k, str(args.steps)], 900)["step"]
-                              for k in ("pycoll", "gloo")}
+                              for k in kinds}
             results[rate] = res
             print(f"{rate}: {json.dumps(res)}", flush=True)
     print()
@@ -193,15 +200,18 @@ def render(results: dict, mib: int) -> str:
         if t:
             lines.append(f"| {rate} | " + " | ".join(f"{t[f]:.3f}" for f in FORMATS) + " | " +
                          " | ".join(f"{t['none'] / t[f]:.2f}x" for f in FORMATS[1:]) + " |")
-    if any("ddp" in r for r in results.values()):
-        lines += ["", f"DDP step, {DEPTH} x Linear({WIDTH}, {WIDTH}), 2 ranks (median s)",
-                  "| link | pycoll + compressed_allreduce_hook(bf16) | gloo + bf16_compress_hook "
-                  "| gloo / pycoll |", "|---|---|---|---|"]
-        for rate, res in results.items():
-            d = res.get("ddp")
-            if d:
-                lines.append(f"| {rate} | {d['pycoll']:.3f} | {d['gloo']:.3f} | "
-                             f"{d['gloo'] / d['pycoll']:.2f}x |")
+    ddp = {rate: r["ddp"] for rate, r in results.items() if "ddp" in r}
+    if ddp:
+        hooks = [k for k in next(iter(ddp.values())) if k != "gloo"]
+        lines += ["", f"DDP step, {DEPTH} x Linear({WIDTH}, {WIDTH}), 2 ranks (median s; "
+                  "pycoll + compressed_allreduce_hook(FMT) vs gloo + bf16_compress_hook)",
+                  "| link | " + " | ".join(hooks) + " | gloo | " +
+                  " | ".join(f"gloo / {k}" for k in hooks) + " |",
+                  "|---" * (2 * len(hooks) + 2) + "|"]
+        for rate, d in ddp.items():
+            lines.append(f"| {rate} | " + " | ".join(f"{d[k]:.3f}" for k in hooks) +
+                         f" | {d['gloo']:.3f} | " +
+                         " | ".join(f"{d['gloo'] / d[k]:.2f}x" for k in hooks) + " |")
     return "\n".join(lines)
 
 
