@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -71,15 +72,22 @@ def test_hung_rank_dump_and_trace(tmp_path):
     assert "ranks 0,1,3 are waiting in it" in report, report
 
 
-def _timeout_without_recorder(comm):
+def _timeout_without_recorder(comm, marker):
+    """Rank 1 stays out of the allreduce until rank 0 has timed out in it (a fixed sleep
+    let a loaded host start rank 0's call so late that rank 1 had already left)."""
     a = np.ones(4, dtype=np.float32)
     if comm.rank == 1:
-        time.sleep(2.5)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return "slept"
     try:
         comm.allreduce(a)
+        message = "no timeout"
     except Exception as e:  # noqa: BLE001
-        return str(e)
+        message = str(e)
+    open(marker, "w").close()
+    return message
 
 
 def _hung_rank_caught(comm, hang_rank, hang_for):
@@ -111,9 +119,10 @@ def test_every_rank_names_the_rank_the_job_waits_for(world, transport):
             (rank, message)
 
 
-def test_recorder_disabled(tmp_path):
+def test_recorder_disabled(tmp_path, tmp_path_factory):
     env = {"PYCOLL_TRACE_DIR": str(tmp_path), "PYCOLL_FLIGHT_RECORDER": "0"}
-    results = run_ranks(_timeout_without_recorder, 2, env=env, collective_timeout=1.0)
+    marker = str(tmp_path_factory.mktemp("marker") / "rank0-timed-out")
+    results = run_ranks(_timeout_without_recorder, 2, marker, env=env, collective_timeout=1.0)
     assert "timed out after 1 s" in results[0] and "Flight recorder" not in results[0]
     assert list(tmp_path.iterdir()) == []
 
