@@ -277,8 +277,9 @@ def _amax_bits(bits, lo, hi):  # pragma: no cover - compiled
 
 @_jit
 def encode_scaled32(src, bits, scales, codes, fmt, fmax, block):  # pragma: no cover
-    """``encode_scaled`` of float32 ``src`` (``bits``: the same memory as uint32), fp8 and
-    int8: the block's scale from ``_amax_bits``, then its codes, one block at a time."""
+    """``encode_scaled`` of float32 ``src`` (``bits``: the same memory as uint32): the
+    block's scale from ``_amax_bits``, then its codes, one block at a time. ``codes``: one
+    uint8 per element (fp8, int8), or one uint16 (fp16, in native byte order)."""
     count = src.size
     nb = (count + block - 1) // block
     for b in range(nb):
@@ -289,8 +290,10 @@ def encode_scaled32(src, bits, scales, codes, fmt, fmax, block):  # pragma: no c
         inv = np.float32(1.0) / s
         if fmt == FP8:
             _fp8_block32(src[lo:hi], codes[lo:hi], inv)
-        else:
+        elif fmt == INT8:
             _int8_block32(src[lo:hi], codes[lo:hi], inv)
+        else:
+            _fp16_block32(src[lo:hi], codes[lo:hi], inv)
 
 
 @_jit
@@ -313,6 +316,36 @@ def _fp8_block32(src, codes, inv):  # pragma: no cover - compiled
         code = min(code, np.int32(0x7E))
         code = np.int32(0x7F) if a >= _FINITE else code | np.int32(sign)
         codes[i] = np.uint8(code)
+
+
+#: 65504, fp16's largest finite value (``Codec.fmax``), as float32 bits
+_F16_MAX_BITS = np.uint32(0x477FE000)
+
+
+@_jit
+def _fp16_block32(src, codes, inv):  # pragma: no cover - compiled
+    """binary16 bits of ``src[i] * inv`` (float32), as ``_fp16_block``: finite values
+    saturate at 65504 (an integer min on the magnitude's bits: they order as the values
+    do); normal halves round their significand to 10 bits, nearest even, by adding to the
+    bits (a carry moves into the exponent); below 2**-14 the code is the value in units of
+    2**-24, rounded by adding 2**23 in float32; inf 0x7C00, NaN 0x7C00 with the top of its
+    payload; then the sign."""
+    for i in range(src.size):
+        y = np.float32(src[i] * inv)
+        u = y.view(np.uint32)
+        a = u & _MAGNITUDE
+        sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+        m = np.uint32(min(a, _F16_MAX_BITS))
+        up = np.uint32(np.uint32(0xFFF) + ((m >> np.uint32(13)) & np.uint32(1)))
+        normal = np.uint32(((m + up) >> np.uint32(13)) - np.uint32(0x1C000))  # (127-15) << 10
+        scaled = np.float32(m.view(np.float32) * np.float32(16777216.0))
+        small = np.float32(scaled + np.float32(8388608.0))
+        sub = np.uint32(small.view(np.uint32) - np.uint32(0x4B000000))
+        code = normal if m >= np.uint32(0x38800000) else sub          # 2**-14
+        payload = np.uint32((a >> np.uint32(13)) & np.uint32(0x3FF))
+        nan = np.uint32(0x7C00) | (payload if payload != np.uint32(0) else np.uint32(1))
+        code = code if a < _FINITE else (np.uint32(0x7C00) if a == _FINITE else nan)
+        codes[i] = np.uint16(code | sign)
 
 
 @_jit

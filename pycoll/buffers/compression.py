@@ -161,9 +161,11 @@ class Codec:
             k.encode_bf16(src, out.view(np.uint16))
             return
         nb = self.blocks(count)
-        if count and src.dtype == np.float32 and self.name != "fp16":
+        if count and src.dtype == np.float32:
+            codes = out[4 * nb:]
             k.encode_scaled32(src, src.view(np.uint32), out[:4 * nb].view(np.float32),
-                              out[4 * nb:], _KERNEL_FORMAT[self.name], self.fmax, BLOCK)
+                              codes.view(np.uint16) if self.name == "fp16" else codes,
+                              _KERNEL_FORMAT[self.name], self.fmax, BLOCK)
         elif count:
             k.encode_scaled(src, out[:4 * nb].view(np.float32), out[4 * nb:],
                             _KERNEL_FORMAT[self.name], self.fmax, BLOCK,

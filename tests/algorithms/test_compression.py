@@ -98,9 +98,16 @@ def _codec_inputs(rng: np.random.Generator, dtype: str) -> list[np.ndarray]:
     special[::7], special[::11], special[::13], special[5] = np.inf, -np.inf, np.nan, -np.nan
     grid = cz._E4M3[np.isfinite(cz._E4M3)].astype(np.float64)
     ties = np.resize(np.concatenate([grid, (grid[1:] + grid[:-1]) / 2]), n)
+    # fp16's grid and the midpoints between its neighbours, in blocks whose largest value is
+    # fp16's largest (scale 1: the ties stay ties), binades from subnormal to 65504
+    half = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    half_ties = np.resize(np.concatenate([half[::37], ((half[1:] + half[:-1]) / 2)[::29]]), n)
+    half_ties[::cz.BLOCK] = 65504.0
+    half_ties[1::2] *= -1
     cases = [rng.standard_normal(n), _heavy(rng, n, np.float64) * 1e-20,
              _heavy(rng, n, np.float64) * 1e20, rng.standard_normal(n) * 1e-40,
-             rng.standard_normal(n) * 1e-310, special, ties, np.zeros(n), -np.zeros(n),
+             rng.standard_normal(n) * 1e-310, special, ties, half_ties, np.zeros(n),
+             -np.zeros(n),
              rng.uniform(-1e300, 1e300, n)]
     bits = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16,
             "bfloat16": np.uint16}[dtype]
