@@ -365,8 +365,9 @@ def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no c
     """``decode_scaled`` (``add``: ``decode_add_scaled``) into float32, fp8 and int8: the
     float32 product of the code's value and the scale is the exact product rounded once, as
     the float64 product stored into float32 is, and the loops over a block's slices
-    vectorise. The codes are converted, not looked up (``table`` is the fp16 path's).
-    int8: the code itself, -128 NaN; fp8: ``_e4m3_value``."""
+    vectorise. The codes are converted, not looked up (``table`` is the float64 path's).
+    ``codes``: uint8 (fp8, int8) or uint16 (fp16, native byte order). int8: the code itself,
+    -128 NaN; fp8: ``_e4m3_value``; fp16: ``_half_value``."""
     count = out.size
     nb = (count + block - 1) // block
     for b in range(nb):
@@ -380,10 +381,30 @@ def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no c
             for i in range(ints.size):
                 v = np.float32(ints[i]) if ints[i] != -128 else np.float32(np.nan)
                 o[i] = o[i] + v * s if add else v * s
-        else:
+        elif fmt == FP8:
             for i in range(c.size):
                 v = _e4m3_value(c[i])
                 o[i] = o[i] + v * s if add else v * s
+        else:
+            for i in range(c.size):
+                v = _half_value(c[i])
+                o[i] = o[i] + v * s if add else v * s
+
+
+@_jit
+def _half_value(code):  # pragma: no cover - compiled
+    """The float32 value of binary16 bits, as numpy's cast gives it (``compression._F16``'s
+    entry, without the lookup): a normal code's exponent and significand shifted into
+    float32's fields (bias 15 -> 127), a subnormal one its significand times 2**-24, inf
+    and NaN (exponent field 31) float32's with the payload shifted along; then the sign."""
+    h = np.uint32(code)
+    mag = np.uint32(h & np.uint32(0x7FFF))
+    normal = np.uint32((mag << np.uint32(13)) + np.uint32(112 << 23))
+    special = np.uint32(np.uint32(0x7F800000) | ((mag & np.uint32(0x3FF)) << np.uint32(13)))
+    tiny = np.float32(np.float32(mag) * np.float32(2.0 ** -24)).view(np.uint32)
+    bits = normal if mag < np.uint32(0x7C00) else special
+    bits = bits if mag >= np.uint32(0x400) else tiny
+    return np.uint32(bits | ((h & np.uint32(0x8000)) << np.uint32(16))).view(np.float32)
 
 
 @_jit

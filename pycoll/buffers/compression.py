@@ -162,10 +162,9 @@ class Codec:
             return
         nb = self.blocks(count)
         if count and src.dtype == np.float32:
-            codes = out[4 * nb:]
             k.encode_scaled32(src, src.view(np.uint32), out[:4 * nb].view(np.float32),
-                              codes.view(np.uint16) if self.name == "fp16" else codes,
-                              _KERNEL_FORMAT[self.name], self.fmax, BLOCK)
+                              self._codes(out, nb, count), _KERNEL_FORMAT[self.name],
+                              self.fmax, BLOCK)
         elif count:
             k.encode_scaled(src, out[:4 * nb].view(np.float32), out[4 * nb:],
                             _KERNEL_FORMAT[self.name], self.fmax, BLOCK,
@@ -230,9 +229,9 @@ class Codec:
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
-        if flat.dtype == np.float32 and self.name != "fp16":
-            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
-                              _KERNEL_FORMAT[self.name], table, BLOCK, False)
+        if flat.dtype == np.float32:
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), self._codes(wire, nb, count),
+                              flat, _KERNEL_FORMAT[self.name], table, BLOCK, False)
             return
         k.decode_scaled(wire[:4 * nb].view(np.float32),
                         wire[4 * nb:4 * nb + self.code_bytes * count], flat,
@@ -255,13 +254,19 @@ class Codec:
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
-        if flat.dtype == np.float32 and self.name != "fp16":
-            k.decode_scaled32(wire[:4 * nb].view(np.float32), wire[4 * nb:4 * nb + count], flat,
-                              _KERNEL_FORMAT[self.name], table, BLOCK, True)
+        if flat.dtype == np.float32:
+            k.decode_scaled32(wire[:4 * nb].view(np.float32), self._codes(wire, nb, count),
+                              flat, _KERNEL_FORMAT[self.name], table, BLOCK, True)
             return
         k.decode_add_scaled(wire[:4 * nb].view(np.float32),
                             wire[4 * nb:4 * nb + self.code_bytes * count], flat,
                             _KERNEL_FORMAT[self.name], table, BLOCK, acc.dtype == np.float64)
+
+    def _codes(self, wire: np.ndarray, nb: int, count: int) -> np.ndarray:
+        """The codes of ``count`` elements after ``nb`` scales, one element each (the
+        float32 kernels' view: uint16 for fp16, uint8 else)."""
+        codes = wire[4 * nb:4 * nb + self.code_bytes * count]
+        return codes.view(np.uint16) if self.code_bytes == 2 else codes
 
     def decode_numpy(self, wire: np.ndarray, out: np.ndarray) -> None:
         """``decode`` in numpy: the reference the compiled codec equals bit for bit."""

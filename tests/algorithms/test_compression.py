@@ -163,18 +163,27 @@ def test_compiled_codec_equals_numpy_bit_for_bit(fmt, dtype):
 
 
 @pytest.mark.skipif(cz.compiled_kernels() is None, reason="numba cannot load here")
-@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "fp16"])
 def test_compiled_decode_of_every_code(fmt):
-    """Every one of the 256 codes (NaN codes, both zeros, subnormals) decodes to the numpy
-    codec's bits: the compiled float32 decode converts codes instead of looking them up."""
+    """Every code (NaN codes with their payloads, both zeros, subnormals, infinities) decodes
+    to the numpy codec's bits, alone and added: the compiled float32 decode converts codes
+    instead of looking them up."""
     c = cz.codec(fmt)
-    wire = np.empty(c.wire_nbytes(256), dtype=np.uint8)
-    wire[:4].view(np.float32)[0] = 0.75
-    wire[4:] = np.arange(256, dtype=np.uint8)
-    want, got = np.empty(256, np.float32), np.empty(256, np.float32)
-    c.decode_numpy(wire, want)
+    n = 1 << (8 * c.code_bytes)
+    wire = np.empty(c.wire_nbytes(n), dtype=np.uint8)
+    nb = c.blocks(n)
+    wire[:4 * nb].view(np.float32)[:] = 0.75
+    codes = wire[4 * nb:]
+    (codes.view(np.uint16) if c.code_bytes == 2 else codes)[:] = np.arange(n)
+    want, got = np.empty(n, np.float32), np.empty(n, np.float32)
+    with np.errstate(invalid="ignore"):       # fp16's signalling NaN codes
+        c.decode_numpy(wire, want)
     c.decode(wire, got)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    acc = np.linspace(-2.0, 2.0, n, dtype=np.float32)
+    summed = acc.copy()
+    c.decode_add(wire, summed)
+    assert np.array_equal(summed.view(np.uint32), (acc + want).view(np.uint32))
 
 
 def test_wire_sizes():
