@@ -218,49 +218,41 @@ class Codec:
     def decode(self, wire: np.ndarray, out: np.ndarray) -> None:
         """``out`` (float32 or float64) = the values ``wire`` encodes (``out.size`` of them):
         compiled where numba loads, else ``decode_numpy`` (the same bits)."""
-        k = compiled_kernels()
-        if k is None or out.dtype not in (np.float32, np.float64) or not _fits(wire, out):
-            self.decode_numpy(wire, out)
-            return
-        count = out.size
-        flat = out.reshape(-1)
-        if not self.scaled:
-            k.decode_bf16(wire[:2 * count].view(np.uint16), flat)
-            return
-        nb = self.blocks(count)
-        table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
-        if flat.dtype == np.float32:
-            k.decode_scaled32(wire[:4 * nb].view(np.float32), self._codes(wire, nb, count),
-                              flat, _KERNEL_FORMAT[self.name], table, BLOCK, False)
-            return
-        k.decode_scaled(wire[:4 * nb].view(np.float32),
-                        wire[4 * nb:4 * nb + self.code_bytes * count], flat,
-                        _KERNEL_FORMAT[self.name], table, BLOCK)
+        self._decode(wire, out, False)
 
     def decode_add(self, wire: np.ndarray, acc: np.ndarray) -> None:
         """``acc += `` the values ``wire`` encodes, with the bits of ``decode`` into a scratch
         array and ``acc += scratch`` (one rounding per element), without that array: the
         compressed fold adds every rank's piece this way."""
+        self._decode(wire, acc, True)
+
+    def _decode(self, wire: np.ndarray, out: np.ndarray, add: bool) -> None:
         k = compiled_kernels()
-        if k is None or acc.dtype not in (np.float32, np.float64) or not _fits(wire, acc):
-            part = np.empty_like(acc)
-            self.decode(wire, part)
-            acc += part
+        if k is None or out.dtype not in (np.float32, np.float64) or not _fits(wire, out):
+            if add:
+                part = np.empty_like(out)
+                self.decode(wire, part)
+                out += part
+            else:
+                self.decode_numpy(wire, out)
             return
-        count = acc.size
-        flat = acc.reshape(-1)
+        count = out.size
+        flat = out.reshape(-1)
         if not self.scaled:
-            k.decode_add_bf16(wire[:2 * count].view(np.uint16), flat)
+            (k.decode_add_bf16 if add else k.decode_bf16)(wire[:2 * count].view(np.uint16), flat)
             return
         nb = self.blocks(count)
         table = {"fp16": _F16, "fp8": _E4M3, "int8": _INT8}[self.name]
+        scales = wire[:4 * nb].view(np.float32)
+        fmt = _KERNEL_FORMAT[self.name]
         if flat.dtype == np.float32:
-            k.decode_scaled32(wire[:4 * nb].view(np.float32), self._codes(wire, nb, count),
-                              flat, _KERNEL_FORMAT[self.name], table, BLOCK, True)
-            return
-        k.decode_add_scaled(wire[:4 * nb].view(np.float32),
-                            wire[4 * nb:4 * nb + self.code_bytes * count], flat,
-                            _KERNEL_FORMAT[self.name], table, BLOCK, acc.dtype == np.float64)
+            k.decode_scaled32(scales, self._codes(wire, nb, count), flat, fmt, table, BLOCK, add)
+        elif add:
+            k.decode_add_scaled(scales, wire[4 * nb:4 * nb + self.code_bytes * count], flat,
+                                fmt, table, BLOCK, True)
+        else:
+            k.decode_scaled(scales, wire[4 * nb:4 * nb + self.code_bytes * count], flat, fmt,
+                            table, BLOCK)
 
     def _codes(self, wire: np.ndarray, nb: int, count: int) -> np.ndarray:
         """The codes of ``count`` elements after ``nb`` scales, one element each (the
