@@ -195,42 +195,12 @@ def _fp16_block(src, codes, lo, hi, s, wide, fmax):  # pragma: no cover - compil
 
 
 @_jit
-def decode_scaled(scales, codes, out, fmt, table, block):  # pragma: no cover - compiled
-    """``out`` (float32 or float64) = code value times its block's scale (float32 product
-    for float32 ``out``, exact float64 product for float64). ``table``: float32 value of
-    each code (fp8, int8: 256, fp16: 65536 entries)."""
+def decode_scaled(scales, codes, out, fmt, table, block, add):  # pragma: no cover - compiled
+    """``out`` (float64) = code value times its block's scale, the exact float64 product
+    (``add``: ``out +=`` it, one rounding, the bits of decoding into a scratch array and
+    adding it); float32 output goes to ``decode_scaled32``. ``table``: float32 value of each
+    code (fp8, int8: 256, fp16: 65536 entries)."""
     count = out.size
-    nb = (count + block - 1) // block
-    for b in range(nb):
-        s = np.float64(scales[b])
-        lo = b * block
-        hi = min(lo + block, count)
-        # exact in float64 (24 + 24 bits), so storing into float32 rounds once: the float32
-        # product, bit for bit
-        if fmt == FP16:
-            for i in range(lo, hi):
-                h = np.int64(codes[2 * i]) | (np.int64(codes[2 * i + 1]) << 8)
-                out[i] = np.float64(table[h]) * s
-        else:
-            for i in range(lo, hi):
-                out[i] = np.float64(table[codes[i]]) * s
-
-
-@_jit
-def decode_add_bf16(codes, acc):  # pragma: no cover - compiled
-    """``acc += decode(codes)``: one rounding of the sum in ``acc``'s dtype, as numpy's
-    ``acc += part`` after ``decode_bf16`` into ``part`` (bfloat16 is exact in float32)."""
-    for i in range(acc.size):
-        acc[i] += np.uint32(np.uint32(codes[i]) << np.uint32(16)).view(np.float32)
-
-
-@_jit
-def decode_add_scaled(scales, codes, acc, fmt, table, block, wide):  # pragma: no cover
-    """``acc += decode(scales, codes)`` without the intermediate array: each product is
-    rounded to ``acc``'s dtype first (what ``decode_scaled`` stores), then added, so the bits
-    are those of decoding into a scratch array and adding it. ``wide``: ``acc`` is
-    float64."""
-    count = acc.size
     nb = (count + block - 1) // block
     for b in range(nb):
         s = np.float64(scales[b])
@@ -240,17 +210,19 @@ def decode_add_scaled(scales, codes, acc, fmt, table, block, wide):  # pragma: n
             for i in range(lo, hi):
                 h = np.int64(codes[2 * i]) | (np.int64(codes[2 * i + 1]) << 8)
                 p = np.float64(table[h]) * s
-                if wide:
-                    acc[i] += p
-                else:
-                    acc[i] += np.float32(p)
+                out[i] = out[i] + p if add else p
         else:
             for i in range(lo, hi):
                 p = np.float64(table[codes[i]]) * s
-                if wide:
-                    acc[i] += p
-                else:
-                    acc[i] += np.float32(p)
+                out[i] = out[i] + p if add else p
+
+
+@_jit
+def decode_add_bf16(codes, acc):  # pragma: no cover - compiled
+    """``acc += decode(codes)``: one rounding of the sum in ``acc``'s dtype, as numpy's
+    ``acc += part`` after ``decode_bf16`` into ``part`` (bfloat16 is exact in float32)."""
+    for i in range(acc.size):
+        acc[i] += np.uint32(np.uint32(codes[i]) << np.uint32(16)).view(np.float32)
 
 
 # -- float32 input: branch-free loops that the compiler vectorises ---------------------------
@@ -362,7 +334,7 @@ def _int8_block32(src, codes, inv):  # pragma: no cover - compiled
 
 @_jit
 def decode_scaled32(scales, codes, out, fmt, table, block, add):  # pragma: no cover
-    """``decode_scaled`` (``add``: ``decode_add_scaled``) into float32, fp8 and int8: the
+    """``decode_scaled`` into float32, fp8 and int8: the
     float32 product of the code's value and the scale is the exact product rounded once, as
     the float64 product stored into float32 is, and the loops over a block's slices
     vectorise. The codes are converted, not looked up (``table`` is the float64 path's).

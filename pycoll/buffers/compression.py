@@ -247,12 +247,9 @@ class Codec:
         fmt = _KERNEL_FORMAT[self.name]
         if flat.dtype == np.float32:
             k.decode_scaled32(scales, self._codes(wire, nb, count), flat, fmt, table, BLOCK, add)
-        elif add:
-            k.decode_add_scaled(scales, wire[4 * nb:4 * nb + self.code_bytes * count], flat,
-                                fmt, table, BLOCK, True)
-        else:
+        else:       # float64: the exact product, then one rounding if added
             k.decode_scaled(scales, wire[4 * nb:4 * nb + self.code_bytes * count], flat, fmt,
-                            table, BLOCK)
+                            table, BLOCK, add)
 
     def _codes(self, wire: np.ndarray, nb: int, count: int) -> np.ndarray:
         """The codes of ``count`` elements after ``nb`` scales, one element each (the
