@@ -82,7 +82,11 @@ lint() {
     return $rc
 }
 
-suite() { .venv/bin/python -m pytest -q; }
+# Two test files at a time (pytest-xdist, a whole file per worker, so that a file's fixtures
+# and order stay as written): most tests are several processes that spend their time starting,
+# waiting for a deadline or for a peer, and one file's waits overlap the other's work.
+# PYCOLL_TEST_WORKERS=1 runs them one at a time.
+suite() { .venv/bin/python -m pytest -q -n "${PYCOLL_TEST_WORKERS:-2}" --dist loadfile; }
 
 verbs() { bash tests/verbs/run_in_vm.sh; }
 

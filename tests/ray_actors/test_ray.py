@@ -210,13 +210,20 @@ def test_ctrl_c_on_the_driver_kills_the_job(cluster, tmp_path):
         os.kill(os.getpid(), signal.SIGINT)
 
     before = set(ray.util.placement_group_table())
+    # Python's own Ctrl-C handler, as an interactive driver has it: a pytest started in the
+    # background by a non-interactive shell inherits SIGINT ignored (and Python then installs
+    # no handler), which is not what this test is about
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
-    with pytest.raises(KeyboardInterrupt):
-        try:
-            pycoll.ray.run(stuck, 2, args=(str(tmp_path),), timeout=60, job_timeout=120)
-        except RayJobTimeout as e:
-            raise AssertionError(f"the SIGINT ({sent}) did not interrupt run(): {e}") from e
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                pycoll.ray.run(stuck, 2, args=(str(tmp_path),), timeout=60, job_timeout=120)
+            except RayJobTimeout as e:
+                raise AssertionError(f"the SIGINT ({sent}) did not interrupt run(): {e}") from e
+    finally:
+        signal.signal(signal.SIGINT, previous)
     thread.join(10)
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert not wait_gone(pids, 30), "the actors outlived the interrupted run()"

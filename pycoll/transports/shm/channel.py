@@ -528,9 +528,11 @@ class ShmChannel(Channel):
             gone = f"process {self._peer_pid} exited"
         if gone is None:
             return
-        # Whatever the peer wrote before closing or exiting is visible now: deliver it first,
-        # and blame the peer only for what is still missing after that.
+        # Whatever the peer wrote before closing or exiting is visible now: deliver it first
+        # (a delivered message that proves a receive wrong fails it as a mismatch), and blame
+        # the peer only for what is still missing after that.
         self.progress()
+        self.refuse_conflicts()
         if self.busy():
             lost = closed - 2      # the peer left because it lost that rank (see close)
             self.break_with(peer_left_over(self.peer, lost)
