@@ -411,7 +411,9 @@ def test_a_dead_peer_raises_peer_lost_promptly():
     kind, value = outcomes[0]
     assert kind == "ok", value
     name, message, elapsed = value
-    assert name == "PeerLost" and "peer rank 1" in message and elapsed < 5, value
+    # promptly: from the liveness check, long before the 60 s collective timeout (a bound
+    # with room for a loaded host, where 6 s was seen beside two busy loops)
+    assert name == "PeerLost" and "peer rank 1" in message and elapsed < 20, value
 
 
 def _segments(comm, group_ranks):

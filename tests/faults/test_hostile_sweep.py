@@ -9,8 +9,10 @@ three things a hostile input must never cost: a clear error on every rank it rea
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,24 +139,30 @@ def test_plan_started_with_mismatched_buffers(what, n):
         assert untouched
 
 
-def _plan_started_by_one_rank(comm, others):
+def _plan_started_by_one_rank(comm, others, marker):
     a = np.full(4, UNTOUCHED, dtype=np.float32)
     plan = comm.allreduce_init(a, timeout=3)
     if comm.rank == 0:
         got = _outcome(plan.run)
+        Path(marker).touch()
     elif others == "barrier":
         got = _outcome(lambda: comm.barrier(timeout=3))
     else:
-        time.sleep(4)
+        # alive, calling nothing, until rank 0's timeout has fired (a fixed sleep could end
+        # first on a loaded host, and rank 0 would then see a lost peer instead)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
         got = None
     return got, bool((a == UNTOUCHED).all())
 
 
 @pytest.mark.parametrize("others", ["barrier", "nothing"])
-def test_plan_started_by_one_rank_only(others):
+def test_plan_started_by_one_rank_only(others, tmp_path):
     """Rank 0 runs its plan; rank 1 calls another collective (both fail, naming each other)
     or nothing (rank 0 times out naming rank 1). No buffer is written."""
-    out = run_ranks(_plan_started_by_one_rank, 2, others, collective_timeout=10)
+    out = run_ranks(_plan_started_by_one_rank, 2, others, str(tmp_path / "timed-out"),
+                    collective_timeout=10)
     (kind, text), untouched = out[0]
     assert untouched and out[1][1]
     if others == "barrier":
