@@ -66,3 +66,37 @@ def test_allreduce_with_reduceop_constants():
         assert b == [1.5, 3.0, 6.0]                  # 0.5 * (x + 2x)
         assert c == [0b0011 | 0b0110, 0b0101 | 0b1010]
 
+
+
+HALF_PRECISION_WITHOUT_IMPORTING_TORCH = """
+import sys
+import numpy as np
+from pycoll.buffers.reduction import ReduceOp, combiner, reducer
+a, b = np.full(5, 1.5, np.float16), np.full(5, 0.25, np.float16)
+reducer(ReduceOp("sum"), "float16")(a, b)
+assert (a == 1.75).all(), a
+bits = np.full(5, 0x3FC0, np.uint16)              # bfloat16 1.5
+reducer(ReduceOp("max"), "bfloat16")(bits, np.full(5, 0x4000, np.uint16))     # 2.0
+assert (bits == 0x4000).all(), bits
+assert combiner(ReduceOp("sum"), "float16") is None
+assert "torch" not in sys.modules, "the reduction imported torch"
+try:
+    import torch
+except ImportError:
+    print("OK no torch")
+    raise SystemExit
+assert reducer(ReduceOp("sum"), "float16").__name__ == "reduce_half_torch"
+print("OK torch")
+"""
+
+
+def test_half_precision_reduction_never_imports_torch():
+    """The first half-precision reduction of a numpy program ran ``import torch`` inside the
+    collective: seconds (tens of them on a crowded machine) while its peers waited under the
+    deadline; a simulated GPU allreduce timed out on it. torch's kernels serve programs that
+    imported torch; the others get numpy's."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", HALF_PRECISION_WITHOUT_IMPORTING_TORCH],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("OK"), out.stdout + out.stderr

@@ -16,6 +16,9 @@
 #   bash tools/test.sh lint matrix           # some steps
 #   MATRIX="py3.12 noextras" bash tools/test.sh matrix   # some matrix legs
 #
+# The matrix's legs on other Pythons run side by side, with the verbs VM beside them when the
+# test step runs too; their logs follow when all of them have ended.
+#
 # Every step runs even when an earlier one failed (a lint finding does not hide a failing
 # test); the summary lists each step's time and result, and the exit status is 1 if any
 # step failed.
@@ -121,25 +124,53 @@ leg() {          # leg NAME PYTHON-VERSION PACKAGES
     fi
 }
 
-matrix() {
-    local spec name version packages
-    for spec in "${LEGS[@]}"; do
-        read -r name version packages <<<"$spec"
-        if [ -n "${MATRIX:-}" ] && [[ " $MATRIX " != *" $name "* ]]; then
-            continue
-        fi
-        run_step "matrix $name" leg "$name" "$version" "$packages"
+side_by_side() {  # side_by_side "NAME|COMMAND..."...: run_step each at once, logs in order
+    local dir spec name cmd i=0 n line
+    dir=$(mktemp -d)
+    for spec in "$@"; do
+        IFS='|' read -r name cmd <<<"$spec"
+        read -ra cmd <<<"$cmd"      # words (a function and its arguments), never globs
+        ( RESULTS=(); run_step "$name" "${cmd[@]}"
+          printf '%s\n' "${RESULTS[@]}" >"$dir/$i.result" ) >"$dir/$i.log" 2>&1 &
+        i=$((i + 1))
     done
+    echo "== side by side: $(printf '%s; ' "${@%%|*}")the logs follow when all have ended"
+    wait
+    for ((n = 0; n < i; n++)); do
+        cat "$dir/$n.log"
+        while IFS= read -r line; do
+            RESULTS+=("$line")
+            [[ $line == *FAILED* ]] && FAILED=1
+        done <"$dir/$n.result"
+    done
+    rm -rf "$dir"
 }
 
+# The matrix legs, and the verbs VM beside them when the test step runs too, go side by side:
+# each is mostly its own install (a venv, pip, a compile) or a VM's boot, and each writes only
+# its own venv (another Python's compiled modules have other file names). The noextras leg
+# (Python 3.11, as .venv and the VM's Python) runs after them, alone.
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(install lint test matrix)
+early=()
+[[ " ${steps[*]} " == *" test "* && " ${steps[*]} " == *" matrix "* ]] && early=("verbs (VM)|verbs")
 for step in "${steps[@]}"; do
     case $step in
         install) run_step install install ;;
         lint) run_step lint lint ;;
-        test) run_step tests suite; run_step "verbs (VM)" verbs ;;
-        matrix) matrix ;;
+        test) run_step tests suite
+              [ ${#early[@]} -gt 0 ] || run_step "verbs (VM)" verbs ;;
+        matrix) late=()
+                for spec in "${LEGS[@]}"; do
+                    read -r name version packages <<<"$spec"
+                    if [ -n "${MATRIX:-}" ] && [[ " $MATRIX " != *" $name "* ]]; then
+                        continue
+                    fi
+                    spec="matrix $name|leg $name $version $packages"
+                    if [ "$name" = noextras ]; then late+=("$spec"); else early+=("$spec"); fi
+                done
+                [ ${#early[@]} -eq 0 ] || side_by_side "${early[@]}"
+                [ ${#late[@]} -eq 0 ] || side_by_side "${late[@]}" ;;
         *) echo "tools/test.sh: unknown step '$step' (install, lint, test, matrix)" >&2
            exit 2 ;;
     esac

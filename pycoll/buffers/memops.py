@@ -6,10 +6,11 @@ they move: a ``MemRef`` for the transport (``ref``), scratch space of the same k
 module is the one place where those depend on the memory type, so an algorithm never knows
 whether its arrays live in host memory or on a GPU.
 
-Host memory is served by numpy (and torch's vectorised half-precision kernels, see
-``reduction``). Device memory is served by ``pycoll.cuda.ops``, which registers its ops
-(``register_ops``) when CUDA buffers are first used; without it ``ops_for`` raises a clear
-error naming what is missing instead of silently staging through the host.
+Host memory is served by numpy (and torch's vectorised half-precision kernels where the
+program imported torch, see ``reduction``). Device memory is served by ``pycoll.cuda.ops``,
+which registers its ops (``register_ops``) when CUDA buffers are first used; without it
+``ops_for`` raises a clear error naming what is missing instead of silently staging through
+the host.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ size; integer averages truncate toward zero, like C division.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -144,10 +145,15 @@ _HALF_BLOCK = 16384   # elements per block of the numpy half-precision path (sta
 
 def _torch_half_op(op: ReduceOp, dtype: str) -> tuple[Any, Callable[..., Any], Any] | None:
     """(torch, the torch function that computes ``op``, the torch dtype) for a half
-    precision ``dtype``; None without torch."""
-    try:
-        import torch
-    except ImportError:
+    precision ``dtype``; None unless the program has imported torch.
+
+    Never imported here: importing torch takes seconds (tens of them on a crowded machine,
+    every rank importing at once), and this runs inside the first half-precision reduction,
+    whose peers wait for it under the collective's deadline. A torch program has torch
+    imported already; a numpy program gets numpy's kernel (or imports torch itself first).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "from_numpy"):    # absent, or still importing
         return None
     kernels: dict[str, Callable[..., Any]] = {
         "sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "prod": torch.mul,
@@ -156,7 +162,7 @@ def _torch_half_op(op: ReduceOp, dtype: str) -> tuple[Any, Callable[..., Any], A
 
 
 def _torch_half_kernel(op: ReduceOp, dtype: str) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """Half-precision kernels from torch's vectorised CPU code, when torch is installed.
+    """Half-precision kernels from torch's vectorised CPU code, when torch is imported.
 
     numpy's float16 ufuncs convert element by element and numpy has no bfloat16 at all;
     torch's vectorised kernels reduce both many times faster on the same memory, zero-copy.
