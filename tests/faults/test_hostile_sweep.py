@@ -139,6 +139,15 @@ def test_plan_started_with_mismatched_buffers(what, n):
         assert untouched
 
 
+def _stay_until(marker):
+    """Stay alive, calling nothing, until the other rank's call has timed out and it wrote
+    ``marker`` (a fixed sleep could end first on a loaded host, and the other rank would
+    then see a lost peer instead of its timeout)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _plan_started_by_one_rank(comm, others, marker):
     a = np.full(4, UNTOUCHED, dtype=np.float32)
     plan = comm.allreduce_init(a, timeout=3)
@@ -148,11 +157,7 @@ def _plan_started_by_one_rank(comm, others, marker):
     elif others == "barrier":
         got = _outcome(lambda: comm.barrier(timeout=3))
     else:
-        # alive, calling nothing, until rank 0's timeout has fired (a fixed sleep could end
-        # first on a loaded host, and rank 0 would then see a lost peer instead)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _stay_until(marker)
         got = None
     return got, bool((a == UNTOUCHED).all())
 
@@ -172,7 +177,7 @@ def test_plan_started_by_one_rank_only(others, tmp_path):
         assert kind == "CollectiveTimeout" and "peer rank(s) [1]" in text, text
 
 
-def _plan_memory_replaced(comm, how, ranks):
+def _plan_memory_replaced(comm, how, ranks, marker=None):
     if how == "torch-set":
         import torch
         t = torch.full((4,), 1.0 + comm.rank)
@@ -189,8 +194,11 @@ def _plan_memory_replaced(comm, how, ranks):
         a.resize(1 << 20, refcheck=False)
         a[:] = UNTOUCHED
     got = _outcome(lambda: plan.start().wait() if how == "numpy-resize-start" else plan.run())
-    if len(ranks) == 1 and comm.rank in ranks:
-        time.sleep(4)   # stay until the other rank's run timed out (leaving would fail it sooner)
+    if marker is not None:          # one rank replaced its memory: it failed at once
+        if comm.rank in ranks:
+            _stay_until(marker)
+        else:
+            Path(marker).touch()
     return got, a[:4].tolist()
 
 
@@ -210,10 +218,11 @@ def test_plan_buffer_replaced_between_runs(how):
         assert values == [UNTOUCHED] * 4
 
 
-def test_plan_buffer_replaced_on_one_rank():
+def test_plan_buffer_replaced_on_one_rank(tmp_path):
     """Only rank 0's memory was replaced: it fails at once; rank 1's run times out naming
     rank 0 (it never joined the call), and keeps its own values."""
-    out = run_ranks(_plan_memory_replaced, 2, "numpy-resize", (0,), collective_timeout=10)
+    out = run_ranks(_plan_memory_replaced, 2, "numpy-resize", (0,), str(tmp_path / "timed-out"),
+                    collective_timeout=10)
     (kind0, text0), values0 = out[0]
     (kind1, text1), values1 = out[1]
     assert kind0 == "InvalidArgument" and values0 == [UNTOUCHED] * 4, text0

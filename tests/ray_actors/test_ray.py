@@ -29,7 +29,9 @@ import pycoll.ray  # noqa: E402
 from pycoll.ray import RayJobTimeout, RayRankFailed  # noqa: E402
 from pycoll.testing.jobs import fails_on, store_stranger  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+# above the longest limits a test passes (start_timeout 120 s, the default, and job_timeout
+# 120 s), so that a slow start on a crowded machine ends in pycoll's error, not pytest's
+pytestmark = pytest.mark.timeout(300)
 
 CPUS = 4
 
@@ -199,7 +201,7 @@ def test_ctrl_c_on_the_driver_kills_the_job(cluster, tmp_path):
     sent: list = []
 
     def interrupt() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 150        # past start_timeout: the actors started
         while time.monotonic() < deadline and len(list(tmp_path.glob("pid*"))) < 2:
             time.sleep(0.1)
         # where run() was when the signal went: what a failure needs to say
