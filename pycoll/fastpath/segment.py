@@ -10,6 +10,10 @@ The segment is made like the shm transport's inboxes (``transports.shm.segment.S
 name with the creator's pid (swept if it dies), an unguessable suffix, mode 0600, sized with
 ``posix_fallocate`` and renamed into place; rank 0 publishes the name through the job's
 authenticated store, and the last rank to map it unlinks it, so nothing is left in /dev/shm.
+Rank 0 returns only once that rank has said so: a creator that went on, finished and exited
+while a slow rank had not mapped the segment yet left it to the sweep of dead processes'
+segments (``transports.shm.segment.sweep``), which a finished peer runs at its close, and the
+slow rank found it gone.
 """
 from __future__ import annotations
 
@@ -78,16 +82,30 @@ class SharedSlots:
                 store.set("path", "")
                 return None
             store.set("path", path)
+            try:      # alive, and so not swept, until every rank has mapped it (see above)
+                watched_multi_get(store, ["mapped"], timeout, watch)
+            except BaseException:
+                seg.close()
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass      # the last rank to map it did, after saying so
+                raise
         else:
             path = watched_multi_get(store, ["path"], timeout, watch)[0].decode()
             if not path:
                 return None
-            opened = Segment.open(path, slots, stride)
+            try:
+                opened = Segment.open(path, slots, stride)
+            finally:
+                last = int(store.add("attached", 1)) == size - 1
+            if last:
+                store.set("mapped", b"1")    # rank 0 may go on
             if opened is None:
                 raise PycollError(f"rank {rank}: the fast path's shared segment {path} "
                                   "vanished before this rank mapped it")
             seg = opened
-            if int(store.add("attached", 1)) == size - 1:
+            if last:
                 os.unlink(path)       # every rank has it mapped: drop the name
         return cls(seg, rank, size, stride)
 

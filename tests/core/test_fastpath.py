@@ -612,3 +612,59 @@ def _kinds_disagree(comm):
 def test_ranks_that_chose_different_kernels_raise_collective_mismatch():
     for kind, message, elapsed in run_ranks(_kinds_disagree, 2, collective_timeout=20):
         assert kind == "CollectiveMismatch" and elapsed < 5, (kind, message)
+
+
+SLOW_RANK = """
+import os, sys, time
+from rendezvous import TCPStore
+from pycoll.fastpath.segment import SharedSlots
+from pycoll.transports.shm.cma import process_exited
+from pycoll.transports.shm.segment import sweep
+rank, port, folder, first = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+done = os.path.join(folder, "rank1-done")
+store = TCPStore("127.0.0.1", port, token="", timeout=60)
+if rank == 2:                   # slow: reaches the segment after rank 1 has finished
+    deadline = time.monotonic() + 60
+    while not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(0.02)
+SharedSlots.setup(store, rank, 3, 256, 30.0)
+if rank == 1:                   # done: once rank 0 has gone too (5 s at most), it closes,
+    deadline = time.monotonic() + 5     # and its shm close sweeps the dead's segments
+    while not process_exited(first) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sweep()
+    open(done, "w").close()
+print("MAPPED", rank, flush=True)
+"""
+
+
+def test_the_segment_outlives_a_finished_creator_until_every_rank_mapped_it(tmp_path):
+    """Seen under load: rank 0 made the segment, finished and exited; rank 1 finished too,
+    and its close swept the segments of dead creators, rank 0's among them; rank 2, slower,
+    then found no segment ("vanished before this rank mapped it"). Rank 0 now returns only
+    once every rank has mapped it."""
+    import subprocess
+    import sys
+
+    from rendezvous import StoreServer
+
+    script = tmp_path / "rank.py"
+    script.write_text(SLOW_RANK)
+    server = StoreServer("127.0.0.1", 0).start()
+    procs = []
+    try:
+        for rank in range(3):
+            first = procs[0].pid if procs else 0
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), str(rank), str(server.port), str(tmp_path),
+                 str(first)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()}))
+        outputs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        server.close()
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and f"MAPPED {rank}" in out, (rank, err[-2000:])

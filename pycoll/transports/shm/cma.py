@@ -29,9 +29,9 @@ def process_exited(pid: int) -> bool:
     and a process that is not ours to signal counts as running.
     """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+        with open(f"/proc/{pid}/stat", "rb") as f:      # bytes: a name may be any bytes
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
     except (IndexError, ValueError):
         return True
     except OSError:

@@ -182,8 +182,8 @@ def segment_prefix(pid: int) -> str:
 
 
 def sweep(pids: Any = None) -> list[str]:
-    """Unlink this user's segments of this prefix whose creator is dead (or, given ``pids``,
-    whose creator is one of those reaped processes). Returns the names removed."""
+    """Unlink this user's segments of this prefix whose creator is dead (given ``pids``: and
+    one of those reaped processes). Returns the names removed."""
     try:
         names = os.listdir(SHM_DIR)
         mine = f"{name_prefix()}-"
@@ -199,10 +199,9 @@ def sweep(pids: Any = None) -> list[str]:
         if len(head) < 3 or not head[0].isdigit() or head[1] != f"n{_NAMESPACE}":
             continue
         pid = int(head[0])
-        if wanted is not None:
-            if pid not in wanted:
-                continue
-        elif not process_exited(pid):
+        if wanted is not None and pid not in wanted:
+            continue
+        if not process_exited(pid):     # a reaped rank's pid may be a live process's now
             continue
         path = os.path.join(SHM_DIR, name)
         try:
