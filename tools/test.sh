@@ -16,8 +16,16 @@
 #   bash tools/test.sh lint matrix           # some steps
 #   MATRIX="py3.12 noextras" bash tools/test.sh matrix   # some matrix legs
 #
-# The matrix's legs on other Pythons run side by side; their logs follow when all of them
-# have ended.
+# What does not need the machine to itself starts with the suite and runs beside it at the
+# lowest priority (nice 19, idle I/O): the linters, the VM image's build, and the installs of
+# the legs on other Pythons (a venv, pip, a compile each; a leg writes only its own venv and
+# its own Python's compiled modules in the tree, whose file names differ from .venv's). The
+# suite's ranks spend much of their time waiting on each other, and that idle CPU is what
+# these get; on a busy machine they get almost none and finish after the suite instead,
+# without slowing it. Their logs follow the suite's. After the verbs VM (emulated, CPU-bound:
+# alone, since beside three legs and two busy loops one of its tests ran past its 300 s
+# limit) the legs' tests run side by side; the noextras leg (Python 3.11: its install
+# rebuilds the compiled modules the suite and the VM load) installs and runs last, alone.
 #
 # Every step runs even when an earlier one failed (a lint finding does not hide a failing
 # test); the summary lists each step's time and result, and the exit status is 1 if any
@@ -65,7 +73,7 @@ run_step() {    # run_step NAME COMMAND...: run, time and record one step
     echo "== $name ($(date -u +%H:%M:%S) UTC)"
     "$@"
     rc=$?
-    RESULTS+=("$(printf '%-18s %5ds  %s' "$name" $((SECONDS - start)) \
+    RESULTS+=("$(printf '%-22s %5ds  %s' "$name" $((SECONDS - start)) \
         "$([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)")")")
     [ $rc = 0 ] || FAILED=1
     return 0
@@ -93,6 +101,8 @@ suite() { .venv/bin/python -m pytest -q -n "${PYCOLL_TEST_WORKERS:-2}" --dist lo
 
 verbs() { bash tests/verbs/run_in_vm.sh; }
 
+vm_image() { bash tests/verbs/run_in_vm.sh --build; }
+
 find_python() {  # find_python 3.12: that interpreter, from pyenv or PATH (one that runs)
     local candidate
     for candidate in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1".*/bin/python \
@@ -105,7 +115,7 @@ find_python() {  # find_python 3.12: that interpreter, from pyenv or PATH (one t
     return 1
 }
 
-leg() {          # leg NAME PYTHON-VERSION PACKAGES
+leg_install() {  # leg_install NAME PYTHON-VERSION PACKAGES: the leg's venv, pycoll in it
     local name=$1 version=$2 packages=$3 python venv=.venv-matrix/$1
     python=$(find_python "$version") || { echo "matrix $name: no python$version" >&2; return 1; }
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || return 1
@@ -113,64 +123,127 @@ leg() {          # leg NAME PYTHON-VERSION PACKAGES
     [ "$packages" = - ] || extra=("$packages")
     "$venv/bin/pip" install -q "${extra[@]}" pytest pytest-timeout -e . || return 1
     "$venv/bin/python" -c 'import sys, numpy, numba; print("matrix:", sys.version.split()[0],
-        "numpy", numpy.__version__, "numba", numba.__version__)' || return 1
+        "numpy", numpy.__version__, "numba", numba.__version__)'
+}
+
+leg_tests() {    # leg_tests NAME: the leg's tests in its venv
+    local name=$1 py=.venv-matrix/$1/bin/python
     if [ "$name" = noextras ]; then
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider --collect-only >/dev/null || {
-            "$venv/bin/python" -m pytest -q -p no:cacheprovider --collect-only | tail -30
+        "$py" -m pytest -q -p no:cacheprovider --collect-only >/dev/null || {
+            "$py" -m pytest -q -p no:cacheprovider --collect-only | tail -30
             return 1; }
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "${QUICK[@]}" "${OPTIONAL[@]}"
+        "$py" -m pytest -q -p no:cacheprovider -rs "${QUICK[@]}" "${OPTIONAL[@]}"
     else
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider "${QUICK[@]}"
+        "$py" -m pytest -q -p no:cacheprovider "${QUICK[@]}"
     fi
 }
 
-side_by_side() {  # side_by_side "NAME|COMMAND..."...: run_step each at once, logs in order
-    local dir spec name cmd i=0 n line
-    dir=$(mktemp -d)
-    for spec in "$@"; do
-        IFS='|' read -r name cmd <<<"$spec"
-        read -ra cmd <<<"$cmd"      # words (a function and its arguments), never globs
-        ( RESULTS=(); run_step "$name" "${cmd[@]}"
-          printf '%s\n' "${RESULTS[@]}" >"$dir/$i.result" ) >"$dir/$i.log" 2>&1 &
-        i=$((i + 1))
-    done
-    echo "== side by side: $(printf '%s; ' "${@%%|*}")the logs follow when all have ended"
-    wait
-    for ((n = 0; n < i; n++)); do
-        cat "$dir/$n.log"
+leg() { leg_install "$@" && leg_tests "$1"; }   # leg NAME PYTHON-VERSION PACKAGES
+
+# Steps in the background: `ahead [--nice] NAME COMMAND...` starts run_step NAME COMMAND with
+# its output in a file; `collect NAME...` waits for each, prints its log and records its line.
+AHEAD=$(mktemp -d)
+trap 'rm -rf "$AHEAD"' EXIT
+declare -A AHEAD_PID=()
+
+ahead() {
+    local nice=0
+    if [ "$1" = --nice ]; then nice=1; shift; fi
+    local name=$1 file=$AHEAD/${1// /_}
+    shift
+    ( if [ $nice = 1 ]; then    # CPU and disk: what the suite leaves idle
+          renice -n 19 -p "$BASHPID" >/dev/null
+          ionice -c 3 -p "$BASHPID" 2>/dev/null
+      fi
+      RESULTS=(); run_step "$name" "$@"
+      printf '%s\n' "${RESULTS[@]}" >"$file.result" ) >"$file.log" 2>&1 &
+    AHEAD_PID[$name]=$!
+}
+
+collect() {
+    local name file line
+    for name in "$@"; do
+        file=$AHEAD/${name// /_}
+        wait "${AHEAD_PID[$name]}"
+        cat "$file.log"
+        if [ ! -f "$file.result" ]; then
+            RESULTS+=("$(printf '%-22s %6s  %s' "$name" - "FAILED (it ended without a result)")")
+            FAILED=1
+            continue
+        fi
         while IFS= read -r line; do
             RESULTS+=("$line")
             [[ $line == *FAILED* ]] && FAILED=1
-        done <"$dir/$n.result"
+        done <"$file.result"
     done
-    rm -rf "$dir"
 }
 
-# The matrix legs on other Pythons go side by side: each is mostly its own install (a venv,
-# pip, a compile) and a few tests, and writes only its own venv (another Python's compiled
-# modules have other file names). The noextras leg (Python 3.11, whose compiled modules in
-# the tree are .venv's too) runs after them, alone. The verbs VM runs alone: beside three
-# legs and two busy loops one of its tests ran past its 300 s limit.
+side_by_side() {  # side_by_side "NAME|COMMAND..."...: run_step each at once, logs in order
+    local spec name cmd names=()
+    for spec in "$@"; do
+        IFS='|' read -r name cmd <<<"$spec"
+        read -ra cmd <<<"$cmd"      # words (a function and its arguments), never globs
+        ahead "$name" "${cmd[@]}"
+        names+=("$name")
+    done
+    echo "== side by side: $(printf '%s; ' "${names[@]}")the logs follow when all have ended"
+    collect "${names[@]}"
+}
+
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(install lint test matrix)
 for step in "${steps[@]}"; do
-    case $step in
-        install) run_step install install ;;
-        lint) run_step lint lint ;;
-        test) run_step tests suite; run_step "verbs (VM)" verbs ;;
-        matrix) early=(); late=()
-                for spec in "${LEGS[@]}"; do
-                    read -r name version packages <<<"$spec"
-                    if [ -n "${MATRIX:-}" ] && [[ " $MATRIX " != *" $name "* ]]; then
-                        continue
-                    fi
-                    spec="matrix $name|leg $name $version $packages"
-                    if [ "$name" = noextras ]; then late+=("$spec"); else early+=("$spec"); fi
-                done
-                [ ${#early[@]} -eq 0 ] || side_by_side "${early[@]}"
-                [ ${#late[@]} -eq 0 ] || side_by_side "${late[@]}" ;;
+    case $step in install|lint|test|matrix) ;;
         *) echo "tools/test.sh: unknown step '$step' (install, lint, test, matrix)" >&2
            exit 2 ;;
+    esac
+done
+has() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+
+early=(); late=()       # the matrix legs: other Pythons (side by side), then noextras
+if has matrix; then
+    for spec in "${LEGS[@]}"; do
+        read -r name version packages <<<"$spec"
+        if [ -n "${MATRIX:-}" ] && [[ " $MATRIX " != *" $name "* ]]; then
+            continue
+        fi
+        if [ "$name" = noextras ]; then late+=("$spec"); else early+=("$spec"); fi
+    done
+fi
+
+installed=()            # the legs installed beside the suite
+for step in "${steps[@]}"; do
+    case $step in
+        install) run_step install install ;;
+        lint) has test || run_step lint lint ;;      # with the tests: beside them
+        test) beside=()
+              if has lint; then ahead --nice lint lint; beside+=(lint); fi
+              ahead --nice "rdma-lab image" vm_image
+              for spec in "${early[@]}"; do
+                  read -r name version packages <<<"$spec"
+                  ahead --nice "matrix $name install" leg_install "$name" "$version" "$packages"
+                  installed+=("$name")
+              done
+              echo "== beside the suite, at nice 19: $(printf '%s; ' "${beside[@]}" \
+                  "rdma-lab image" "${installed[@]/#/matrix install }")their logs follow"
+              run_step tests suite
+              collect "${beside[@]}" "rdma-lab image"
+              run_step "verbs (VM)" verbs ;;
+        matrix) specs=()
+                for spec in "${early[@]}"; do
+                    read -r name version packages <<<"$spec"
+                    if [[ " ${installed[*]} " == *" $name "* ]]; then
+                        collect "matrix $name install"
+                        [[ ${RESULTS[-1]} == *FAILED* ]] || specs+=("matrix $name|leg_tests $name")
+                    else
+                        specs+=("matrix $name|leg $name $version $packages")
+                    fi
+                done
+                [ ${#specs[@]} -eq 0 ] || side_by_side "${specs[@]}"
+                for spec in "${late[@]}"; do
+                    read -r name version packages <<<"$spec"
+                    run_step "matrix $name" leg "$name" "$version" "$packages"
+                done ;;
     esac
 done
 echo "== summary"

@@ -9,6 +9,8 @@
 #   bash tests/verbs/run_in_vm.sh                 # every verbs test
 #   bash tests/verbs/run_in_vm.sh -k kill_9       # extra pytest arguments
 #   bash tests/verbs/run_in_vm.sh --cmd 'python3 -m pycoll.bench ...'   # any command instead
+#   bash tests/verbs/run_in_vm.sh --build         # only build the image (tools/test.sh does
+#                                                 # it beside the suite)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LAB=$ROOT/tools/rdma-lab
@@ -16,6 +18,7 @@ export RDMA_LAB_CACHE=${RDMA_LAB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pycoll-r
 export EXTRA_PKGS="python3-numpy python3-pytest-timeout"
 export RDMA_LAB_TIMEOUT=${RDMA_LAB_TIMEOUT:-1500}
 bash "$LAB/build.sh"
+[ "${1:-}" != --build ] || exit 0
 if [ "${1:-}" = --cmd ]; then
     shift
     exec bash "$LAB/run.sh" -C "$ROOT" -- "env PYTHONPATH=$ROOT PYTHONDONTWRITEBYTECODE=1 $*"
