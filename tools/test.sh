@@ -24,8 +24,8 @@
 # these get; on a busy machine they get almost none and finish after the suite instead,
 # without slowing it. Their logs follow the suite's. After the verbs VM (emulated, CPU-bound:
 # alone, since beside three legs and two busy loops one of its tests ran past its 300 s
-# limit) the legs' tests run side by side; the noextras leg (Python 3.11: its install
-# rebuilds the compiled modules the suite and the VM load) installs and runs last, alone.
+# limit) the legs' tests run side by side, and beside them the noextras leg installs and runs
+# (Python 3.11: its install rebuilds the compiled modules that the suite and the VM load).
 #
 # Every step runs even when an earlier one failed (a lint finding does not hide a failing
 # test); the summary lists each step's time and result, and the exit status is 1 if any
@@ -122,8 +122,12 @@ leg_install() {  # leg_install NAME PYTHON-VERSION PACKAGES: the leg's venv, pyc
     local extra=()
     [ "$packages" = - ] || extra=("$packages")
     "$venv/bin/pip" install -q "${extra[@]}" pytest pytest-timeout -e . || return 1
+    # the fast path's kernels, compiled into numba's cache for this Python (the tests'
+    # conftest.py loads them before each session; cold, that was 2-3 minutes of the legs)
     "$venv/bin/python" -c 'import sys, numpy, numba; print("matrix:", sys.version.split()[0],
-        "numpy", numpy.__version__, "numba", numba.__version__)'
+        "numpy", numpy.__version__, "numba", numba.__version__)
+from pycoll import fastpath
+print(f"matrix: the fast path kernels compiled in {fastpath.warm():.0f} s")'
 }
 
 leg_tests() {    # leg_tests NAME: the leg's tests in its venv
@@ -200,14 +204,11 @@ for step in "${steps[@]}"; do
 done
 has() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 
-early=(); late=()       # the matrix legs: other Pythons (side by side), then noextras
+legs=()                 # the matrix legs chosen
 if has matrix; then
     for spec in "${LEGS[@]}"; do
         read -r name version packages <<<"$spec"
-        if [ -n "${MATRIX:-}" ] && [[ " $MATRIX " != *" $name "* ]]; then
-            continue
-        fi
-        if [ "$name" = noextras ]; then late+=("$spec"); else early+=("$spec"); fi
+        if [ -z "${MATRIX:-}" ] || [[ " $MATRIX " == *" $name "* ]]; then legs+=("$spec"); fi
     done
 fi
 
@@ -219,8 +220,9 @@ for step in "${steps[@]}"; do
         test) beside=()
               if has lint; then ahead --nice lint lint; beside+=(lint); fi
               ahead --nice "rdma-lab image" vm_image
-              for spec in "${early[@]}"; do
+              for spec in "${legs[@]}"; do
                   read -r name version packages <<<"$spec"
+                  [ "$name" != noextras ] || continue     # it installs after the VM
                   ahead --nice "matrix $name install" leg_install "$name" "$version" "$packages"
                   installed+=("$name")
               done
@@ -230,7 +232,7 @@ for step in "${steps[@]}"; do
               collect "${beside[@]}" "rdma-lab image"
               run_step "verbs (VM)" verbs ;;
         matrix) specs=()
-                for spec in "${early[@]}"; do
+                for spec in "${legs[@]}"; do
                     read -r name version packages <<<"$spec"
                     if [[ " ${installed[*]} " == *" $name "* ]]; then
                         collect "matrix $name install"
@@ -239,11 +241,7 @@ for step in "${steps[@]}"; do
                         specs+=("matrix $name|leg $name $version $packages")
                     fi
                 done
-                [ ${#specs[@]} -eq 0 ] || side_by_side "${specs[@]}"
-                for spec in "${late[@]}"; do
-                    read -r name version packages <<<"$spec"
-                    run_step "matrix $name" leg "$name" "$version" "$packages"
-                done ;;
+                [ ${#specs[@]} -eq 0 ] || side_by_side "${specs[@]}" ;;
     esac
 done
 echo "== summary"

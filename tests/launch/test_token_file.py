@@ -135,7 +135,11 @@ def test_second_launcher_and_stranger_joining_as_a_node(job):
     port = free_port()
     node0 = _node(0, port, job, sleep=3)
     node1 = _node(1, port, job, sleep=3)
-    time.sleep(1.5)
+    # first claim wins: the second launcher starts once the first one's claim is in the store
+    # (after a fixed 1.5 s, a slow first launcher lost the race and was the one refused)
+    with TCPStore("127.0.0.1", port, token=SECRET, timeout=60) as store:
+        holder = bytes(store.get("pycoll-run/node/1")).decode()
+    assert f"pid {node1.pid}," in holder, holder
     second = _node(1, port, job, sleep=3)
     refused = []
     for token in ("", "f" * 32):
@@ -145,6 +149,7 @@ def test_second_launcher_and_stranger_joining_as_a_node(job):
             refused.append(type(e).__name__)
     (code0, text0), (code1, text1), (code2, text2) = _finish([node0, node1, second])
     assert code2 == 1 and "node rank 1 of this job is already taken" in text2, text2
+    assert f"taken by the launcher on {holder}" in text2, text2     # named: the first one
     assert "sum" not in text2, text2                     # it started no rank
     assert code0 == 0 and code1 == 0, (text0, text1)
     assert "rank 0 sum 2" in text0 and "rank 1 sum 2" in text1
