@@ -40,7 +40,7 @@ _CAI_LEGACY_STREAM, _CAI_PER_THREAD_STREAM = 1, 2
 
 _lock = threading.Lock()
 _streams: dict[int, Any] = {}           # device -> pycoll's stream on it
-_external: dict[tuple[int, int], Any] = {}   # (device, handle) -> cupy ExternalStream
+_external: dict[tuple[int, int], Any] = {}   # (device, handle) -> CuPy stream wrapping it
 
 
 _reasons: dict[bool, str | None] = {}     # simulated? -> why device memory is unusable
@@ -209,14 +209,36 @@ def pycoll_stream(device: int) -> Any:
     return stream
 
 
+class _RawStream:
+    """A raw ``cudaStream_t`` in the CUDA stream protocol (``__cuda_stream__``): what CuPy 14's
+    ``Stream.from_external`` takes. The stream stays its owner's; CuPy does not destroy it."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 def external_stream(device: int, handle: int) -> Any:
-    """A CuPy stream object for a raw handle (cached: one object per handle)."""
+    """A CuPy stream object for a raw handle (cached: one object per handle).
+
+    Why two ways: CuPy 14 deprecates ``ExternalStream`` (a DeprecationWarning at every
+    construction; CuPy 15 removes it) for ``Stream.from_external`` over the stream protocol,
+    which CuPy 13 and older lack. Both take the device from the current one, hence the
+    ``Device`` block."""
     key = (device, handle)
     stream = _external.get(key)
     if stream is None:
         cp = cupy()
+        from_external = getattr(cp.cuda.Stream, "from_external", None)
         with cp.cuda.Device(device):
-            stream = cp.cuda.ExternalStream(handle)
+            if from_external is not None:
+                stream = from_external(_RawStream(handle))
+            else:
+                stream = cp.cuda.ExternalStream(handle)
         if len(_external) < 1024:
             _external[key] = stream
     return stream

@@ -27,7 +27,9 @@ What it models, because pycoll's correctness depends on it:
   ``CUDA_ERROR_INVALID_CONTEXT`` (201), as CuPy's ``with Device(0)`` leaves a fresh thread
   whose current device is already 0;
 * a process forked after CUDA was initialised in its parent cannot use it
-  (``cudaErrorInitializationError``), as with CUDA.
+  (``cudaErrorInitializationError``), as with CUDA;
+* CuPy 14's streams: ``ExternalStream`` warns that it is deprecated, and
+  ``Stream.from_external`` wraps a stream given in the CUDA stream protocol.
 
 What it does not: the CUDA C reduction kernels (``pycoll.cuda.kernels``) are replaced by the
 host reductions of ``pycoll.buffers.reduction`` (their device bodies are only compiled on a
@@ -43,6 +45,7 @@ import random
 import struct
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -399,16 +402,35 @@ class Stream:
         event.record(self)
         return event
 
+    @classmethod
+    def from_external(cls, obj: Any) -> Stream:
+        """CuPy 14's wrapper of a stream it does not own, given in the CUDA stream protocol."""
+        version, ptr = obj.__cuda_stream__()
+        if version != 0:
+            raise ValueError(f"__cuda_stream__() returned unsupported version {version}")
+        return _wrap(ptr)
+
+
+def _wrap(ptr: int) -> Stream:
+    _queue_of(ptr)
+    stream = Stream.__new__(Stream)
+    stream.ptr = ptr
+    return stream
+
 
 class ExternalStream(Stream):
+    """Deprecated by CuPy 14 (for ``Stream.from_external``), with the same warning."""
+
     def __init__(self, ptr: int, device_id: int = -1) -> None:
+        warnings.warn("ExternalStream is deprecated. Use Stream.from_external() instead",
+                      DeprecationWarning, stacklevel=2)
         _queue_of(ptr)
         self.ptr = ptr
 
 
 def get_current_stream() -> Stream:
     stack = getattr(_tls, "streams", None)
-    return stack[-1] if stack else ExternalStream(0)
+    return stack[-1] if stack else _wrap(0)
 
 
 class _EventState:

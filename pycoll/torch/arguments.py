@@ -28,6 +28,10 @@ _OPS_BY_VALUE = {kind.value: name for kind, name in _OPS.items()}
 
 _SUM = _R.SUM
 
+#: whether torch gives a backend written in Python PREMUL_SUM's factor (``ReduceOp.factor``,
+#: which torch 2.11 and older lack: the factor stays in C++, where only NCCL reads it)
+PREMUL_FACTOR_READABLE = hasattr(_R, "factor")
+
 
 def reduce_op(op: Any) -> Any:
     """torch ReduceOp (or RedOpType) -> pycoll op name / ReduceOp("premul_sum", factor)."""
@@ -38,6 +42,12 @@ def reduce_op(op: Any) -> Any:
     if name is not None:
         return name
     if kind == _R.PREMUL_SUM:
+        if not PREMUL_FACTOR_READABLE:
+            raise InvalidArgument(
+                f"PREMUL_SUM: torch {torch.__version__} does not give a Python backend the "
+                "op's factor (torch.distributed.ReduceOp.factor, added in a later torch), "
+                "so pycoll cannot apply it: upgrade torch, or multiply the tensor by the "
+                "factor and use ReduceOp.SUM")
         factor = getattr(op, "factor", None)
         if factor is None:
             raise InvalidArgument("PREMUL_SUM without a factor: build it with "

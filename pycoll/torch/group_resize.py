@@ -21,11 +21,18 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch import __version__ as torch_version
 from torch.distributed import distributed_c10d as c10d
 
 from ..comm.communicator import DEFAULT_TIMEOUT, Communicator
 from ..launch.join import join as join_job
 from .process_group import BACKEND_NAME, ProcessGroupPycoll
+
+#: torch's step that enters a group in its world's tables (``pg_map``, names, ranks, tags):
+#: ``_register_pg_in_world`` in torch 2.13, ``_update_process_group_global_state`` (the same
+#: arguments) in torch 2.11
+_register_in_world: Any = (getattr(c10d, "_register_pg_in_world", None)
+                           or getattr(c10d, "_update_process_group_global_state", None))
 
 
 def adopt_shrink_group() -> bool:
@@ -36,7 +43,7 @@ def adopt_shrink_group() -> bool:
     if _torch_finish is not None:
         return True
     finish = getattr(c10d, "_finalize_shrunk_group", None)
-    if finish is None or not hasattr(dist, "shrink_group"):
+    if finish is None or not hasattr(dist, "shrink_group") or _register_in_world is None:
         return False
     _torch_finish = finish
     ProcessGroupPycoll.supports_shrinking = True
@@ -99,10 +106,18 @@ def join_group(timeout: float | timedelta = DEFAULT_TIMEOUT) -> Any:
     group.setGroupName(name)
     group.setGroupDesc("default:grown")
     c10d._update_default_pg(group)
-    c10d._register_pg_in_world(pg=group, backend_name=BACKEND_NAME, store=dist.HashStore(),
+    _register(pg=group, backend_name=BACKEND_NAME, store=dist.HashStore(),
                                group_name=name, backend_config=f"cpu:{BACKEND_NAME}",
                                rank_mapping={r: r for r in range(comm.size)})
     return group
+
+
+def _register(**how: Any) -> None:
+    if _register_in_world is None:
+        raise RuntimeError(f"torch {torch_version} has no step to enter a new group in its "
+                           "tables (torch 2.11 and later have one): upgrade torch to resize "
+                           "groups")
+    _register_in_world(**how)
 
 
 def _pycoll_group(info: dict) -> ProcessGroupPycoll:
@@ -131,7 +146,7 @@ def _replace(target: ProcessGroupPycoll, new: ProcessGroupPycoll, ranks: list[in
     new.setGroupDesc(f"default:{how}" if is_default else f"{metadata['original_group_name']}:{how}")
     if is_default:
         c10d._update_default_pg(new)
-    c10d._register_pg_in_world(
+    _register(
         pg=new, backend_name=metadata["backend_name"], store=metadata["store"],
         group_name=name, backend_config=metadata["backend_config"],
         rank_mapping={g: r for r, g in enumerate(ranks)})

@@ -10,7 +10,10 @@ failure path, ``test_peer_death_mid_training_raises_from_backward``):
   ``gloo:<op>`` events with the input shapes, spanning the operation. A ``PycollWork`` opens a
   ``pycoll:<op>`` record function (with the inputs, for ``record_shapes``) when it is issued and
   closes it when it completes, on whichever thread that happens, as Gloo's do. Nothing is
-  recorded, and almost nothing spent, while no profiler runs.
+  recorded, and almost nothing spent, while no profiler runs. torch 2.11's profiler drops a
+  Python record function that ends on another thread (Gloo's, in C++, are kept): there an
+  asynchronous work's event closes where it is issued, so it is seen, with its shapes, but
+  does not span the operation.
 * ``Future.set_exception`` is not seen as an error by C++. So the raw future is always
   completed with ``set_result`` (the output tensors, or a ``_Failure`` marker) and callers get
   ``raw.then(_unwrap)``, which raises on the marker: C++ then sees a failed future, and
@@ -65,6 +68,11 @@ except ImportError:  # pragma: no cover - older torch: events without shapes
     _Record = None
 
 
+#: whether the profiler keeps an event that ends on another thread than the one that opened
+#: it: torch 2.13 does, 2.11 does not (2.12 was not tried, so it is taken as 2.11)
+_ENDS_ELSEWHERE = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
+
 #: the profiler event (``pycoll:<name>``) of each op whose method name is not the event's:
 #: Gloo's event name wherever torch.distributed runs the same collective on both
 EVENT_NAMES = {
@@ -112,7 +120,10 @@ class PycollWork(dist._Work):
                  finished: bool = False) -> None:
         super().__init__()
         if record is not None:
-            self._record = record
+            if _ENDS_ELSEWHERE:
+                self._record = record
+            else:        # it would end on another thread, and be lost (module docstring)
+                end_record(record)
         if flush is not None:
             self._flush = flush
         self._op = op

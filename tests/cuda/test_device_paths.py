@@ -172,6 +172,26 @@ def test_host_only_jobs_do_not_initialise_cuda():
         assert not initialised
 
 
+def _allreduce_with_deprecations_as_errors(comm):
+    import warnings
+    x = _cp().asarray(np.full(8, comm.rank + 1.0, dtype=np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        comm.allreduce(x)
+    return _host(x).tolist()
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
+def test_caller_streams_are_wrapped_without_deprecated_cupy_calls(transport):
+    """Every call wraps the caller's raw stream handle in a CuPy stream. ``ExternalStream``
+    did it, which CuPy 14 deprecates (a DeprecationWarning at each construction; CuPy 15
+    removes it); the simulator warns as CuPy 14 does. ``Stream.from_external`` does it now,
+    where CuPy has it."""
+    for got in run_ranks(_allreduce_with_deprecations_as_errors, 2, timeout=120,
+                         env={"PYCOLL_TRANSPORTS": transport}):
+        assert got == [3.0] * 8
+
+
 class _DLPackOnlyDevice:
     """A CUDA tensor seen only through DLPack (no __cuda_array_interface__, not torch)."""
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from ddp_checks import Net
-from rank_helpers import RANK, WORLD, resources
+from rank_helpers import RANK, WORLD, barrier, resources
 
 
 def scenario_peer_failure() -> dict:
@@ -64,7 +64,7 @@ def scenario_timeout() -> dict:
     if RANK == 0:
         t0 = time.monotonic()
         try:
-            dist.barrier(group=sub, timeout=timedelta(seconds=1))
+            barrier(group=sub, timeout=timedelta(seconds=1))
             result["barrier"] = "no error"
         except RuntimeError as e:
             result["barrier"] = type(e).__name__

@@ -223,8 +223,12 @@ def _profiled_ops(g, prefix: str, async_op: bool) -> None:
                     group=g, async_op=async_op))
     run(dist.scatter(t, [t.clone() for _ in range(WORLD)] if RANK == 0 else None, 0, group=g,
                      async_op=async_op))
-    run(dist.all_to_all([torch.empty(2, 3) for _ in range(WORLD)],
-                        [torch.ones(2, 3) for _ in range(WORLD)], group=g, async_op=async_op))
+    try:
+        run(dist.all_to_all([torch.empty(2, 3) for _ in range(WORLD)],
+                            [torch.ones(2, 3) for _ in range(WORLD)], group=g, async_op=async_op))
+    except RuntimeError as e:     # torch 2.11's Gloo has no all_to_all (pycoll's must work)
+        if prefix != "gloo:" or "does not support alltoall" not in str(e):
+            raise
     run(dist.barrier(group=g, async_op=async_op))
     peer = (RANK + 1) % WORLD
     frm = (RANK - 1) % WORLD

@@ -8,7 +8,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from rank_helpers import FLOATS, INTS, RANK, WORLD, Checker, R, data, resources
+from rank_helpers import FLOATS, INTS, RANK, WORLD, Checker, R, barrier, data, resources
+
+from pycoll.errors import InvalidArgument
+from pycoll.torch.arguments import PREMUL_FACTOR_READABLE
 
 
 def _sync(opts):
@@ -57,7 +60,18 @@ def scenario_ops() -> dict:
                 else:
                     want = torch.div(s, WORLD, rounding_mode="trunc")
                 c.same(f"all_reduce {dtype} AVG n={n}", t, want, exact=not dtype.is_floating_point)
-        for dtype in FLOATS:
+        if not PREMUL_FACTOR_READABLE:
+            # the factor never reaches a Python backend: refused on every rank, data untouched
+            t = data(torch.float32, 37, RANK)
+            try:
+                dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5), group=pyc)
+                c.failures.append("PREMUL_SUM without a readable factor was not refused")
+            except InvalidArgument as e:
+                if "ReduceOp.factor" not in str(e):
+                    c.failures.append(f"PREMUL_SUM refusal does not say why: {e}")
+            c.same("all_reduce PREMUL_SUM refused: tensor untouched", t,
+                   data(torch.float32, 37, RANK))
+        for dtype in FLOATS if PREMUL_FACTOR_READABLE else ():
             for factor in (0.5, torch.tensor([0.25])):
                 t = data(dtype, 37, RANK)
                 dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor), group=pyc)
@@ -237,14 +251,14 @@ def scenario_ops() -> dict:
             a, b = both(h)
             c.same(f"all_to_all_single uneven {dtype}", a, b)
 
-            def k(g):
-                ins = [data(dtype, 6, RANK, salt=j).reshape(2, 3) for j in range(WORLD)]
-                outs = [torch.empty(2, 3, dtype=dtype) for j in range(WORLD)]
-                dist.all_to_all(outs, ins, group=g)
-                return torch.stack(outs)
-            a, b = both(k)
-            c.same(f"all_to_all list {dtype}", a, b)
-            # uneven sizes per peer (gloo's all_to_all needs equal ones): vs the known answer
+            # the list form against the known answer (torch 2.11's Gloo has no all_to_all)
+            ins = [data(dtype, 6, RANK, salt=j).reshape(2, 3) for j in range(WORLD)]
+            outs = [torch.empty(2, 3, dtype=dtype) for j in range(WORLD)]
+            dist.all_to_all(outs, ins)
+            c.same(f"all_to_all list {dtype}", torch.stack(outs),
+                   torch.stack([data(dtype, 6, j, salt=RANK).reshape(2, 3)
+                                for j in range(WORLD)]))
+            # uneven sizes per peer: vs the known answer
             ins = [data(dtype, rows(RANK, j) + 1, RANK, salt=j) for j in range(WORLD)]
             outs = [torch.empty(rows(j, RANK) + 1, dtype=dtype) for j in range(WORLD)]
             dist.all_to_all(outs, ins)
@@ -354,7 +368,7 @@ def scenario_ops() -> dict:
             if dist.get_backend(sub) != "pycoll":
                 c.failures.append(f"new_group backend {dist.get_backend(sub)}")
         dist.barrier()
-        dist.barrier(timeout=timedelta(seconds=30))
+        barrier(timeout=timedelta(seconds=30))
         dist.barrier(async_op=True).wait()
 
     c.run("new_group/barrier", group_checks)

@@ -6,6 +6,7 @@ every dtype; ``resources`` lists what pycoll still holds after the group is dest
 """
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import traceback
@@ -23,6 +24,18 @@ WORLD = int(os.environ["WORLD_SIZE"])
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int32, torch.int64, torch.int8, torch.uint8]
 R = dist.ReduceOp
+
+
+def barrier(group=None, timeout=None) -> None:
+    """``dist.barrier(group=, timeout=)``. torch 2.11's ``dist.barrier`` has no timeout: there
+    the options (whose ``timeout`` every torch has) go to the group's ``barrier`` itself."""
+    if "timeout" in inspect.signature(dist.barrier).parameters:
+        dist.barrier(group=group, timeout=timeout)
+        return
+    opts = dist.BarrierOptions()
+    opts.timeout = timeout
+    opts.device = torch.device("cpu")
+    (group or dist.group.WORLD).barrier(opts).wait()
 
 
 class Checker:
