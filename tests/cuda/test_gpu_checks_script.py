@@ -71,3 +71,48 @@ stage late 60 a.txt bash -c 'echo never'
     child = Path(f"/proc/{int(marker.read_text())}/stat")
     assert not child.exists() or child.read_text().split()[2] == "Z", "the stage's child lives on"
     assert "TIMED OUT" in (out / "a.txt").read_text()
+
+
+def _wheel(path: Path, name: str, files: dict[str, tuple[bytes, int]]) -> Path:
+    import zipfile
+    whl = path / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for arc, (data, mode) in files.items():
+            info = zipfile.ZipInfo(arc)
+            info.external_attr = mode << 16
+            z.writestr(info, data)
+    return whl
+
+
+def test_install_wheels_lays_them_out_as_pip_does(tmp_path):
+    """The CPU comparison's MPI wheels are installed on the GPU machine without pip
+    (tools/gpu/install_wheels.py): packages into site-packages, ``.data/data`` into the
+    prefix (the MPI wheels' mpiexec and libmpi), scripts with ``#!python`` pointed at the
+    venv's interpreter, executable bits kept; the venv also imports this interpreter's
+    packages (numpy), and its own win over them."""
+    whl = _wheel(tmp_path, "demo", {
+        "demo/__init__.py": (b"WHERE = 'venv'\n", 0o644),
+        "numpy_shadow_check.py": (b"import numpy\nNUMPY = numpy.__version__\n", 0o644),
+        "demo-1.0.data/data/bin/tool": (b"#!/bin/sh\necho tool ran\n", 0o755),
+        "demo-1.0.data/data/lib/libdemo.so": (b"\x7fELF", 0o644),
+        "demo-1.0.data/scripts/demo-script": (b"#!python\nimport demo; print(demo.WHERE)\n",
+                                              0o644),
+        "demo-1.0.dist-info/METADATA": (b"Name: demo\nVersion: 1.0\n", 0o644),
+    })
+    prefix = tmp_path / "venv"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "gpu" / "install_wheels.py"),
+                    str(prefix), str(whl)], check=True, timeout=120)
+    assert (prefix / "lib" / "libdemo.so").read_bytes() == b"\x7fELF"
+    tool = prefix / "bin" / "tool"
+    assert subprocess.run([str(tool)], capture_output=True, text=True,
+                          timeout=30).stdout == "tool ran\n"
+    script = subprocess.run([str(prefix / "bin" / "demo-script")], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert script.stdout == "venv\n", script.stderr
+    import numpy
+    got = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                          "import numpy_shadow_check as m, demo, sys; "
+                          "print(m.NUMPY, demo.__file__.startswith(sys.prefix))"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert got.stdout.split() == [numpy.__version__, "True"], got.stderr
