@@ -40,7 +40,6 @@ _CAI_LEGACY_STREAM, _CAI_PER_THREAD_STREAM = 1, 2
 
 _lock = threading.Lock()
 _streams: dict[int, Any] = {}           # device -> pycoll's stream on it
-_external: dict[tuple[int, int], Any] = {}   # (device, handle) -> CuPy stream wrapping it
 
 
 _reasons: dict[bool, str | None] = {}     # simulated? -> why device memory is unusable
@@ -209,47 +208,17 @@ def pycoll_stream(device: int) -> Any:
     return stream
 
 
-class _RawStream:
-    """A raw ``cudaStream_t`` in the CUDA stream protocol (``__cuda_stream__``): what CuPy 14's
-    ``Stream.from_external`` takes. The stream stays its owner's; CuPy does not destroy it."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-def external_stream(device: int, handle: int) -> Any:
-    """A CuPy stream object for a raw handle (cached: one object per handle).
-
-    Why two ways: CuPy 14 deprecates ``ExternalStream`` (a DeprecationWarning at every
-    construction; CuPy 15 removes it) for ``Stream.from_external`` over the stream protocol,
-    which CuPy 13 and older lack. Both take the device from the current one, hence the
-    ``Device`` block."""
-    key = (device, handle)
-    stream = _external.get(key)
-    if stream is None:
-        cp = cupy()
-        from_external = getattr(cp.cuda.Stream, "from_external", None)
-        with cp.cuda.Device(device):
-            if from_external is not None:
-                stream = from_external(_RawStream(handle))
-            else:
-                stream = cp.cuda.ExternalStream(handle)
-        if len(_external) < 1024:
-            _external[key] = stream
-    return stream
-
-
 def order_after_caller(device: int, caller: int) -> None:
-    """Make pycoll's stream wait for the work queued so far on the caller's stream."""
+    """Make pycoll's stream wait for the work queued so far on the caller's stream.
+
+    The caller's stream is a raw handle, recorded on and waited for with the runtime's calls:
+    a CuPy stream object around a stream CuPy does not own would need ``ExternalStream``,
+    which CuPy 14 deprecates (a DeprecationWarning each time; CuPy 15 removes it), or
+    ``Stream.from_external``, whose object's finaliser is CuPy's own business."""
     cp = cupy()
     with cp.cuda.Device(device):
         event = cp.cuda.Event(disable_timing=True)
-        event.record(external_stream(device, caller))
+        cp.cuda.runtime.eventRecord(event.ptr, caller)
         pycoll_stream(device).wait_event(event)
 
 
@@ -260,7 +229,7 @@ def release_to_caller(device: int, caller: int, tensors: Sequence[Any] = ()) -> 
     with cp.cuda.Device(device):
         event = cp.cuda.Event(disable_timing=True)
         event.record(ours)
-        external_stream(device, caller).wait_event(event)
+        cp.cuda.runtime.streamWaitEvent(caller, event.ptr)
     torch = sys.modules.get("torch")
     if torch is not None:
         mine = None

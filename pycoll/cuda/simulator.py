@@ -28,8 +28,7 @@ What it models, because pycoll's correctness depends on it:
   whose current device is already 0;
 * a process forked after CUDA was initialised in its parent cannot use it
   (``cudaErrorInitializationError``), as with CUDA;
-* CuPy 14's streams: ``ExternalStream`` warns that it is deprecated, and
-  ``Stream.from_external`` wraps a stream given in the CUDA stream protocol.
+* CuPy 14's ``ExternalStream`` warns that it is deprecated.
 
 What it does not: the CUDA C reduction kernels (``pycoll.cuda.kernels``) are replaced by the
 host reductions of ``pycoll.buffers.reduction`` (their device bodies are only compiled on a
@@ -402,14 +401,6 @@ class Stream:
         event.record(self)
         return event
 
-    @classmethod
-    def from_external(cls, obj: Any) -> Stream:
-        """CuPy 14's wrapper of a stream it does not own, given in the CUDA stream protocol."""
-        version, ptr = obj.__cuda_stream__()
-        if version != 0:
-            raise ValueError(f"__cuda_stream__() returned unsupported version {version}")
-        return _wrap(ptr)
-
 
 def _wrap(ptr: int) -> Stream:
     _queue_of(ptr)
@@ -419,7 +410,7 @@ def _wrap(ptr: int) -> Stream:
 
 
 class ExternalStream(Stream):
-    """Deprecated by CuPy 14 (for ``Stream.from_external``), with the same warning."""
+    """Deprecated by CuPy 14, with the same warning."""
 
     def __init__(self, ptr: int, device_id: int = -1) -> None:
         warnings.warn("ExternalStream is deprecated. Use Stream.from_external() instead",
@@ -656,6 +647,15 @@ def _stream_wait_event(stream: int, event: int, flags: int = 0) -> None:
     _dev().submit(_queue_of(stream), "wait", (found, target))
 
 
+def _event_record(event: int, stream: int) -> None:
+    _runtime_call()
+    found = _event(event)
+    if not isinstance(found, Event):
+        raise CUDARuntimeError("cudaErrorInvalidResourceHandle",
+                               f"event {event:#x} was opened from another process")
+    found.record(_wrap(stream))
+
+
 def _event_destroy(event: int) -> None:
     _runtime_call()
     _events.pop(event, None)
@@ -671,7 +671,7 @@ runtime = SimpleNamespace(
     memcpyAsync=_memcpy_async, ipcGetMemHandle=_ipc_get_mem_handle,
     ipcOpenMemHandle=_ipc_open_mem_handle, ipcCloseMemHandle=_ipc_close_mem_handle,
     ipcGetEventHandle=_ipc_get_event_handle, ipcOpenEventHandle=_ipc_open_event_handle,
-    streamWaitEvent=_stream_wait_event, eventDestroy=_event_destroy,
+    streamWaitEvent=_stream_wait_event, eventRecord=_event_record, eventDestroy=_event_destroy,
     pointerGetAttributes=_pointer_attributes, CUDARuntimeError=CUDARuntimeError)
 
 

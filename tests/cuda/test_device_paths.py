@@ -183,10 +183,10 @@ def _allreduce_with_deprecations_as_errors(comm):
 
 @pytest.mark.parametrize("transport", ["cuda_ipc", "shm"])
 def test_caller_streams_are_wrapped_without_deprecated_cupy_calls(transport):
-    """Every call wraps the caller's raw stream handle in a CuPy stream. ``ExternalStream``
-    did it, which CuPy 14 deprecates (a DeprecationWarning at each construction; CuPy 15
-    removes it); the simulator warns as CuPy 14 does. ``Stream.from_external`` does it now,
-    where CuPy has it."""
+    """Every call orders itself after the caller's stream (a raw handle) and the caller's
+    stream after it. It wrapped the handle with ``ExternalStream``, which CuPy 14 deprecates
+    (a DeprecationWarning at each construction; CuPy 15 removes it); the simulator warns as
+    CuPy 14 does. It records on and waits for the handle with the runtime's calls now."""
     for got in run_ranks(_allreduce_with_deprecations_as_errors, 2, timeout=120,
                          env={"PYCOLL_TRANSPORTS": transport}):
         assert got == [3.0] * 8

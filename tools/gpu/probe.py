@@ -70,8 +70,6 @@ def child(q, handle, event_handle, offset, n):
 def main() -> None:
     import cupy as cp
     import torch
-
-    from pycoll.cuda.runtime import external_stream
     n = GIB
     block = torch.full((n + 4096,), 7, dtype=torch.uint8, device="cuda")
     t = block[4096:]                     # an interior pointer of one allocator block
@@ -89,7 +87,7 @@ def main() -> None:
           flush=True)
     handle = cp.cuda.runtime.ipcGetMemHandle(base)
     event = cp.cuda.Event(block=False, disable_timing=True, interprocess=True)
-    event.record(external_stream(0, torch.cuda.current_stream().cuda_stream))
+    cp.cuda.runtime.eventRecord(event.ptr, torch.cuda.current_stream().cuda_stream)
     event_handle = cp.cuda.runtime.ipcGetEventHandle(event.ptr)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
